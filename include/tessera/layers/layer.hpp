@@ -1,0 +1,111 @@
+#pragma once
+// The Layer interface. A layer computes on local tensors (this rank's tile); whatever it needs
+// from the rest of the job (the global batch size, a communicator for global statistics, the
+// global index of its first sample) comes in the LayerContext from the executor. Layers never
+// call MPI directly.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/layers/options.hpp"
+#include "tessera/tensor/shape.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera {
+
+class Communicator;
+class DnnBackend;
+
+/// What the executor hands a layer on every call.
+struct LayerContext {
+  DnnBackend* backend = nullptr;
+  /// Ranks that hold other samples of the same batch (for global batch-norm statistics);
+  /// nullptr when this rank holds the whole batch.
+  Communicator* sample_comm = nullptr;
+  /// Global position (within the batch) of this rank's first sample.
+  std::int64_t sample_offset = 0;
+  /// Samples in the whole batch, over all ranks.
+  std::int64_t global_batch = 0;
+  std::uint64_t seed = 0;
+  /// Optimizer step (keys dropout masks together with the layer id and the global element index).
+  std::int64_t step = 0;
+  bool training = true;
+};
+
+/// A trainable tensor and its gradient. Both are whole (unsharded) until model parallelism lands.
+struct Parameter {
+  std::string name;  ///< "<layer>.<weight|bias|gamma|beta>"
+  Tensor value;
+  Tensor grad;
+  /// False for parameters that weight decay must skip (biases, norm scales).
+  bool decay = true;
+};
+
+class Layer {
+ public:
+  Layer(std::string name, int id) : name_(std::move(name)), id_(id) {}
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  const std::string& name() const { return name_; }
+  /// Position in the model; keys this layer's random streams.
+  int id() const { return id_; }
+  virtual std::string_view type() const = 0;
+  /// Number of inputs the layer takes; -1: two or more (add, concat).
+  virtual int arity() const { return 1; }
+
+  /// Given the input shapes (dimension 0 = batch, any extent), returns the output shape and
+  /// creates the parameters. Throws InputError naming the layer when the shapes do not fit.
+  virtual Shape setup(const std::vector<Shape>& inputs) = 0;
+  virtual std::vector<Parameter*> parameters() { return {}; }
+  /// Non-trainable state that evaluation and checkpoints need (batch-norm running statistics).
+  virtual std::vector<Tensor*> buffers() { return {}; }
+  /// Fills parameters from the counter-based RNG keyed by (seed, this layer's id, global index).
+  virtual void init_parameters(std::uint64_t seed) {}
+
+  /// Resizes `output` (its batch extent follows the input's) and computes it.
+  virtual void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) = 0;
+  /// Writes the input gradients (a nullptr entry: not needed) and the parameters' gradients
+  /// (overwritten, not accumulated). Uses what forward saved.
+  virtual void backward(std::span<const Tensor* const> inputs, const Tensor& output,
+                        const Tensor& grad_output, std::span<Tensor* const> grad_inputs,
+                        LayerContext& ctx) = 0;
+
+ private:
+  std::string name_;
+  int id_;
+};
+
+/// Creates a layer of a registered type; unknown types and unknown or bad parameters are
+/// InputErrors naming the layer. Every option must be consumed (checked here).
+std::unique_ptr<Layer> create_layer(const std::string& type, const std::string& name, int id,
+                                    LayerOptions& options);
+/// The registered layer type names.
+std::vector<std::string> layer_types();
+
+/// A loss over a prediction and a target. The loss of a batch is the mean over its global
+/// batch, so each rank's gradient is d(sum of its samples' losses)/d(prediction) / global_batch.
+class Loss {
+ public:
+  virtual ~Loss() = default;
+  virtual std::string_view type() const = 0;
+  /// Per-sample target shape expected for this prediction shape (both without the batch dimension).
+  /// Throws InputError when the prediction cannot be used with this loss.
+  virtual Shape target_shape(const Shape& prediction_sample_shape) const = 0;
+  /// Returns the sum of the local samples' losses and writes the gradient of the batch's mean loss.
+  virtual double forward_backward(const Tensor& prediction, const Tensor& target,
+                                  Tensor& grad_prediction, const LayerContext& ctx) = 0;
+  /// Sum of the local samples' losses only (evaluation).
+  virtual double forward(const Tensor& prediction, const Tensor& target) = 0;
+  /// Number of correctly classified local samples; -1 when the loss is not a classification loss.
+  virtual std::int64_t correct(const Tensor& prediction, const Tensor& target) const { return -1; }
+};
+
+/// "softmax_cross_entropy" (targets: class index per sample) or "mse" (targets: N x T).
+std::unique_ptr<Loss> create_loss(const std::string& type, LayerOptions& options);
+
+}  // namespace tessera

@@ -1,0 +1,106 @@
+#include "tessera/tensor/tensor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+namespace {
+std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
+  std::vector<std::int64_t> strides(static_cast<std::size_t>(shape.rank()));
+  std::int64_t s = 1;
+  for (int i = shape.rank() - 1; i >= 0; --i) {
+    strides[static_cast<std::size_t>(i)] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+}  // namespace
+
+Tensor::Tensor(Shape shape, Device device) : shape_(std::move(shape)), device_(device) {
+  TESSERA_CHECK(device_.is_host(), "Tensor: device {} is not available in this build", device_.to_string());
+  strides_ = contiguous_strides(shape_);
+  capacity_ = shape_.numel();
+  if (capacity_ > 0) {
+    buffer_ = std::shared_ptr<float[]>(new float[static_cast<std::size_t>(capacity_)]());
+  }
+}
+
+bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
+  TESSERA_CHECK(rank() >= 1 && begin >= 0 && begin <= end && end <= shape_[0],
+                "Tensor::slice [{}, {}) out of range for shape {}", begin, end, shape_.to_string());
+  Tensor view = *this;
+  view.shape_[0] = end - begin;
+  view.offset_ = offset_ + begin * strides_[0];
+  return view;
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  TESSERA_CHECK(shape.numel() == numel(), "Tensor::reshape {} -> {}: element counts differ",
+                shape_.to_string(), shape.to_string());
+  TESSERA_CHECK(is_contiguous(), "Tensor::reshape of a non-contiguous tensor");
+  Tensor view = *this;
+  view.shape_ = std::move(shape);
+  view.strides_ = contiguous_strides(view.shape_);
+  return view;
+}
+
+Tensor Tensor::clone() const {
+  Tensor copy(shape_, device_);
+  copy.copy_from(*this);
+  return copy;
+}
+
+void Tensor::fill(float value) {
+  TESSERA_CHECK(is_contiguous(), "Tensor::fill of a non-contiguous tensor");
+  std::fill_n(data(), numel(), value);
+}
+
+void Tensor::copy_from(const Tensor& other) {
+  TESSERA_CHECK(other.shape_.dims() == shape_.dims(), "Tensor::copy_from: shape {} into {}",
+                other.shape_.to_string(), shape_.to_string());
+  TESSERA_CHECK(is_contiguous() && other.is_contiguous(), "Tensor::copy_from of a non-contiguous tensor");
+  if (numel() > 0) std::memcpy(data(), other.data(), static_cast<std::size_t>(numel()) * sizeof(float));
+}
+
+void Tensor::resize(const Shape& shape) {
+  if (shape.numel() > capacity_ || !buffer_ || offset_ != 0) {
+    *this = Tensor(shape, device_);
+    return;
+  }
+  shape_ = shape;
+  strides_ = contiguous_strides(shape_);
+}
+
+float Tensor::at(const std::vector<std::int64_t>& index) const {
+  return const_cast<Tensor*>(this)->at(index);
+}
+
+float& Tensor::at(const std::vector<std::int64_t>& index) {
+  TESSERA_CHECK(static_cast<int>(index.size()) == rank(), "Tensor::at: {} indices for rank {}", index.size(), rank());
+  std::int64_t off = 0;
+  for (std::size_t i = 0; i < index.size(); ++i) {
+    TESSERA_CHECK(index[i] >= 0 && index[i] < shape_[static_cast<int>(i)], "Tensor::at: index out of range");
+    off += index[i] * strides_[i];
+  }
+  return data()[off];
+}
+
+double max_relative_difference(const Tensor& a, const Tensor& b, double floor) {
+  TESSERA_CHECK(a.shape().dims() == b.shape().dims(), "max_relative_difference: shapes {} and {}",
+                a.shape().to_string(), b.shape().to_string());
+  double worst = 0.0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.data()[i], y = b.data()[i];
+    if (std::isnan(x) != std::isnan(y)) return INFINITY;
+    const double scale = std::max({std::fabs(x), std::fabs(y), floor});
+    worst = std::max(worst, std::fabs(x - y) / scale);
+  }
+  return worst;
+}
+
+}  // namespace tessera
