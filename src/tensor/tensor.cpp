@@ -68,6 +68,11 @@ void Tensor::copy_from(const Tensor& other) {
 }
 
 void Tensor::resize(const Shape& shape) {
+  if (buffer_ && shape.numel() == numel()) {  // same size: keep the memory (and any aliasing view)
+    shape_ = shape;
+    strides_ = contiguous_strides(shape_);
+    return;
+  }
   if (shape.numel() > capacity_ || !buffer_ || offset_ != 0) {
     *this = Tensor(shape, device_);
     return;

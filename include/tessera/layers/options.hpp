@@ -30,6 +30,10 @@ class LayerOptions {
   /// A list of `count` integers; a scalar is repeated `count` times.
   std::vector<std::int64_t> get_ints(const std::string& key, int count) const;
   std::vector<std::int64_t> get_ints(const std::string& key, int count, std::int64_t fallback) const;
+  /// A list of integers of any length (a scalar gives one item), for layers that learn how many
+  /// they need (2-D or 3-D) only from their input shape; an absent key gives `fallback`
+  /// (an error when `fallback` is empty: the parameter is required).
+  std::vector<std::int64_t> get_int_list(const std::string& key, std::vector<std::int64_t> fallback) const;
 
   /// Throws InputError naming every key no getter asked for.
   void check_all_used() const;

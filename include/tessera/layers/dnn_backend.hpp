@@ -1,0 +1,128 @@
+#pragma once
+// The heavy kernels behind the layers: one small interface per kernel family (convolution,
+// pooling, linear), implemented by oneDNN on the host and, later, by cuDNN/cuBLAS on CUDA.
+// Layers describe a call by a geometry value; a backend builds whatever it needs for a geometry
+// once (oneDNN primitives, cuDNN descriptors), caches it, and reuses it on every later call.
+//
+// Tensors cross this interface as raw pointers to plain, contiguous float32 buffers in
+// N x C x (D) x H x W order (N x F for linear layers). No library types appear here.
+// A backend object is not thread-safe: each executor owns its own.
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+/// One convolution call. Per-spatial-dimension vectors hold 2 (H, W) or 3 (D, H, W) entries.
+struct ConvolutionGeometry {
+  std::int64_t batch = 0;
+  std::int64_t in_channels = 0;
+  std::int64_t out_channels = 0;
+  std::vector<std::int64_t> input_size;
+  std::vector<std::int64_t> kernel;
+  std::vector<std::int64_t> stride;
+  std::vector<std::int64_t> padding;   ///< on both sides
+  std::vector<std::int64_t> dilation;  ///< 1 = a dense kernel (PyTorch's convention)
+  std::vector<std::int64_t> output_size;
+  bool bias = true;
+
+  auto operator<=>(const ConvolutionGeometry&) const = default;
+  std::string to_string() const;
+};
+
+enum class PoolingMode { Max, AverageExcludePadding };
+
+struct PoolingGeometry {
+  PoolingMode mode = PoolingMode::Max;
+  std::int64_t batch = 0;
+  std::int64_t channels = 0;
+  std::vector<std::int64_t> input_size;
+  std::vector<std::int64_t> kernel;
+  std::vector<std::int64_t> stride;
+  std::vector<std::int64_t> padding;  ///< on both sides
+  std::vector<std::int64_t> output_size;
+
+  auto operator<=>(const PoolingGeometry&) const = default;
+  std::string to_string() const;
+};
+
+/// output (batch x out_features) = input (batch x in_features) * weights^T + bias, with the
+/// weights stored out_features x in_features (PyTorch's layout).
+struct LinearGeometry {
+  std::int64_t batch = 0;
+  std::int64_t in_features = 0;
+  std::int64_t out_features = 0;
+  bool bias = true;
+
+  auto operator<=>(const LinearGeometry&) const = default;
+  std::string to_string() const;
+};
+
+class ConvolutionKernels {
+ public:
+  virtual ~ConvolutionKernels() = default;
+  /// `bias` is ignored when the geometry has none.
+  virtual void forward(const ConvolutionGeometry& geometry, const float* input, const float* weights,
+                       const float* bias, float* output) = 0;
+  virtual void backward_data(const ConvolutionGeometry& geometry, const float* grad_output,
+                             const float* weights, float* grad_input) = 0;
+  /// Overwrites grad_weights (and grad_bias when the geometry has a bias).
+  virtual void backward_weights(const ConvolutionGeometry& geometry, const float* input,
+                                const float* grad_output, float* grad_weights, float* grad_bias) = 0;
+};
+
+class PoolingKernels {
+ public:
+  virtual ~PoolingKernels() = default;
+  /// Bytes of the opaque workspace that forward fills and backward reads (the positions of the
+  /// maxima for max pooling; 0 for average pooling).
+  virtual std::size_t workspace_bytes(const PoolingGeometry& geometry) = 0;
+  virtual void forward(const PoolingGeometry& geometry, const float* input, float* output,
+                       void* workspace) = 0;
+  virtual void backward(const PoolingGeometry& geometry, const float* grad_output,
+                        const void* workspace, float* grad_input) = 0;
+};
+
+class LinearKernels {
+ public:
+  virtual ~LinearKernels() = default;
+  virtual void forward(const LinearGeometry& geometry, const float* input, const float* weights,
+                       const float* bias, float* output) = 0;
+  virtual void backward_data(const LinearGeometry& geometry, const float* grad_output,
+                             const float* weights, float* grad_input) = 0;
+  /// Overwrites grad_weights (and grad_bias when the geometry has a bias).
+  virtual void backward_weights(const LinearGeometry& geometry, const float* input,
+                                const float* grad_output, float* grad_weights, float* grad_bias) = 0;
+};
+
+class DnnBackend {
+ public:
+  virtual ~DnnBackend() = default;
+  virtual std::string name() const = 0;
+  virtual ConvolutionKernels& convolution() = 0;
+  virtual PoolingKernels& pooling() = 0;
+  virtual LinearKernels& linear() = 0;
+  /// One line per kernel built so far: what it computes and which implementation the library
+  /// chose for it (for diagnostics and for tests that reject slow reference kernels).
+  virtual std::vector<std::string> implementations() const = 0;
+};
+
+/// How the host backend lays tensors out inside a convolution.
+enum class HostConvolutionLayout {
+  /// The library picks blocked layouts; cached reorders convert at the call boundary.
+  Blocked,
+  /// Plain N x C x (D) x H x W everywhere; no reorders.
+  Plain,
+};
+
+struct HostBackendOptions {
+  HostConvolutionLayout convolution_layout = HostConvolutionLayout::Blocked;
+};
+
+/// The oneDNN backend (threads: see set_backend_threads in runtime.hpp).
+std::unique_ptr<DnnBackend> make_host_backend(const HostBackendOptions& options = {});
+
+}  // namespace tessera

@@ -1,0 +1,70 @@
+#pragma once
+// Plan files: how each layer's work is split over the ranks. Pure code (no MPI): a plan can be
+// parsed and checked for any rank count in one process.
+//
+//   ranks: 8
+//   default: {sample: 8}
+//   layers:
+//     conv1: {sample: 2, spatial: [2, 2, 1]}   # D, H, W
+//     fc1:   {sample: 2, filter: 4}
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/tensor/shape.hpp"
+
+namespace tessera {
+
+/// How one layer is split. The product of all parts is the plan's rank count.
+struct LayerSplit {
+  int sample = 1;
+  int channel = 1;
+  int filter = 1;
+  /// Parts per spatial dimension, D/H/W order as written (empty: not split).
+  std::vector<int> spatial;
+
+  int product() const;
+  int spatial_product() const;
+  bool sample_only() const { return channel == 1 && filter == 1 && spatial_product() == 1; }
+  bool operator==(const LayerSplit&) const = default;
+  std::string to_string() const;
+};
+
+/// What the plan needs to know of a layer to check a split against it.
+struct PlanLayerInfo {
+  std::string name;
+  std::string type;
+  Shape output;  ///< global output shape, dimension 0 = global batch
+};
+
+class Plan {
+ public:
+  /// Every layer split by sample over `ranks`.
+  static Plan sample_parallel(int ranks);
+  /// Parses a plan file; errors are InputErrors naming the file and the entry.
+  static Plan load(const std::string& path);
+  static Plan parse(const std::string& yaml_text, const std::string& source_name);
+
+  int ranks() const { return ranks_; }
+  const LayerSplit& default_split() const { return default_; }
+  /// The split of `layer` (its own entry, else the default).
+  const LayerSplit& split_for(const std::string& layer) const;
+  const std::map<std::string, LayerSplit>& layer_splits() const { return layers_; }
+
+  /// Checks the plan against a job and a model: the rank count, every named layer exists, every
+  /// split's product is the rank count and fits the layer's shape, and (until those land) that
+  /// only sample splits are asked for. Throws InputError with one clear message.
+  void validate(int job_ranks, const std::vector<PlanLayerInfo>& layers) const;
+
+  std::string to_yaml() const;
+
+ private:
+  std::string source_ = "<plan>";
+  int ranks_ = 1;
+  LayerSplit default_;
+  std::map<std::string, LayerSplit> layers_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,67 @@
+#pragma once
+// A model: a DAG of layers built from a model file (YAML), in the file's order (which is a
+// topological order: a layer may only take inputs defined above it), and a loss.
+//
+//   name: fashion_cnn
+//   input: {shape: [1, 28, 28]}          # one sample: C, (D,) H, W — or [features]
+//   layers:
+//     - {name: conv1, type: conv, filters: 32, kernel: 3, padding: 1}
+//     - {name: relu1, type: relu}
+//     - {name: skip, type: add, inputs: [relu1, conv1]}
+//   loss: softmax_cross_entropy          # or {type: mse}
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/layers/layer.hpp"
+#include "tessera/parallel/plan.hpp"
+
+namespace tessera {
+
+struct ModelNode {
+  std::unique_ptr<Layer> layer;
+  /// Indices of the producing nodes; kModelInput for the model's input.
+  std::vector<int> inputs;
+  /// Output shape for a batch of one sample (dimension 0 = batch).
+  Shape output;
+  /// Nodes that consume this node's output.
+  std::vector<int> consumers;
+};
+
+class Model {
+ public:
+  static constexpr int kModelInput = -1;
+
+  static Model load(const std::string& path);
+  static Model parse(const std::string& yaml_text, const std::string& source_name);
+
+  const std::string& name() const { return name_; }
+  const std::string& source() const { return source_; }
+  /// One sample's shape (no batch dimension).
+  const Shape& sample_shape() const { return sample_shape_; }
+  /// Per-sample shape of the targets the loss expects ({} for class labels).
+  const Shape& target_shape() const { return target_shape_; }
+  std::vector<ModelNode>& nodes() { return nodes_; }
+  const std::vector<ModelNode>& nodes() const { return nodes_; }
+  int output_node() const { return output_; }
+  Loss& loss() { return *loss_; }
+
+  /// Deterministic, rank-independent initial weights.
+  void init_parameters(std::uint64_t seed);
+  std::vector<Parameter*> parameters();
+  std::int64_t parameter_count();
+  /// Layers with their global output shapes, for checking a plan.
+  std::vector<PlanLayerInfo> plan_info(std::int64_t global_batch) const;
+
+ private:
+  std::string name_;
+  std::string source_;
+  Shape sample_shape_;
+  Shape target_shape_;
+  std::vector<ModelNode> nodes_;
+  int output_ = -1;
+  std::unique_ptr<Loss> loss_;
+};
+
+}  // namespace tessera

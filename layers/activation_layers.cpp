@@ -1,0 +1,60 @@
+// "relu" and "leaky_relu" (slope for negative inputs; relu is slope 0).
+#include "layers/host_loops.hpp"
+#include "layers/layer_common.hpp"
+
+namespace tessera {
+namespace {
+
+class LeakyReluLayer final : public Layer {
+ public:
+  LeakyReluLayer(const std::string& name, int id, float slope, std::string_view type)
+      : Layer(name, id), slope_(slope), type_(type) {}
+
+  std::string_view type() const override { return type_; }
+
+  Shape setup(const std::vector<Shape>& inputs) override {
+    check_input_count(*this, inputs, 1);
+    input_shape_ = inputs[0];
+    return input_shape_;
+  }
+
+  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext&) override {
+    const Tensor& input = *inputs[0];
+    check_same_sample_shape(*this, input_shape_, input.shape());
+    output.resize(input.shape());
+    const float* x = input.data();
+    float* y = output.data();
+    const float slope = slope_;
+    host_for("leaky_relu forward", input.numel(), [=](std::int64_t i) { y[i] = x[i] > 0 ? x[i] : slope * x[i]; });
+  }
+
+  void backward(std::span<const Tensor* const> inputs, const Tensor&, const Tensor& grad_output,
+                std::span<Tensor* const> grad_inputs, LayerContext&) override {
+    if (!grad_inputs[0]) return;
+    const Tensor& input = *inputs[0];
+    grad_inputs[0]->resize(input.shape());
+    const float* x = input.data();
+    const float* dy = grad_output.data();
+    float* dx = grad_inputs[0]->data();
+    const float slope = slope_;
+    host_for("leaky_relu backward", input.numel(), [=](std::int64_t i) { dx[i] = x[i] > 0 ? dy[i] : slope * dy[i]; });
+  }
+
+ private:
+  float slope_;
+  std::string_view type_;
+  Shape input_shape_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_relu_layer(const std::string& name, int id, LayerOptions&) {
+  return std::make_unique<LeakyReluLayer>(name, id, 0.0f, "relu");
+}
+
+std::unique_ptr<Layer> make_leaky_relu_layer(const std::string& name, int id, LayerOptions& options) {
+  const double slope = options.get_float("slope", 0.01);
+  return std::make_unique<LeakyReluLayer>(name, id, static_cast<float>(slope), "leaky_relu");
+}
+
+}  // namespace tessera

@@ -1,0 +1,197 @@
+// "batchnorm": per-channel normalization over the batch and spatial dimensions, with learned
+// scale (gamma) and shift (beta). With `global: true` the statistics cover the whole batch across
+// the ranks of the sample communicator, in forward and in backward. Written with Kokkos loops
+// rather than oneDNN: oneDNN's batch norm cannot take statistics reduced across processes in its
+// backward pass.
+#include <cmath>
+
+#include "layers/host_loops.hpp"
+#include "layers/layer_common.hpp"
+#include "tessera/core/communicator.hpp"
+
+namespace tessera {
+namespace {
+
+class BatchNormLayer final : public Layer {
+ public:
+  BatchNormLayer(const std::string& name, int id, LayerOptions& options)
+      : Layer(name, id),
+        epsilon_(options.get_float("epsilon", 1e-5)),
+        momentum_(options.get_float("momentum", 0.1)),
+        global_(options.get_bool("global", false)) {
+    if (!(epsilon_ > 0)) fail_layer(*this, "parameter 'epsilon' must be positive, got {}", epsilon_);
+    if (!(momentum_ >= 0 && momentum_ <= 1)) fail_layer(*this, "parameter 'momentum' must be in [0, 1], got {}", momentum_);
+  }
+
+  std::string_view type() const override { return "batchnorm"; }
+
+  Shape setup(const std::vector<Shape>& inputs) override {
+    check_input_count(*this, inputs, 1);
+    input_shape_ = inputs[0];
+    channels_ = input_shape_[1];
+    const Shape channel_shape{channels_};
+    gamma_ = {name() + ".gamma", Tensor(channel_shape), Tensor(channel_shape), false};
+    beta_ = {name() + ".beta", Tensor(channel_shape), Tensor(channel_shape), false};
+    running_mean_ = Tensor(channel_shape);
+    running_variance_ = Tensor(channel_shape);
+    init_parameters(0);
+    return input_shape_;
+  }
+
+  std::vector<Parameter*> parameters() override { return {&gamma_, &beta_}; }
+  std::vector<Tensor*> buffers() override { return {&running_mean_, &running_variance_}; }
+
+  void init_parameters(std::uint64_t) override {
+    gamma_.value.fill(1.0f);
+    beta_.value.zero();
+    running_mean_.zero();
+    running_variance_.fill(1.0f);
+  }
+
+  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
+    const Tensor& input = *inputs[0];
+    check_same_sample_shape(*this, input_shape_, input.shape());
+    output.resize(input.shape());
+    const std::int64_t batch = input.dim(0), channels = channels_, inner = input.shape().sample_numel() / channels_;
+    mean_.assign(static_cast<std::size_t>(channels), 0.0);
+    inverse_std_.assign(static_cast<std::size_t>(channels), 0.0);
+    used_batch_statistics_ = ctx.training;
+    const float* x = input.data();
+
+    if (ctx.training) {
+      // [sum x per channel..., sum x^2 per channel..., element count], reduced in one call.
+      std::vector<double> sums(static_cast<std::size_t>(2 * channels + 1), 0.0);
+      host_for("batchnorm statistics", channels, [&](std::int64_t c) {
+        double sum = 0.0, squares = 0.0;
+        for (std::int64_t n = 0; n < batch; ++n) {
+          const float* row = x + (n * channels + c) * inner;
+          for (std::int64_t i = 0; i < inner; ++i) {
+            sum += row[i];
+            squares += static_cast<double>(row[i]) * row[i];
+          }
+        }
+        sums[static_cast<std::size_t>(c)] = sum;
+        sums[static_cast<std::size_t>(channels + c)] = squares;
+      });
+      sums.back() = static_cast<double>(batch * inner);
+      if (Communicator* comm = sample_comm(ctx)) comm->allreduce(std::span<double>(sums));
+      const double count = sums.back();
+      if (count == 0) return;  // no sample anywhere: nothing to normalize, statistics unchanged
+      for (std::int64_t c = 0; c < channels; ++c) {
+        const auto u = static_cast<std::size_t>(c);
+        const double mean = sums[u] / count;
+        const double variance = std::max(0.0, sums[static_cast<std::size_t>(channels + c)] / count - mean * mean);
+        mean_[u] = mean;
+        inverse_std_[u] = 1.0 / std::sqrt(variance + epsilon_);
+        // Running variance is the unbiased estimate, as in PyTorch.
+        const double unbiased = count > 1 ? variance * count / (count - 1) : variance;
+        running_mean_.data()[c] = static_cast<float>((1 - momentum_) * running_mean_.data()[c] + momentum_ * mean);
+        running_variance_.data()[c] =
+            static_cast<float>((1 - momentum_) * running_variance_.data()[c] + momentum_ * unbiased);
+      }
+    } else {
+      for (std::int64_t c = 0; c < channels; ++c) {
+        const auto u = static_cast<std::size_t>(c);
+        mean_[u] = running_mean_.data()[c];
+        inverse_std_[u] = 1.0 / std::sqrt(static_cast<double>(running_variance_.data()[c]) + epsilon_);
+      }
+    }
+
+    // y = scale * x + shift per channel, folded so the inner loop is one multiply-add.
+    float* y = output.data();
+    const float* gamma = gamma_.value.data();
+    const float* beta = beta_.value.data();
+    const double* mean = mean_.data();
+    const double* inverse_std = inverse_std_.data();
+    host_for("batchnorm normalize", batch * channels, [=](std::int64_t row) {
+      const std::int64_t c = row % channels;
+      const float scale = static_cast<float>(gamma[c] * inverse_std[c]);
+      const float shift = static_cast<float>(beta[c] - gamma[c] * inverse_std[c] * mean[c]);
+      const float* in = x + row * inner;
+      float* out = y + row * inner;
+      for (std::int64_t i = 0; i < inner; ++i) out[i] = scale * in[i] + shift;
+    });
+  }
+
+  void backward(std::span<const Tensor* const> inputs, const Tensor& output, const Tensor& grad_output,
+                std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
+    const Tensor& input = *inputs[0];
+    const std::int64_t batch = input.dim(0), channels = channels_, inner = input.shape().sample_numel() / channels_;
+    const float* x = input.data();
+    const float* dy = grad_output.data();
+    const double* mean = mean_.data();
+    const double* inverse_std = inverse_std_.data();
+
+    // Local sums of dy and dy * xhat per channel: this rank's share of the parameter gradients
+    // (the executor's gradient reduction adds the shares), and, reduced, the terms of dx.
+    std::vector<double> sums(static_cast<std::size_t>(2 * channels + 1), 0.0);
+    host_for("batchnorm backward sums", channels, [&](std::int64_t c) {
+      double sum_dy = 0.0, sum_dy_xhat = 0.0;
+      for (std::int64_t n = 0; n < batch; ++n) {
+        const std::int64_t offset = (n * channels + c) * inner;
+        for (std::int64_t i = 0; i < inner; ++i) {
+          sum_dy += dy[offset + i];
+          sum_dy_xhat += static_cast<double>(dy[offset + i]) * ((x[offset + i] - mean[c]) * inverse_std[c]);
+        }
+      }
+      sums[static_cast<std::size_t>(c)] = sum_dy;
+      sums[static_cast<std::size_t>(channels + c)] = sum_dy_xhat;
+    });
+    sums.back() = static_cast<double>(batch * inner);
+    for (std::int64_t c = 0; c < channels; ++c) {
+      beta_.grad.data()[c] = static_cast<float>(sums[static_cast<std::size_t>(c)]);
+      gamma_.grad.data()[c] = static_cast<float>(sums[static_cast<std::size_t>(channels + c)]);
+    }
+    // Every rank joins the reduction (also one without samples), or the others would hang.
+    if (used_batch_statistics_) {
+      if (Communicator* comm = sample_comm(ctx)) comm->allreduce(std::span<double>(sums));
+    }
+
+    Tensor* dx_tensor = grad_inputs[0];
+    if (!dx_tensor) return;
+    dx_tensor->resize(input.shape());
+    if (batch == 0) return;
+    float* dx = dx_tensor->data();
+    const float* gamma = gamma_.value.data();
+    const double count = sums.back();
+    const double* reduced = sums.data();
+    const bool batch_statistics = used_batch_statistics_;
+    host_for("batchnorm backward", batch * channels, [=](std::int64_t row) {
+      const std::int64_t c = row % channels;
+      const double scale = gamma[c] * inverse_std[c];
+      const std::int64_t offset = row * inner;
+      if (!batch_statistics) {  // statistics were constants (evaluation mode)
+        for (std::int64_t i = 0; i < inner; ++i) dx[offset + i] = static_cast<float>(scale * dy[offset + i]);
+        return;
+      }
+      // dx = gamma * inv_std * (dy - mean(dy) - xhat * mean(dy * xhat)), means over the whole batch.
+      const double mean_dy = reduced[c] / count;
+      const double mean_dy_xhat = reduced[channels + c] / count;
+      for (std::int64_t i = 0; i < inner; ++i) {
+        const double xhat = (x[offset + i] - mean[c]) * inverse_std[c];
+        dx[offset + i] = static_cast<float>(scale * (dy[offset + i] - mean_dy - xhat * mean_dy_xhat));
+      }
+    });
+  }
+
+ private:
+  Communicator* sample_comm(const LayerContext& ctx) const { return global_ ? ctx.sample_comm : nullptr; }
+
+  double epsilon_, momentum_;
+  bool global_;
+  Shape input_shape_;
+  std::int64_t channels_ = 0;
+  Parameter gamma_, beta_;
+  Tensor running_mean_, running_variance_;
+  // Saved by forward for backward.
+  std::vector<double> mean_, inverse_std_;
+  bool used_batch_statistics_ = true;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_batch_norm_layer(const std::string& name, int id, LayerOptions& options) {
+  return std::make_unique<BatchNormLayer>(name, id, options);
+}
+
+}  // namespace tessera

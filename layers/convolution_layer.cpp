@@ -1,0 +1,114 @@
+// "conv": 2-D or 3-D convolution (the spatial rank comes from the input), weights F x C x k...
+#include "layers/layer_common.hpp"
+
+namespace tessera {
+namespace {
+
+class ConvolutionLayer final : public Layer {
+ public:
+  ConvolutionLayer(const std::string& name, int id, LayerOptions& options)
+      : Layer(name, id),
+        filters_(options.get_int("filters")),
+        kernel_(options.get_int_list("kernel", {})),
+        stride_(options.get_int_list("stride", {1})),
+        padding_(options.get_int_list("padding", {0})),
+        dilation_(options.get_int_list("dilation", {1})),
+        bias_(options.get_bool("bias", true)) {
+    if (filters_ < 1) fail_layer(*this, "parameter 'filters' must be at least 1, got {}", filters_);
+    for (auto k : kernel_) if (k < 1) fail_layer(*this, "parameter 'kernel' must be at least 1, got {}", k);
+    for (auto s : stride_) if (s < 1) fail_layer(*this, "parameter 'stride' must be at least 1, got {}", s);
+    for (auto p : padding_) if (p < 0) fail_layer(*this, "parameter 'padding' must not be negative, got {}", p);
+    for (auto d : dilation_) if (d < 1) fail_layer(*this, "parameter 'dilation' must be at least 1 (1 = none), got {}", d);
+  }
+
+  std::string_view type() const override { return "conv"; }
+
+  Shape setup(const std::vector<Shape>& inputs) override {
+    check_input_count(*this, inputs, 1);
+    const Shape& input = inputs[0];
+    if (input.rank() != 4 && input.rank() != 5)
+      fail_layer(*this, "needs an N x C x H x W or N x C x D x H x W input, got {}", input.to_string());
+    const int dims = input.rank() - 2;
+    geometry_.in_channels = input[1];
+    geometry_.out_channels = filters_;
+    geometry_.input_size = spatial_extents(input);
+    geometry_.kernel = expand_per_dimension(*this, "kernel", kernel_, dims);
+    geometry_.stride = expand_per_dimension(*this, "stride", stride_, dims);
+    geometry_.padding = expand_per_dimension(*this, "padding", padding_, dims);
+    geometry_.dilation = expand_per_dimension(*this, "dilation", dilation_, dims);
+    geometry_.bias = bias_;
+    geometry_.output_size.clear();
+    for (int i = 0; i < dims; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      const std::int64_t reach = (geometry_.kernel[u] - 1) * geometry_.dilation[u] + 1;
+      const std::int64_t padded = geometry_.input_size[u] + 2 * geometry_.padding[u];
+      if (reach > padded)
+        fail_layer(*this, "kernel {} (dilated extent {}) is larger than the padded input ({} with padding {}) "
+                   "in spatial dimension {} of input {}", geometry_.kernel[u], reach, padded, geometry_.padding[u], i,
+                   input.to_string());
+      geometry_.output_size.push_back((padded - reach) / geometry_.stride[u] + 1);
+    }
+    input_shape_ = input;
+
+    std::vector<std::int64_t> weight_dims{filters_, geometry_.in_channels};
+    weight_dims.insert(weight_dims.end(), geometry_.kernel.begin(), geometry_.kernel.end());
+    weights_ = {name() + ".weight", Tensor(Shape(weight_dims)), Tensor(Shape(weight_dims)), true};
+    if (bias_) bias_parameter_ = {name() + ".bias", Tensor(Shape{filters_}), Tensor(Shape{filters_}), false};
+    return Shape::image(input[0], filters_, geometry_.output_size);
+  }
+
+  std::vector<Parameter*> parameters() override {
+    if (bias_) return {&weights_, &bias_parameter_};
+    return {&weights_};
+  }
+
+  void init_parameters(std::uint64_t seed) override {
+    const std::int64_t fan_in = weights_.value.numel() / filters_;
+    he_uniform_init(weights_.value, seed, id(), 0, fan_in);
+    if (bias_) bias_parameter_.value.zero();
+  }
+
+  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
+    const Tensor& input = *inputs[0];
+    check_same_sample_shape(*this, input_shape_, input.shape());
+    geometry_.batch = input.dim(0);
+    output.resize(Shape::image(geometry_.batch, filters_, geometry_.output_size));
+    if (geometry_.batch == 0) return;
+    backend_of(*this, ctx).convolution().forward(geometry_, input.data(), weights_.value.data(),
+                                                  bias_ ? bias_parameter_.value.data() : nullptr, output.data());
+  }
+
+  void backward(std::span<const Tensor* const> inputs, const Tensor& output, const Tensor& grad_output,
+                std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
+    const Tensor& input = *inputs[0];
+    geometry_.batch = input.dim(0);
+    if (grad_inputs[0]) grad_inputs[0]->resize(input.shape());
+    if (geometry_.batch == 0) {
+      // No samples here: this rank's share of the parameter gradients is zero.
+      weights_.grad.zero();
+      if (bias_) bias_parameter_.grad.zero();
+      return;
+    }
+    auto& kernels = backend_of(*this, ctx).convolution();
+    if (grad_inputs[0])
+      kernels.backward_data(geometry_, grad_output.data(), weights_.value.data(), grad_inputs[0]->data());
+    kernels.backward_weights(geometry_, input.data(), grad_output.data(), weights_.grad.data(),
+                             bias_ ? bias_parameter_.grad.data() : nullptr);
+  }
+
+ private:
+  std::int64_t filters_;
+  std::vector<std::int64_t> kernel_, stride_, padding_, dilation_;
+  bool bias_;
+  Shape input_shape_;
+  ConvolutionGeometry geometry_;
+  Parameter weights_, bias_parameter_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_convolution_layer(const std::string& name, int id, LayerOptions& options) {
+  return std::make_unique<ConvolutionLayer>(name, id, options);
+}
+
+}  // namespace tessera

@@ -1,0 +1,83 @@
+// "dropout": inverted dropout (kept elements scaled by 1 / (1 - rate) in training, identity in
+// evaluation). Each element's keep/drop draw is keyed by its global index in the batch, so a
+// batch split over ranks drops exactly what one rank would.
+#include <cstdint>
+
+#include "layers/host_loops.hpp"
+#include "layers/layer_common.hpp"
+#include "tessera/core/rng.hpp"
+
+namespace tessera {
+namespace {
+
+class DropoutLayer final : public Layer {
+ public:
+  DropoutLayer(const std::string& name, int id, LayerOptions& options)
+      : Layer(name, id), rate_(options.get_float("rate", 0.5)) {
+    if (!(rate_ >= 0 && rate_ < 1)) fail_layer(*this, "parameter 'rate' must be in [0, 1), got {}", rate_);
+  }
+
+  std::string_view type() const override { return "dropout"; }
+
+  Shape setup(const std::vector<Shape>& inputs) override {
+    check_input_count(*this, inputs, 1);
+    input_shape_ = inputs[0];
+    return input_shape_;
+  }
+
+  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
+    const Tensor& input = *inputs[0];
+    check_same_sample_shape(*this, input_shape_, input.shape());
+    output.resize(input.shape());
+    applied_ = ctx.training && rate_ > 0;
+    if (!applied_) {
+      output.copy_from(input);
+      return;
+    }
+    const std::int64_t count = input.numel(), sample_numel = input.shape().sample_numel();
+    // Scale per element (0 or 1 / (1 - rate)): backward multiplies by the same factors.
+    scales_.resize(static_cast<std::size_t>(count));
+    const std::uint64_t seed = ctx.seed;
+    const std::uint64_t stream = rng_substream(RngStream::Dropout, static_cast<std::uint64_t>(id()),
+                                               static_cast<std::uint64_t>(ctx.step));
+    const std::uint64_t first = static_cast<std::uint64_t>(ctx.sample_offset * sample_numel);
+    const float rate = static_cast<float>(rate_);
+    const float keep_scale = static_cast<float>(1.0 / (1.0 - rate_));
+    const float* x = input.data();
+    float* y = output.data();
+    float* scales = scales_.data();
+    host_for("dropout forward", count, [=](std::int64_t i) {
+      const bool keep = random_uniform(seed, stream, first + static_cast<std::uint64_t>(i)) >= rate;
+      scales[i] = keep ? keep_scale : 0.0f;
+      y[i] = x[i] * scales[i];
+    });
+  }
+
+  void backward(std::span<const Tensor* const> inputs, const Tensor&, const Tensor& grad_output,
+                std::span<Tensor* const> grad_inputs, LayerContext&) override {
+    if (!grad_inputs[0]) return;
+    grad_inputs[0]->resize(inputs[0]->shape());
+    if (!applied_) {
+      grad_inputs[0]->copy_from(grad_output);
+      return;
+    }
+    const float* dy = grad_output.data();
+    const float* scales = scales_.data();
+    float* dx = grad_inputs[0]->data();
+    host_for("dropout backward", grad_output.numel(), [=](std::int64_t i) { dx[i] = dy[i] * scales[i]; });
+  }
+
+ private:
+  double rate_;
+  Shape input_shape_;
+  bool applied_ = false;
+  std::vector<float> scales_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_dropout_layer(const std::string& name, int id, LayerOptions& options) {
+  return std::make_unique<DropoutLayer>(name, id, options);
+}
+
+}  // namespace tessera

@@ -1,0 +1,96 @@
+// create_layer and the helpers every layer shares.
+#include <cmath>
+#include <functional>
+#include <map>
+
+#include <fmt/ranges.h>
+
+#include "layers/layer_common.hpp"
+#include "tessera/core/rng.hpp"
+
+namespace tessera {
+namespace {
+
+using Factory = std::unique_ptr<Layer> (*)(const std::string&, int, LayerOptions&);
+
+const std::map<std::string, Factory>& factories() {
+  static const std::map<std::string, Factory> table{
+      {"conv", make_convolution_layer},   {"maxpool", make_max_pool_layer}, {"avgpool", make_avg_pool_layer},
+      {"batchnorm", make_batch_norm_layer}, {"relu", make_relu_layer},      {"leaky_relu", make_leaky_relu_layer},
+      {"flatten", make_flatten_layer},    {"dropout", make_dropout_layer},  {"add", make_add_layer},
+      {"concat", make_concat_layer},      {"linear", make_linear_layer},
+  };
+  return table;
+}
+
+}  // namespace
+
+std::vector<std::string> layer_types() {
+  std::vector<std::string> names;
+  for (const auto& [name, factory] : factories()) names.push_back(name);
+  return names;
+}
+
+std::unique_ptr<Layer> create_layer(const std::string& type, const std::string& name, int id, LayerOptions& options) {
+  const auto found = factories().find(type);
+  if (found == factories().end())
+    fail_input("layer '{}': unknown type '{}'; known types: {}", name, type, fmt::join(layer_types(), ", "));
+  try {
+    auto layer = found->second(name, id, options);
+    options.check_all_used();
+    return layer;
+  } catch (const InputError& error) {
+    // Option errors name the layer through the options' context; when the caller gave none,
+    // name it here so the user still learns which layer is wrong.
+    if (!options.context().empty() || error.message().rfind("layer '", 0) == 0) throw;
+    fail_input("layer '{}' ({}): {}", name, type, error.message());
+  }
+}
+
+std::string shapes_to_string(const std::vector<Shape>& shapes) {
+  std::string text;
+  for (std::size_t i = 0; i < shapes.size(); ++i) text += (i ? (i + 1 == shapes.size() ? " and " : ", ") : "") + shapes[i].to_string();
+  return text;
+}
+
+void check_input_count(const Layer& layer, const std::vector<Shape>& inputs, int arity) {
+  if (arity >= 0 && static_cast<int>(inputs.size()) != arity)
+    fail_layer(layer, "takes {} input{}, got {}", arity, arity == 1 ? "" : "s", inputs.size());
+  if (arity < 0 && inputs.size() < 2) fail_layer(layer, "takes two or more inputs, got {}", inputs.size());
+  for (const auto& shape : inputs)
+    if (shape.rank() < 2) fail_layer(layer, "input shape {} has no dimension besides the batch", shape.to_string());
+}
+
+void check_same_sample_shape(const Layer& layer, const Shape& expected, const Shape& input) {
+  if (input.rank() != expected.rank() || input.with(0, 0) != expected.with(0, 0))
+    fail_layer(layer, "was set up for input {} (any batch) but got {}", expected.to_string(), input.to_string());
+}
+
+std::vector<std::int64_t> expand_per_dimension(const Layer& layer, const char* option,
+                                               const std::vector<std::int64_t>& values, int spatial_dims) {
+  if (values.size() == 1) return std::vector<std::int64_t>(static_cast<std::size_t>(spatial_dims), values[0]);
+  if (static_cast<int>(values.size()) != spatial_dims)
+    fail_layer(layer, "parameter '{}' has {} values but the input has {} spatial dimensions", option, values.size(),
+               spatial_dims);
+  return values;
+}
+
+DnnBackend& backend_of(const Layer& layer, const LayerContext& context) {
+  if (!context.backend) fail("{}: the layer context has no DNN backend (executor bug)", describe(layer));
+  return *context.backend;
+}
+
+void he_uniform_init(Tensor& tensor, std::uint64_t seed, int layer_id, int parameter_index, std::int64_t fan_in) {
+  const float bound = static_cast<float>(std::sqrt(6.0 / static_cast<double>(std::max<std::int64_t>(fan_in, 1))));
+  const std::uint64_t stream = rng_substream(RngStream::WeightInit, static_cast<std::uint64_t>(layer_id),
+                                             static_cast<std::uint64_t>(parameter_index));
+  float* values = tensor.data();
+  for (std::int64_t i = 0; i < tensor.numel(); ++i)
+    values[i] = (2.0f * random_uniform(seed, stream, static_cast<std::uint64_t>(i)) - 1.0f) * bound;
+}
+
+std::vector<std::int64_t> spatial_extents(const Shape& shape) {
+  return std::vector<std::int64_t>(shape.dims().begin() + 2, shape.dims().end());
+}
+
+}  // namespace tessera

@@ -1,0 +1,62 @@
+#pragma once
+// Internal helpers the layer implementations share: error prefixes, shape checks, weight init,
+// and the factory table that create_layer reads.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+#include "tessera/layers/dnn_backend.hpp"
+#include "tessera/layers/layer.hpp"
+
+namespace tessera {
+
+/// "layer 'conv1' (conv)", the prefix of every error a layer raises.
+inline std::string describe(const Layer& layer) { return fmt::format("layer '{}' ({})", layer.name(), layer.type()); }
+
+template <typename... Args>
+[[noreturn]] void fail_layer(const Layer& layer, fmt::format_string<Args...> format, Args&&... args) {
+  throw InputError(describe(layer) + ": " + fmt::format(format, std::forward<Args>(args)...));
+}
+
+/// All shapes in "[2, 3, 8, 8] and [2, 4, 8, 8]" form, for messages.
+std::string shapes_to_string(const std::vector<Shape>& shapes);
+
+/// Checks the count of inputs (arity -1: two or more) and that every shape has a batch dimension.
+void check_input_count(const Layer& layer, const std::vector<Shape>& inputs, int arity);
+
+/// Throws unless `input` matches what setup saw, apart from the batch extent.
+void check_same_sample_shape(const Layer& layer, const Shape& expected, const Shape& input);
+
+/// Checks a kernel-like per-spatial-dimension option against the input's spatial rank; a single
+/// value is repeated.
+std::vector<std::int64_t> expand_per_dimension(const Layer& layer, const char* option,
+                                               const std::vector<std::int64_t>& values, int spatial_dims);
+
+/// The backend from the context, or an error that says the executor forgot it.
+DnnBackend& backend_of(const Layer& layer, const LayerContext& context);
+
+/// Uniform(-b, b) with b = sqrt(6 / fan_in) (He), drawn per global flat index so every tiling
+/// of the tensor gets the same values.
+void he_uniform_init(Tensor& tensor, std::uint64_t seed, int layer_id, int parameter_index, std::int64_t fan_in);
+
+/// Spatial extents (dims 2...) of an image shape.
+std::vector<std::int64_t> spatial_extents(const Shape& shape);
+
+// Factories, one per layer .cpp file; create_layer dispatches on the type name.
+std::unique_ptr<Layer> make_convolution_layer(const std::string& name, int id, LayerOptions& options);
+std::unique_ptr<Layer> make_max_pool_layer(const std::string& name, int id, LayerOptions& options);
+std::unique_ptr<Layer> make_avg_pool_layer(const std::string& name, int id, LayerOptions& options);
+std::unique_ptr<Layer> make_batch_norm_layer(const std::string& name, int id, LayerOptions& options);
+std::unique_ptr<Layer> make_relu_layer(const std::string& name, int id, LayerOptions& options);
+std::unique_ptr<Layer> make_leaky_relu_layer(const std::string& name, int id, LayerOptions& options);
+std::unique_ptr<Layer> make_flatten_layer(const std::string& name, int id, LayerOptions& options);
+std::unique_ptr<Layer> make_dropout_layer(const std::string& name, int id, LayerOptions& options);
+std::unique_ptr<Layer> make_add_layer(const std::string& name, int id, LayerOptions& options);
+std::unique_ptr<Layer> make_concat_layer(const std::string& name, int id, LayerOptions& options);
+std::unique_ptr<Layer> make_linear_layer(const std::string& name, int id, LayerOptions& options);
+
+}  // namespace tessera

@@ -1,0 +1,81 @@
+// "linear": N x in -> N x out, weights out x in (PyTorch's layout), through the backend's matmuls.
+#include "layers/layer_common.hpp"
+
+namespace tessera {
+namespace {
+
+class LinearLayer final : public Layer {
+ public:
+  LinearLayer(const std::string& name, int id, LayerOptions& options)
+      : Layer(name, id), out_features_(options.get_int("out")), bias_(options.get_bool("bias", true)) {
+    if (out_features_ < 1) fail_layer(*this, "parameter 'out' must be at least 1, got {}", out_features_);
+  }
+
+  std::string_view type() const override { return "linear"; }
+
+  Shape setup(const std::vector<Shape>& inputs) override {
+    check_input_count(*this, inputs, 1);
+    const Shape& input = inputs[0];
+    if (input.rank() != 2)
+      fail_layer(*this, "needs an N x features input, got {} (put a flatten layer before it)", input.to_string());
+    input_shape_ = input;
+    geometry_.in_features = input[1];
+    geometry_.out_features = out_features_;
+    geometry_.bias = bias_;
+    const Shape weight_shape{out_features_, geometry_.in_features};
+    weights_ = {name() + ".weight", Tensor(weight_shape), Tensor(weight_shape), true};
+    if (bias_) bias_parameter_ = {name() + ".bias", Tensor(Shape{out_features_}), Tensor(Shape{out_features_}), false};
+    return Shape::flat(input[0], out_features_);
+  }
+
+  std::vector<Parameter*> parameters() override {
+    if (bias_) return {&weights_, &bias_parameter_};
+    return {&weights_};
+  }
+
+  void init_parameters(std::uint64_t seed) override {
+    he_uniform_init(weights_.value, seed, id(), 0, geometry_.in_features);
+    if (bias_) bias_parameter_.value.zero();
+  }
+
+  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
+    const Tensor& input = *inputs[0];
+    check_same_sample_shape(*this, input_shape_, input.shape());
+    geometry_.batch = input.dim(0);
+    output.resize(Shape::flat(geometry_.batch, out_features_));
+    if (geometry_.batch == 0) return;
+    backend_of(*this, ctx).linear().forward(geometry_, input.data(), weights_.value.data(),
+                                             bias_ ? bias_parameter_.value.data() : nullptr, output.data());
+  }
+
+  void backward(std::span<const Tensor* const> inputs, const Tensor&, const Tensor& grad_output,
+                std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
+    const Tensor& input = *inputs[0];
+    geometry_.batch = input.dim(0);
+    if (grad_inputs[0]) grad_inputs[0]->resize(input.shape());
+    if (geometry_.batch == 0) {
+      weights_.grad.zero();
+      if (bias_) bias_parameter_.grad.zero();
+      return;
+    }
+    auto& kernels = backend_of(*this, ctx).linear();
+    if (grad_inputs[0]) kernels.backward_data(geometry_, grad_output.data(), weights_.value.data(), grad_inputs[0]->data());
+    kernels.backward_weights(geometry_, input.data(), grad_output.data(), weights_.grad.data(),
+                             bias_ ? bias_parameter_.grad.data() : nullptr);
+  }
+
+ private:
+  std::int64_t out_features_;
+  bool bias_;
+  Shape input_shape_;
+  LinearGeometry geometry_;
+  Parameter weights_, bias_parameter_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_linear_layer(const std::string& name, int id, LayerOptions& options) {
+  return std::make_unique<LinearLayer>(name, id, options);
+}
+
+}  // namespace tessera

@@ -1,0 +1,145 @@
+// Losses: "softmax_cross_entropy" (class index per sample, stored as float) and "mse".
+// Both return the sum of the local samples' losses and write the gradient of the global batch's
+// mean loss, so the ranks' gradients add up to the 1-rank gradient.
+#include <cmath>
+#include <map>
+
+#include <fmt/ranges.h>
+
+#include "layers/host_loops.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/layers/layer.hpp"
+
+namespace tessera {
+namespace {
+
+double global_batch_of(const LayerContext& ctx, std::string_view loss) {
+  if (ctx.global_batch <= 0) fail("loss {}: the layer context has no global batch size (executor bug)", loss);
+  return static_cast<double>(ctx.global_batch);
+}
+
+void check_batch(std::string_view loss, const Tensor& prediction, const Tensor& target, std::int64_t target_numel) {
+  if (target.numel() != prediction.dim(0) * target_numel)
+    fail_input("loss {}: prediction {} needs {} target values per sample, got target {}", loss,
+               prediction.shape().to_string(), target_numel, target.shape().to_string());
+}
+
+class SoftmaxCrossEntropy final : public Loss {
+ public:
+  std::string_view type() const override { return "softmax_cross_entropy"; }
+
+  Shape target_shape(const Shape& prediction_sample_shape) const override {
+    if (prediction_sample_shape.rank() != 1 || prediction_sample_shape[0] < 2)
+      fail_input("loss softmax_cross_entropy needs one score per class (two or more) per sample, got {} per sample",
+                 prediction_sample_shape.to_string());
+    return Shape(std::vector<std::int64_t>{});
+  }
+
+  double forward_backward(const Tensor& prediction, const Tensor& target, Tensor& grad_prediction,
+                          const LayerContext& ctx) override {
+    const double scale = 1.0 / global_batch_of(ctx, type());
+    grad_prediction.resize(prediction.shape());
+    return run(prediction, target, grad_prediction.data(), scale);
+  }
+
+  double forward(const Tensor& prediction, const Tensor& target) override {
+    return run(prediction, target, nullptr, 0.0);
+  }
+
+  std::int64_t correct(const Tensor& prediction, const Tensor& target) const override {
+    check(prediction, target);
+    const std::int64_t classes = prediction.dim(1);
+    const float* scores = prediction.data();
+    const float* labels = target.data();
+    return static_cast<std::int64_t>(host_sum("softmax_cross_entropy correct", prediction.dim(0), [=](std::int64_t n) {
+      const float* row = scores + n * classes;
+      std::int64_t best = 0;
+      for (std::int64_t k = 1; k < classes; ++k)
+        if (row[k] > row[best]) best = k;
+      return best == static_cast<std::int64_t>(labels[n]) ? 1.0 : 0.0;
+    }));
+  }
+
+ private:
+  void check(const Tensor& prediction, const Tensor& target) const {
+    if (prediction.rank() != 2) fail_input("loss softmax_cross_entropy needs N x classes scores, got {}", prediction.shape().to_string());
+    check_batch(type(), prediction, target, 1);
+    const std::int64_t classes = prediction.dim(1);
+    for (std::int64_t n = 0; n < prediction.dim(0); ++n) {
+      const float label = target.data()[n];
+      if (!(label >= 0 && label < static_cast<float>(classes)) || label != std::floor(label))
+        fail_input("loss softmax_cross_entropy: sample {} has label {}, but labels must be class indices 0..{}", n,
+                   label, classes - 1);
+    }
+  }
+
+  /// Loss sum; when `grad` is given, also (softmax - one_hot) * scale. Log-sum-exp in double.
+  double run(const Tensor& prediction, const Tensor& target, float* grad, double scale) {
+    check(prediction, target);
+    const std::int64_t classes = prediction.dim(1);
+    const float* scores = prediction.data();
+    const float* labels = target.data();
+    return host_sum("softmax_cross_entropy", prediction.dim(0), [=](std::int64_t n) {
+      const float* row = scores + n * classes;
+      double largest = row[0];
+      for (std::int64_t k = 1; k < classes; ++k) largest = std::max(largest, static_cast<double>(row[k]));
+      double total = 0.0;
+      for (std::int64_t k = 0; k < classes; ++k) total += std::exp(row[k] - largest);
+      const auto label = static_cast<std::int64_t>(labels[n]);
+      if (grad) {
+        for (std::int64_t k = 0; k < classes; ++k) {
+          const double probability = std::exp(row[k] - largest) / total;
+          grad[n * classes + k] = static_cast<float>((probability - (k == label ? 1.0 : 0.0)) * scale);
+        }
+      }
+      return std::log(total) + largest - row[label];
+    });
+  }
+};
+
+/// Per sample: the mean over its values of (prediction - target)^2, so the batch mean equals
+/// PyTorch's MSELoss (mean over every element).
+class MeanSquaredError final : public Loss {
+ public:
+  std::string_view type() const override { return "mse"; }
+
+  Shape target_shape(const Shape& prediction_sample_shape) const override { return prediction_sample_shape; }
+
+  double forward_backward(const Tensor& prediction, const Tensor& target, Tensor& grad_prediction,
+                          const LayerContext& ctx) override {
+    const double scale = 1.0 / global_batch_of(ctx, type());
+    grad_prediction.resize(prediction.shape());
+    return run(prediction, target, grad_prediction.data(), scale);
+  }
+
+  double forward(const Tensor& prediction, const Tensor& target) override {
+    return run(prediction, target, nullptr, 0.0);
+  }
+
+ private:
+  double run(const Tensor& prediction, const Tensor& target, float* grad, double scale) {
+    const std::int64_t per_sample = prediction.shape().sample_numel();
+    check_batch(type(), prediction, target, per_sample);
+    const float* p = prediction.data();
+    const float* t = target.data();
+    const double inverse_count = 1.0 / static_cast<double>(std::max<std::int64_t>(per_sample, 1));
+    return host_sum("mse", prediction.numel(), [=](std::int64_t i) {
+      const double difference = static_cast<double>(p[i]) - t[i];
+      if (grad) grad[i] = static_cast<float>(2.0 * difference * inverse_count * scale);
+      return difference * difference * inverse_count;
+    });
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Loss> create_loss(const std::string& type, LayerOptions& options) {
+  std::unique_ptr<Loss> loss;
+  if (type == "softmax_cross_entropy") loss = std::make_unique<SoftmaxCrossEntropy>();
+  else if (type == "mse") loss = std::make_unique<MeanSquaredError>();
+  else fail_input("unknown loss '{}'; known losses: mse, softmax_cross_entropy", type);
+  options.check_all_used();
+  return loss;
+}
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+// The host DnnBackend: oneDNN kernel families sharing one engine and stream.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "layers/onednn_common.hpp"
+
+namespace tessera {
+
+std::string ConvolutionGeometry::to_string() const {
+  return fmt::format("N={} C={} F={} input={} kernel={} stride={} padding={} dilation={} output={}{}", batch,
+                     in_channels, out_channels, input_size, kernel, stride, padding, dilation, output_size,
+                     bias ? " +bias" : "");
+}
+
+std::string PoolingGeometry::to_string() const {
+  return fmt::format("{} N={} C={} input={} kernel={} stride={} padding={} output={}",
+                     mode == PoolingMode::Max ? "max" : "avg", batch, channels, input_size, kernel, stride, padding,
+                     output_size);
+}
+
+std::string LinearGeometry::to_string() const {
+  return fmt::format("N={} in={} out={}{}", batch, in_features, out_features, bias ? " +bias" : "");
+}
+
+namespace {
+
+class HostBackend final : public DnnBackend {
+ public:
+  explicit HostBackend(const HostBackendOptions& options)
+      : convolution_(onednn::make_convolution_kernels(context_, options.convolution_layout)),
+        pooling_(onednn::make_pooling_kernels(context_)),
+        linear_(onednn::make_linear_kernels(context_)) {}
+
+  std::string name() const override { return "onednn"; }
+  ConvolutionKernels& convolution() override { return *convolution_; }
+  PoolingKernels& pooling() override { return *pooling_; }
+  LinearKernels& linear() override { return *linear_; }
+  std::vector<std::string> implementations() const override { return context_.implementations; }
+
+ private:
+  onednn::Context context_;
+  std::unique_ptr<ConvolutionKernels> convolution_;
+  std::unique_ptr<PoolingKernels> pooling_;
+  std::unique_ptr<LinearKernels> linear_;
+};
+
+}  // namespace
+
+std::unique_ptr<DnnBackend> make_host_backend(const HostBackendOptions& options) {
+  return std::make_unique<HostBackend>(options);
+}
+
+}  // namespace tessera

@@ -1,0 +1,95 @@
+// "maxpool" and "avgpool" (average over the window's part inside the input), 2-D or 3-D.
+#include <cstddef>
+
+#include "layers/layer_common.hpp"
+
+namespace tessera {
+namespace {
+
+class PoolingLayer final : public Layer {
+ public:
+  PoolingLayer(const std::string& name, int id, LayerOptions& options, PoolingMode mode)
+      : Layer(name, id),
+        mode_(mode),
+        kernel_(options.get_int_list("kernel", {})),
+        stride_(options.get_int_list("stride", kernel_)),
+        padding_(options.get_int_list("padding", {0})) {
+    for (auto k : kernel_) if (k < 1) fail_layer(*this, "parameter 'kernel' must be at least 1, got {}", k);
+    for (auto s : stride_) if (s < 1) fail_layer(*this, "parameter 'stride' must be at least 1, got {}", s);
+    for (auto p : padding_) if (p < 0) fail_layer(*this, "parameter 'padding' must not be negative, got {}", p);
+  }
+
+  std::string_view type() const override { return mode_ == PoolingMode::Max ? "maxpool" : "avgpool"; }
+
+  Shape setup(const std::vector<Shape>& inputs) override {
+    check_input_count(*this, inputs, 1);
+    const Shape& input = inputs[0];
+    if (input.rank() != 4 && input.rank() != 5)
+      fail_layer(*this, "needs an N x C x H x W or N x C x D x H x W input, got {}", input.to_string());
+    const int dims = input.rank() - 2;
+    geometry_.mode = mode_;
+    geometry_.channels = input[1];
+    geometry_.input_size = spatial_extents(input);
+    geometry_.kernel = expand_per_dimension(*this, "kernel", kernel_, dims);
+    geometry_.stride = expand_per_dimension(*this, "stride", stride_, dims);
+    geometry_.padding = expand_per_dimension(*this, "padding", padding_, dims);
+    geometry_.output_size.clear();
+    for (int i = 0; i < dims; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      // Padding smaller than the kernel keeps every window overlapping the input, so no
+      // average divides by zero and no maximum is taken over padding alone.
+      if (geometry_.padding[u] >= geometry_.kernel[u])
+        fail_layer(*this, "padding {} must be smaller than the kernel {}", geometry_.padding[u], geometry_.kernel[u]);
+      const std::int64_t padded = geometry_.input_size[u] + 2 * geometry_.padding[u];
+      if (geometry_.kernel[u] > padded)
+        fail_layer(*this, "kernel {} is larger than the padded input ({}) in spatial dimension {} of input {}",
+                   geometry_.kernel[u], padded, i, input.to_string());
+      geometry_.output_size.push_back((padded - geometry_.kernel[u]) / geometry_.stride[u] + 1);
+    }
+    input_shape_ = input;
+    return Shape::image(input[0], input[1], geometry_.output_size);
+  }
+
+  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
+    const Tensor& input = *inputs[0];
+    check_same_sample_shape(*this, input_shape_, input.shape());
+    geometry_.batch = input.dim(0);
+    output.resize(Shape::image(geometry_.batch, geometry_.channels, geometry_.output_size));
+    if (geometry_.batch == 0) return;
+    auto& kernels = backend_of(*this, ctx).pooling();
+    workspace_.resize(kernels.workspace_bytes(geometry_));
+    kernels.forward(geometry_, input.data(), output.data(), workspace_.empty() ? nullptr : workspace_.data());
+  }
+
+  void backward(std::span<const Tensor* const> inputs, const Tensor& output, const Tensor& grad_output,
+                std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
+    if (!grad_inputs[0]) return;
+    const Tensor& input = *inputs[0];
+    grad_inputs[0]->resize(input.shape());
+    geometry_.batch = input.dim(0);
+    if (geometry_.batch == 0) return;
+    backend_of(*this, ctx).pooling().backward(geometry_, grad_output.data(),
+                                              workspace_.empty() ? nullptr : workspace_.data(),
+                                              grad_inputs[0]->data());
+  }
+
+ private:
+  PoolingMode mode_;
+  std::vector<std::int64_t> kernel_, stride_, padding_;
+  Shape input_shape_;
+  PoolingGeometry geometry_;
+  /// Where forward's maxima were, for backward (opaque; sized by the backend).
+  std::vector<std::byte> workspace_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_max_pool_layer(const std::string& name, int id, LayerOptions& options) {
+  return std::make_unique<PoolingLayer>(name, id, options, PoolingMode::Max);
+}
+
+std::unique_ptr<Layer> make_avg_pool_layer(const std::string& name, int id, LayerOptions& options) {
+  return std::make_unique<PoolingLayer>(name, id, options, PoolingMode::AverageExcludePadding);
+}
+
+}  // namespace tessera

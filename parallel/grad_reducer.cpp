@@ -1,0 +1,90 @@
+#include "tessera/parallel/grad_reducer.hpp"
+
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+
+GradReducer::GradReducer(GradReducerOptions options) : options_(options) {}
+
+void GradReducer::add(Tensor& grad, Communicator& replica_group) {
+  TESSERA_CHECK(!built_, "GradReducer::add after build()");
+  entries_.push_back({&grad, &replica_group});
+}
+
+void GradReducer::build() {
+  TESSERA_CHECK(!built_, "GradReducer::build twice");
+  built_ = true;
+  // Consecutive gradients of the same group share a bucket until it holds bucket_bytes.
+  std::vector<std::vector<std::size_t>> members;
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    auto& e = entries_[i];
+    const bool new_bucket = buckets_.empty() || buckets_.back().group != e.group || bytes >= options_.bucket_bytes;
+    if (new_bucket) {
+      buckets_.emplace_back();
+      buckets_.back().group = e.group;
+      members.emplace_back();
+      bytes = 0;
+    }
+    e.bucket = buckets_.size() - 1;
+    members.back().push_back(i);
+    bytes += static_cast<std::size_t>(e.grad->numel()) * sizeof(float);
+  }
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    auto& bucket = buckets_[b];
+    std::int64_t total = 0;
+    for (auto i : members[b]) total += entries_[i].grad->numel();
+    bucket.flat = Tensor(Shape({total}));
+    std::int64_t offset = 0;
+    for (auto i : members[b]) {
+      Tensor& g = *entries_[i].grad;
+      const std::int64_t n = g.numel();
+      Tensor view = bucket.flat.slice(offset, offset + n).reshape(g.shape());
+      view.copy_from(g);
+      g = view;
+      bucket.grads.push_back(&g);
+      offset += n;
+    }
+    bucket.pending = bucket.grads.size();
+  }
+}
+
+void GradReducer::ready(const Tensor& grad) {
+  TESSERA_CHECK(built_, "GradReducer::ready before build()");
+  for (auto& e : entries_) {
+    if (e.grad->data() != grad.data()) continue;
+    Bucket& bucket = buckets_[e.bucket];
+    TESSERA_CHECK(bucket.pending > 0, "GradReducer: a gradient was marked ready twice in one step");
+    if (--bucket.pending == 0) start(bucket);
+    break;
+  }
+  // Give in-flight reductions a chance to progress (MPI progresses nonblocking collectives inside MPI calls).
+  for (auto& b : buckets_)
+    if (b.request) b.request->test();
+}
+
+void GradReducer::start(Bucket& bucket) {
+  bucket.request = bucket.group->iallreduce(bucket.flat.data(), static_cast<std::size_t>(bucket.flat.numel()),
+                                            DType::F32, ReduceOp::Sum);
+}
+
+void GradReducer::finish() {
+  for (auto& bucket : buckets_) {
+    TESSERA_CHECK(bucket.pending == 0, "GradReducer::finish: {} gradients of a bucket were never marked ready",
+                  bucket.pending);
+    if (bucket.request) {
+      bucket.request->wait();
+      bucket.request.reset();
+    }
+    bucket.pending = bucket.grads.size();
+  }
+}
+
+std::size_t GradReducer::bytes_per_step() const {
+  std::size_t bytes = 0;
+  for (const auto& b : buckets_)
+    if (b.group->size() > 1) bytes += static_cast<std::size_t>(b.flat.numel()) * sizeof(float);
+  return bytes;
+}
+
+}  // namespace tessera

@@ -1,0 +1,178 @@
+#include "tessera/parallel/plan.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+namespace {
+
+int parse_parts(const YAML::Node& node, const std::string& where, const std::string& key) {
+  int value = 0;
+  try {
+    value = node.as<int>();
+  } catch (const YAML::Exception&) {
+    fail_input("{}: '{}' must be a positive integer, got '{}'", where, key, node.Scalar());
+  }
+  if (value < 1) fail_input("{}: '{}' must be a positive integer, got {}", where, key, value);
+  return value;
+}
+
+LayerSplit parse_split(const YAML::Node& node, const std::string& where) {
+  if (!node.IsMap()) fail_input("{}: expected a mapping like {{sample: 4}}", where);
+  LayerSplit split;
+  for (const auto& item : node) {
+    const auto key = item.first.as<std::string>();
+    if (key == "sample") split.sample = parse_parts(item.second, where, key);
+    else if (key == "channel") split.channel = parse_parts(item.second, where, key);
+    else if (key == "filter") split.filter = parse_parts(item.second, where, key);
+    else if (key == "spatial") {
+      if (!item.second.IsSequence() || item.second.size() == 0 || item.second.size() > 3)
+        fail_input("{}: 'spatial' must be a list of 1 to 3 part counts (D, H, W), e.g. [2, 2, 1]", where);
+      for (const auto& p : item.second) split.spatial.push_back(parse_parts(p, where, "spatial"));
+    } else {
+      fail_input("{}: unknown split '{}' (known: sample, channel, filter, spatial)", where, key);
+    }
+  }
+  return split;
+}
+
+}  // namespace
+
+int LayerSplit::spatial_product() const {
+  int p = 1;
+  for (int s : spatial) p *= s;
+  return p;
+}
+
+int LayerSplit::product() const { return sample * channel * filter * spatial_product(); }
+
+std::string LayerSplit::to_string() const {
+  std::string s = "{sample: " + std::to_string(sample);
+  if (channel != 1) s += ", channel: " + std::to_string(channel);
+  if (filter != 1) s += ", filter: " + std::to_string(filter);
+  if (!spatial.empty()) {
+    s += ", spatial: [";
+    for (std::size_t i = 0; i < spatial.size(); ++i) s += (i ? ", " : "") + std::to_string(spatial[i]);
+    s += "]";
+  }
+  return s + "}";
+}
+
+Plan Plan::sample_parallel(int ranks) {
+  TESSERA_CHECK(ranks >= 1, "Plan::sample_parallel: {} ranks", ranks);
+  Plan plan;
+  plan.source_ = "<sample-parallel plan>";
+  plan.ranks_ = ranks;
+  plan.default_.sample = ranks;
+  return plan;
+}
+
+Plan Plan::load(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) fail_input("cannot open plan file '{}'", path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return parse(text.str(), path);
+}
+
+Plan Plan::parse(const std::string& yaml_text, const std::string& source_name) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    fail_input("plan file '{}' is not valid YAML: {}", source_name, e.what());
+  }
+  if (!root.IsMap()) fail_input("plan file '{}': expected a mapping with 'ranks', 'default' and 'layers'", source_name);
+  Plan plan;
+  plan.source_ = source_name;
+  bool has_ranks = false, has_default = false;
+  for (const auto& item : root) {
+    const auto key = item.first.as<std::string>();
+    if (key == "ranks") {
+      plan.ranks_ = parse_parts(item.second, "plan file '" + source_name + "'", "ranks");
+      has_ranks = true;
+    } else if (key == "default") {
+      plan.default_ = parse_split(item.second, fmt::format("plan file '{}', default", source_name));
+      has_default = true;
+    } else if (key == "layers") {
+      if (item.second.IsNull()) continue;
+      if (!item.second.IsMap()) fail_input("plan file '{}': 'layers' must map layer names to splits", source_name);
+      for (const auto& layer : item.second) {
+        const auto name = layer.first.as<std::string>();
+        plan.layers_[name] = parse_split(layer.second, fmt::format("plan file '{}', layer '{}'", source_name, name));
+      }
+    } else {
+      fail_input("plan file '{}': unknown key '{}' (known: ranks, default, layers)", source_name, key);
+    }
+  }
+  if (!has_ranks) fail_input("plan file '{}': missing 'ranks'", source_name);
+  if (!has_default) plan.default_.sample = plan.ranks_;
+  return plan;
+}
+
+const LayerSplit& Plan::split_for(const std::string& layer) const {
+  auto it = layers_.find(layer);
+  return it == layers_.end() ? default_ : it->second;
+}
+
+void Plan::validate(int job_ranks, const std::vector<PlanLayerInfo>& layers) const {
+  if (ranks_ != job_ranks)
+    fail_input("plan '{}' is for {} ranks but the job has {} ranks", source_, ranks_, job_ranks);
+  std::set<std::string> known;
+  for (const auto& l : layers) known.insert(l.name);
+  for (const auto& [name, split] : layers_) {
+    if (!known.count(name)) {
+      std::string names;
+      for (const auto& l : layers) names += (names.empty() ? "" : ", ") + l.name;
+      fail_input("plan '{}' names layer '{}', which the model does not have (layers: {})", source_, name, names);
+    }
+  }
+  auto check = [&](const std::string& who, const LayerSplit& split, const PlanLayerInfo* layer) {
+    if (split.product() != ranks_)
+      fail_input("plan '{}', {}: the splits {} multiply to {} ranks, but the plan has {} ranks", source_, who,
+                 split.to_string(), split.product(), ranks_);
+    if (!layer) return;
+    const Shape& out = layer->output;
+    if (split.sample > out[0])
+      fail_input("plan '{}', {}: {} sample parts but the global batch has only {} samples", source_, who,
+                 split.sample, out[0]);
+    const int spatial_dims = out.spatial_dims();
+    if (!split.spatial.empty() && split.spatial_product() > 1) {
+      if (spatial_dims == 0)
+        fail_input("plan '{}', {}: a spatial split on a layer whose output {} has no spatial dimensions", source_,
+                   who, out.to_string());
+      if (static_cast<int>(split.spatial.size()) != spatial_dims &&
+          !(spatial_dims == 2 && split.spatial.size() == 3 && split.spatial[0] == 1))
+        fail_input("plan '{}', {}: 'spatial' has {} entries but the layer has {} spatial dimensions", source_, who,
+                   split.spatial.size(), spatial_dims);
+    }
+    if (!split.sample_only()) {
+      std::string kinds;
+      if (split.spatial_product() > 1) kinds += "spatial";
+      if (split.channel > 1) kinds += std::string(kinds.empty() ? "" : ", ") + "channel";
+      if (split.filter > 1) kinds += std::string(kinds.empty() ? "" : ", ") + "filter";
+      fail_input("plan '{}', {}: {} splits are not supported yet (this build runs sample-parallel plans only); "
+                 "use {{sample: {}}} for this layer",
+                 source_, who, kinds, ranks_);
+    }
+  };
+  for (const auto& l : layers) {
+    auto it = layers_.find(l.name);
+    check(it == layers_.end() ? fmt::format("layer '{}' (default split)", l.name) : fmt::format("layer '{}'", l.name),
+          split_for(l.name), &l);
+  }
+  if (layers.empty()) check("default", default_, nullptr);
+}
+
+std::string Plan::to_yaml() const {
+  std::string s = fmt::format("ranks: {}\ndefault: {}\nlayers:\n", ranks_, default_.to_string());
+  for (const auto& [name, split] : layers_) s += fmt::format("  {}: {}\n", name, split.to_string());
+  return s;
+}
+
+}  // namespace tessera

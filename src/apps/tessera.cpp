@@ -1,0 +1,121 @@
+// `tessera` — one binary for every user-facing command. Runs under mpirun/srun; rank 0 speaks.
+#include <mpi.h>
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <thread>
+
+#include "commands.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/log.hpp"
+#include "tessera/io/convert.hpp"
+#include "tessera/layers/runtime.hpp"
+#include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/mpi_communicator.hpp"
+
+namespace {
+
+/// Ranks on this node, from a shared-memory split of the world.
+int ranks_on_node() {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int size = 1;
+  MPI_Comm_size(node, &size);
+  MPI_Comm_free(&node);
+  return size;
+}
+
+int default_threads() {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / ranks_on_node());
+}
+
+void not_built(const std::string& command, const std::string& what) {
+  tessera::fail_input("'tessera {}' is not built yet: {}", command, what);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  tessera::set_process_rank(rank);
+  auto world = tessera::MpiCommunicator::world();
+
+  CLI::App app{"Tessera: hybrid-parallel deep-learning training (batch x model x domain) on MPI"};
+  app.require_subcommand(1);
+  int threads = 0;
+  app.add_option("--threads", threads, "Threads per rank (default: cores of the node / ranks on the node)");
+  bool verbose = false;
+  app.add_flag("--verbose", verbose, "Debug logging");
+
+  std::function<void(tessera::Communicator&)> command;
+  auto train = add_train_command(app);
+
+  auto* convert = app.add_subcommand("convert", "Convert a dataset to Tessera's HDF5 layout");
+  convert->require_subcommand(1);
+  auto* fmnist = convert->add_subcommand("fashion-mnist", "Fashion-MNIST IDX files -> train.h5 and test.h5");
+  std::string source = "/usr/share/datasets/fashion-mnist", output = "data/fashion-mnist";
+  fmnist->add_option("--source", source, "Folder with the gzipped IDX files (Debian: dataset-fashion-mnist)")
+      ->capture_default_str();
+  fmnist->add_option("--output", output, "Output folder")->capture_default_str();
+
+  struct Later {
+    const char* name;
+    const char* help;
+    const char* what;
+  };
+  const Later later[] = {
+      {"plan", "Write a plan file for a model, rank count and machine",
+       "the planner (cost model and search) is later work; write a plan file by hand (see plans/)"},
+      {"calibrate", "Measure this machine for the planner", "machine calibration comes with the planner"},
+      {"generate", "Generate synthetic datasets", "synthetic data generators (e.g. cosmology volumes) are later work"},
+      {"job", "Write or submit a Slurm batch script", "Slurm job scripts are later work; see jobs/ for an example"},
+      {"scale", "Run a strong- or weak-scaling study", "scaling studies are later work"},
+  };
+  for (const auto& l : later) {
+    auto* sub = app.add_subcommand(l.name, std::string(l.help) + " (not built yet)");
+    sub->allow_extras();
+    sub->callback([&command, l] { command = [l](tessera::Communicator&) { not_built(l.name, l.what); }; });
+  }
+
+  int code = 0;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Every rank parses the same arguments and reaches the same verdict; rank 0 speaks.
+    if (rank == 0) code = app.exit(e);
+    else code = e.get_exit_code();
+    MPI_Finalize();
+    return code;
+  }
+  if (verbose) tessera::set_log_level(tessera::LogLevel::Debug);
+  if (!command) {
+    if (app.got_subcommand("train")) command = train;
+    else if (fmnist->parsed())
+      command = [&](tessera::Communicator& comm) { tessera::convert_fashion_mnist(source, output, comm); };
+  }
+
+  try {
+    if (threads <= 0) threads = default_threads();
+    tessera::LayersRuntime runtime(threads);
+    // Commands check their inputs collectively (every rank fails together, see
+    // collective_guard.hpp); what fails on one rank alone after that ends the whole job below.
+    command(*world);
+  } catch (const tessera::AgreedFailure& e) {
+    // Every rank is here with the same code: end cleanly, one message.
+    if (e.is_origin()) std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    code = e.exit_code();
+  } catch (const std::exception& e) {
+    // This rank alone failed while the others may wait for it in a collective: end them all.
+    code = tessera::exit_code_for(e);
+    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    std::fflush(stderr);
+    if (world->size() > 1) world->abort(code);
+  }
+  MPI_Finalize();
+  return code;
+}

@@ -1,0 +1,120 @@
+// `tessera train`: model file + plan file + HDF5 data -> a trained model and its metrics.
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/log.hpp"
+#include "tessera/io/dataset.hpp"
+#include "tessera/parallel/collective_guard.hpp"
+#include "tessera/train/trainer.hpp"
+
+namespace tessera {
+namespace {
+
+struct TrainArgs {
+  std::string model, plan, data, val_data, inputs, targets, inject_failure;
+  TrainerOptions trainer;
+  ExecutorOptions executor;
+};
+
+void parse_failure_injection(const std::string& text, TrainerOptions& options) {
+  if (text.empty()) return;
+  const auto colon = text.find(':');
+  try {
+    if (colon == std::string::npos) throw std::invalid_argument("no colon");
+    options.fail_rank = std::stoi(text.substr(0, colon));
+    options.fail_step = std::stoll(text.substr(colon + 1));
+  } catch (const std::exception&) {
+    fail_input("--inject-failure expects RANK:STEP, got '{}'", text);
+  }
+}
+
+void run_train(Communicator& world_ref, const TrainArgs& args_in) {
+  TrainArgs args = args_in;
+  std::shared_ptr<Communicator> world(std::shared_ptr<Communicator>{}, &world_ref);  // non-owning
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Plan> plan;
+  std::shared_ptr<Dataset> train, validation;
+  collectively(*world, [&] {
+    parse_failure_injection(args.inject_failure, args.trainer);
+    model = std::make_unique<Model>(Model::load(args.model));
+    if (args.plan.empty()) plan = std::make_unique<Plan>(Plan::sample_parallel(world->size()));
+    else if (args.plan == "auto")
+      fail_input("--plan auto needs the planner, which is not built yet; give a plan file or omit --plan for a "
+                 "sample-parallel plan");
+    else plan = std::make_unique<Plan>(Plan::load(args.plan));
+    Hdf5DatasetOptions data_options{args.inputs, args.targets};
+    train = open_hdf5_dataset(args.data, *world, data_options);
+    if (!args.val_data.empty()) validation = open_hdf5_dataset(args.val_data, *world, data_options);
+    if (validation && !(validation->info().sample_shape == train->info().sample_shape))
+      fail_input("validation data '{}' has samples of shape {}, training data '{}' {}", args.val_data,
+                 validation->info().sample_shape.to_string(), args.data, train->info().sample_shape.to_string());
+  });
+  args.executor.global_batch = args.trainer.global_batch;
+  args.executor.seed = args.trainer.seed;
+  model->init_parameters(args.trainer.seed);
+  Executor executor(*model, *plan, world, args.executor);
+  std::unique_ptr<Trainer> trainer;
+  collectively(*world, [&] { trainer = std::make_unique<Trainer>(*model, executor, train, validation, args.trainer); });
+  const TrainSummary summary = trainer->run();
+  if (world->rank() == 0) {
+    fmt::print("trained {} steps in {:.1f} s ({:.0f} samples/s); final training loss {:.4f}\n", summary.steps,
+               summary.seconds, summary.samples_per_second, summary.final_loss);
+    if (summary.val_loss) fmt::print("validation loss: {:.4f}\n", *summary.val_loss);
+    if (summary.val_accuracy) fmt::print("test accuracy: {:.2f}%\n", 100.0 * *summary.val_accuracy);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+std::function<void(Communicator&)> add_train_command(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  auto* cmd = app.add_subcommand("train", "Train a model under a plan on HDF5 data (run under mpirun or srun)");
+  cmd->add_option("--model", args->model, "Model file (YAML)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--plan", args->plan, "Plan file (YAML); default: every layer split by sample over all ranks");
+  cmd->add_option("--data", args->data, "Training data (HDF5)")->required();
+  cmd->add_option("--val-data", args->val_data, "Validation / test data (HDF5)");
+  cmd->add_option("--inputs", args->inputs, "Name of the inputs dataset in the file (default: images, else data)");
+  cmd->add_option("--targets", args->targets, "Name of the targets dataset (default: labels, else targets)");
+  auto& t = args->trainer;
+  cmd->add_option("--epochs", t.epochs, "Epochs")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", t.max_steps, "Stop after this many steps (0: all epochs)")->capture_default_str();
+  cmd->add_option("--batch", t.global_batch, "Global batch size (over all ranks)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--eval-every", t.eval_every, "Validate every N steps (0: each epoch)")->capture_default_str();
+  cmd->add_option("--eval-batch", t.eval_batch, "Validation batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--seed", t.seed, "Seed of weights, data order and dropout")->capture_default_str();
+  cmd->add_flag("!--no-shuffle", t.shuffle, "Read the training data in order");
+  cmd->add_option("--progress-every", t.progress_every, "Progress line every N steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--metrics-dir", t.metrics_dir, "Write metrics.jsonl and metrics.csv here");
+  auto& o = t.optimizer;
+  cmd->add_option("--optimizer", o.type, "sgd, adam or adamw")->capture_default_str();
+  cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  cmd->add_flag("--nesterov", o.nesterov, "Nesterov momentum");
+  cmd->add_option("--weight-decay", o.weight_decay, "Weight decay")->capture_default_str();
+  cmd->add_option("--beta1", o.beta1, "Adam beta1")->capture_default_str();
+  cmd->add_option("--beta2", o.beta2, "Adam beta2")->capture_default_str();
+  auto& s = t.schedule;
+  cmd->add_option("--lr", s.base_lr, "Learning rate")->capture_default_str();
+  cmd->add_option("--schedule", s.type, "constant, step or cosine")->capture_default_str();
+  cmd->add_option("--warmup-steps", s.warmup_steps, "Linear warm-up steps")->capture_default_str();
+  cmd->add_option("--step-size", s.step_size, "Step schedule: steps between decays")->capture_default_str();
+  cmd->add_option("--gamma", s.gamma, "Step schedule: decay factor")->capture_default_str();
+  cmd->add_option("--min-lr", s.min_lr, "Cosine schedule: final learning rate")->capture_default_str();
+  cmd->add_option("--scale-lr-from-batch", s.reference_batch,
+                  "Linear scaling: --lr is for this batch size and is scaled by batch / this (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--bucket-bytes", args->executor.reducer.bucket_bytes, "Gradient allreduce bucket size in bytes")
+      ->capture_default_str();
+  cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");
+  return [args, cmd](Communicator& world) {
+    if (!cmd->parsed()) return;
+    run_train(world, *args);
+  };
+}
+
+}  // namespace tessera

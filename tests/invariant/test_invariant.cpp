@@ -1,0 +1,104 @@
+// The one invariant for whole models: a sample-parallel run on this job's ranks gives the same
+// loss at every step and the same final weights as a 1-rank run of the same model, seed and
+// global batch. Each rank computes the 1-rank reference itself on a communicator of its own.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tessera/core/rng.hpp"
+#include "tessera/parallel/mpi_communicator.hpp"
+#include "tessera/train/executor.hpp"
+#include "tessera/train/optimizer.hpp"
+
+namespace tessera {
+namespace {
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<Tensor> weights;
+};
+
+/// Global batch `step` of a synthetic dataset: inputs ~ N(0, 1), labels uniform in [0, 10).
+void synthetic_batch(const Shape& sample, std::int64_t batch, std::int64_t step, Tensor& inputs, Tensor& labels) {
+  std::vector<std::int64_t> dims{batch};
+  dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
+  inputs = Tensor(Shape(dims));
+  labels = Tensor(Shape({batch}));
+  const auto stream = rng_substream(RngStream::Data, static_cast<std::uint64_t>(step));
+  for (std::int64_t i = 0; i < inputs.numel(); ++i) inputs.data()[i] = random_normal(99, stream, static_cast<std::uint64_t>(i));
+  for (std::int64_t n = 0; n < batch; ++n)
+    labels.data()[n] = static_cast<float>(random_u64(99, stream + 1, static_cast<std::uint64_t>(n)) % 10);
+}
+
+Run train(const std::string& model_file, std::shared_ptr<Communicator> comm, std::int64_t batch, int steps,
+          const OptimizerConfig& optimizer_config, double lr) {
+  Model model = Model::load(std::string(TESSERA_SOURCE_DIR) + "/models/" + model_file);
+  model.init_parameters(7);
+  ExecutorOptions options;
+  options.global_batch = batch;
+  options.seed = 7;
+  options.reducer.bucket_bytes = 64 << 10;  // several buckets, so bucketing is exercised
+  Executor executor(model, Plan::sample_parallel(comm->size()), comm, options);
+  auto optimizer = create_optimizer(optimizer_config);
+  const auto params = model.parameters();
+  Run run;
+  Tensor inputs, labels;
+  for (int step = 0; step < steps; ++step) {
+    synthetic_batch(model.sample_shape(), batch, step, inputs, labels);
+    const auto [begin, end] = executor.local_samples(batch);
+    const Tensor local_inputs = inputs.slice(begin, end).clone();
+    const Tensor local_labels = labels.slice(begin, end).clone();
+    const BatchResult r = executor.train_step(local_inputs, local_labels, batch, step);
+    EXPECT_EQ(r.samples, batch);
+    run.losses.push_back(r.mean_loss());
+    optimizer->step(params, lr);
+  }
+  for (auto* p : params) run.weights.push_back(p->value.clone());
+  return run;
+}
+
+/// max |a - b| / max |a| over a tensor: relative to the tensor's scale, so that entries near
+/// zero do not turn rounding noise into a large relative error.
+double relative_error(const Tensor& a, const Tensor& b) {
+  double diff = 0, scale = 1e-30;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a.data()[i]) - b.data()[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(a.data()[i])));
+  }
+  return diff / scale;
+}
+
+void expect_same_as_one_rank(const std::string& model_file, std::int64_t batch, int steps,
+                             const OptimizerConfig& optimizer, double lr) {
+  auto world = MpiCommunicator::world();
+  std::shared_ptr<Communicator> self = world->split(world->rank(), 0);
+  const Run reference = train(model_file, self, batch, steps, optimizer, lr);
+  const Run parallel = train(model_file, world, batch, steps, optimizer, lr);
+  ASSERT_EQ(reference.losses.size(), parallel.losses.size());
+  for (std::size_t s = 0; s < reference.losses.size(); ++s) {
+    EXPECT_TRUE(std::isfinite(reference.losses[s]));
+    EXPECT_NEAR(parallel.losses[s], reference.losses[s], 1e-5 * std::fabs(reference.losses[s]))
+        << model_file << " step " << s << " on " << world->size() << " ranks";
+  }
+  // The losses must actually move, or the comparison proves little.
+  EXPECT_NE(reference.losses.front(), reference.losses.back());
+  ASSERT_EQ(reference.weights.size(), parallel.weights.size());
+  for (std::size_t i = 0; i < reference.weights.size(); ++i)
+    EXPECT_LT(relative_error(reference.weights[i], parallel.weights[i]), 1e-5)
+        << model_file << " parameter " << i << " on " << world->size() << " ranks";
+}
+
+TEST(Invariant, FashionCnnSgdMomentum) {
+  OptimizerConfig sgd;
+  sgd.momentum = 0.9;
+  expect_same_as_one_rank("fashion_cnn.yaml", 22, 4, sgd, 0.05);
+}
+
+TEST(Invariant, ResidualCnnWithGlobalBatchNormAndDropoutAdam) {
+  OptimizerConfig adam;
+  adam.type = "adam";
+  expect_same_as_one_rank("residual_cnn.yaml", 16, 4, adam, 1e-3);
+}
+
+}  // namespace
+}  // namespace tessera
