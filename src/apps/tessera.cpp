@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   app.add_flag("--verbose", verbose, "Debug logging");
 
   std::function<void(tessera::Communicator&)> command;
-  auto train = add_train_command(app);
+  auto train = tessera::add_train_command(app);
 
   auto* convert = app.add_subcommand("convert", "Convert a dataset to Tessera's HDF5 layout");
   convert->require_subcommand(1);
