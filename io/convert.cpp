@@ -11,6 +11,7 @@
 
 #include "hdf5_util.hpp"
 #include "idx.hpp"
+#include "io_order.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
 
@@ -53,7 +54,8 @@ bool valid_output(const std::string& path, const std::vector<std::int64_t>& imag
   const auto labels = check("labels", 1);
   if (images.empty() || labels.empty() || images[1] != 1 || images[0] != labels[0]) return false;
   if (image_dims.empty()) return true;
-  return static_cast<std::int64_t>(images[0]) == image_dims[0] && static_cast<std::int64_t>(images[2]) == image_dims[1] &&
+  return static_cast<std::int64_t>(images[0]) == image_dims[0] &&
+         static_cast<std::int64_t>(images[2]) == image_dims[1] &&
          static_cast<std::int64_t>(images[3]) == image_dims[2];
 }
 
@@ -108,6 +110,7 @@ void convert_fashion_mnist(const std::string& source_dir, const std::string& out
   std::int32_t status = 0;  // 0 ok, 1 InputError, 2 other error
   std::string message;
   if (comm.rank() == 0) {
+    io_order::Turn turn;  // HDF5 is not thread-safe: wait for any read in flight
     hdf5::silence_errors();
     try {
       std::error_code ec;

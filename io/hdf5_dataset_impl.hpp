@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "hdf5_util.hpp"
+#include "numbers.hpp"
 #include "tessera/io/hdf5_dataset.hpp"
 
 namespace tessera {
@@ -30,18 +31,21 @@ class OwnedComm {
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
-enum class InputType { U8, F32 };
 enum class TargetKind { None, Labels, Regression };
 
 struct Hdf5Dataset::Impl {
   DatasetInfo info;
   std::string inputs_name;
   std::string targets_name;
-  InputType input_type = InputType::F32;
+  /// Element types in the file: inputs uint8, float32 or float64; targets any integer (labels)
+  /// or float32/float64 (regression).
+  Number input_number = Number::F32;
+  Number target_number = Number::F32;
   TargetKind target_kind = TargetKind::None;
   /// Rank of the targets dataset in the file (labels: 1 or 2 with a trailing 1; targets: 1 or 2).
   int targets_file_rank = 0;
   std::int64_t last_read_elements = 0;
+  bool last_read_collective = false;
   /// Holds the unique samples in file order before they are scattered into request order.
   std::vector<unsigned char> scratch;
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "hdf5_dataset_impl.hpp"
+#include "io_order.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
 
@@ -35,7 +36,6 @@ hdf5::Handle open_dataset(hid_t file, const std::string& path, const std::string
 
 Hdf5Dataset::Hdf5Dataset(const std::string& path, const Communicator& comm, const Hdf5DatasetOptions& options)
     : impl_(std::make_unique<Impl>()) {
-  hdf5::silence_errors();
   auto& d = *impl_;
   d.info.path = path;
 
@@ -44,6 +44,18 @@ Hdf5Dataset::Hdf5Dataset(const std::string& path, const Communicator& comm, cons
   if (!std::filesystem::exists(path, ec)) fail_input("{}: no such dataset file", path);
   if (std::filesystem::is_directory(path, ec)) fail_input("{}: is a directory, not an HDF5 dataset file", path);
 
+  io_order::Turn turn;
+  hdf5::silence_errors();
+  try {
+    open_layout(path, comm, options);
+  } catch (...) {
+    impl_.reset();  // closes what was opened (collectively) while this thread still has the turn
+    throw;
+  }
+}
+
+void Hdf5Dataset::open_layout(const std::string& path, const Communicator& comm, const Hdf5DatasetOptions& options) {
+  auto& d = *impl_;
   const int handle = comm.mpi_handle();
   if (handle == -1) {
     fail("{}: communicator '{}' is not MPI-based; HDF5 datasets read through MPI-IO", path, comm.name());
@@ -81,12 +93,10 @@ Hdf5Dataset::Hdf5Dataset(const std::string& path, const Communicator& comm, cons
                path, d.inputs_name, hdf5::extents_string(dims), dims.size());
   }
   hdf5::Handle input_type(H5Dget_type(d.inputs.get()));
-  const H5T_class_t input_class = H5Tget_class(input_type.get());
-  if (input_class == H5T_INTEGER && H5Tget_size(input_type.get()) == 1 && H5Tget_sign(input_type.get()) == H5T_SGN_NONE) {
-    d.input_type = InputType::U8;
-  } else if (input_class == H5T_FLOAT && (H5Tget_size(input_type.get()) == 4 || H5Tget_size(input_type.get()) == 8)) {
-    // float64 (numpy's default) is converted by HDF5 while reading.
-    d.input_type = InputType::F32;
+  const auto input_number = number_of(input_type.get());
+  // float64 (numpy's default) is accepted too, and converted after reading.
+  if (input_number == Number::U8 || input_number == Number::F32 || input_number == Number::F64) {
+    d.input_number = *input_number;
   } else {
     fail_input("{}: inputs dataset '{}' has unsupported dtype {}; use uint8 (scaled by 1/255) or float32", path,
                d.inputs_name, hdf5::type_name(input_type.get()));
@@ -111,10 +121,10 @@ Hdf5Dataset::Hdf5Dataset(const std::string& path, const Communicator& comm, cons
     hdf5::Handle target_space(H5Dget_space(d.targets.get()));
     hdf5::Handle target_type(H5Dget_type(d.targets.get()));
     const auto tdims = hdf5::extents(target_space.get());
-    const H5T_class_t target_class = H5Tget_class(target_type.get());
+    const auto target_number = number_of(target_type.get());
     const std::string type = hdf5::type_name(target_type.get());
-    const bool integer = target_class == H5T_INTEGER;
-    if (!integer && target_class != H5T_FLOAT) {
+    const bool integer = target_number && is_integer(*target_number);
+    if (!target_number) {
       fail_input("{}: targets dataset '{}' has unsupported dtype {}; use an integer type for class labels or "
                  "float32 for regression targets", path, d.targets_name, type);
     }
@@ -134,6 +144,7 @@ Hdf5Dataset::Hdf5Dataset(const std::string& path, const Communicator& comm, cons
       fail_input("{}: {} dataset '{}' has {} entries but inputs dataset '{}' has {} samples", path,
                  integer ? "labels" : "targets", d.targets_name, tdims[0], d.inputs_name, dims[0]);
     }
+    d.target_number = *target_number;
     d.targets_file_rank = static_cast<int>(tdims.size());
     d.info.has_labels = true;
     if (integer) {
@@ -145,14 +156,19 @@ Hdf5Dataset::Hdf5Dataset(const std::string& path, const Communicator& comm, cons
     }
   }
   log_debug("{}: {} samples of {} from '{}' ({}), targets {}", path, d.info.size, d.info.sample_shape.to_string(),
-            d.inputs_name, d.input_type == InputType::U8 ? "uint8" : "float32",
+            d.inputs_name, hdf5::type_name(input_type.get()),
             d.targets_name.empty() ? std::string("none") : "'" + d.targets_name + "'");
 }
 
-Hdf5Dataset::~Hdf5Dataset() = default;
+Hdf5Dataset::~Hdf5Dataset() {
+  // Closing the file is collective (MPI_File_close): it takes its turn like a read.
+  io_order::Turn turn;
+  impl_.reset();
+}
 
 const DatasetInfo& Hdf5Dataset::info() const { return impl_->info; }
 std::int64_t Hdf5Dataset::last_read_elements() const { return impl_->last_read_elements; }
+bool Hdf5Dataset::last_read_collective() const { return impl_->last_read_collective; }
 const std::string& Hdf5Dataset::inputs_name() const { return impl_->inputs_name; }
 const std::string& Hdf5Dataset::targets_name() const { return impl_->targets_name; }
 

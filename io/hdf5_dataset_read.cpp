@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "hdf5_dataset_impl.hpp"
+#include "io_order.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
 
@@ -81,9 +82,10 @@ const char* io_mode_name(H5D_mpio_actual_io_mode_t mode) {
 }
 
 /// One collective H5Dread of the selection `file_space` into `buffer` (contiguous, in file order).
-/// Returns the number of elements selected.
+/// Returns the number of elements selected; `collective` becomes false if HDF5 did not do it
+/// collectively.
 std::int64_t collective_read(hid_t dataset, hid_t memory_type, hid_t file_space, void* buffer, const std::string& path,
-                             const std::string& name) {
+                             const std::string& name, bool& collective) {
   const auto selected = static_cast<std::int64_t>(H5Sget_select_npoints(file_space));
   const hsize_t memory_extent = static_cast<hsize_t>(std::max<std::int64_t>(selected, 1));
   hdf5::Handle memory_space(H5Screate_simple(1, &memory_extent, nullptr));
@@ -96,8 +98,16 @@ std::int64_t collective_read(hid_t dataset, hid_t memory_type, hid_t file_space,
     fail("{}: reading dataset '{}' failed{}", path, name, hdf5::with_reason());
   }
   H5D_mpio_actual_io_mode_t mode{};
-  if (H5Pget_mpio_actual_io_mode(transfer.get(), &mode) >= 0) {
-    log_debug("{}: read {} elements of '{}' ({} I/O)", path, selected, name, io_mode_name(mode));
+  std::uint32_t local_cause = 0, global_cause = 0;
+  if (H5Pget_mpio_actual_io_mode(transfer.get(), &mode) < 0 ||
+      H5Pget_mpio_no_collective_cause(transfer.get(), &local_cause, &global_cause) < 0) {
+    collective = false;
+  } else {
+    if (mode == H5D_MPIO_NO_COLLECTIVE || mode == H5D_MPIO_CHUNK_INDEPENDENT) collective = false;
+    // A cause other than 0 says why HDF5 fell back to independent I/O (H5D_mpio_no_collective_cause_t).
+    const std::string cause =
+        global_cause == 0 ? std::string() : fmt::format(", not collective because of cause 0x{:x}", global_cause);
+    log_debug("{}: read {} elements of '{}' ({} I/O{})", path, selected, name, io_mode_name(mode), cause);
   }
   return selected;
 }
@@ -105,6 +115,7 @@ std::int64_t collective_read(hid_t dataset, hid_t memory_type, hid_t file_space,
 }  // namespace
 
 void Hdf5Dataset::read(std::span<const std::int64_t> indices, const Box& sample_box, Tensor& inputs, Tensor& targets) {
+  io_order::Turn turn;
   hdf5::silence_errors();
   auto& d = *impl_;
   const Shape& sample = d.info.sample_shape;
@@ -154,32 +165,33 @@ void Hdf5Dataset::read(std::span<const std::int64_t> indices, const Box& sample_
   // straight into the output; otherwise they land in file order in scratch and are scattered.
   {
     hdf5::Handle file_space = select_runs(d.inputs.get(), runs, box.begin, box.extent);
-    const bool direct = !request_error && d.input_type == InputType::F32 && unique_count == n &&
+    const bool direct = !request_error && d.input_number == Number::F32 && unique_count == n &&
                         std::equal(unique.begin(), unique.end(), indices.begin());
+    const std::size_t element = number_size(d.input_number);
+    const auto sample_bytes = static_cast<std::size_t>(box_numel) * element;
     void* buffer = nullptr;
     if (direct) {
       buffer = inputs.data();
     } else if (unique_count > 0) {
-      const std::size_t element = d.input_type == InputType::U8 ? 1 : sizeof(float);
-      d.scratch.resize(static_cast<std::size_t>(unique_count * box_numel) * element);
+      d.scratch.resize(static_cast<std::size_t>(unique_count) * sample_bytes);
       buffer = d.scratch.data();
     }
-    const hid_t memory_type = d.input_type == InputType::U8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT;
-    d.last_read_elements = collective_read(d.inputs.get(), memory_type, file_space.get(), buffer, d.info.path,
-                                           d.inputs_name);
+    d.last_read_collective = true;
+    d.last_read_elements = collective_read(d.inputs.get(), native_type(d.input_number), file_space.get(), buffer,
+                                           d.info.path, d.inputs_name, d.last_read_collective);
     if (!request_error && !direct) {
-      float* out = inputs.data();
       for (std::int64_t r = 0; r < n; ++r) {
-        const auto position = std::lower_bound(unique.begin(), unique.end(), indices[static_cast<std::size_t>(r)]) -
-                              unique.begin();
-        float* destination = out + r * box_numel;
-        if (d.input_type == InputType::U8) {
+        const auto position = static_cast<std::size_t>(
+            std::lower_bound(unique.begin(), unique.end(), indices[static_cast<std::size_t>(r)]) - unique.begin());
+        const unsigned char* source = d.scratch.data() + position * sample_bytes;
+        float* destination = inputs.data() + r * box_numel;
+        if (d.input_number == Number::U8) {
           const auto& scale = byte_scale();
-          const unsigned char* source = d.scratch.data() + position * box_numel;
           for (std::int64_t i = 0; i < box_numel; ++i) destination[i] = scale[source[i]];
+        } else if (d.input_number == Number::F32) {
+          std::memcpy(destination, source, sample_bytes);
         } else {
-          std::memcpy(destination, d.scratch.data() + static_cast<std::size_t>(position * box_numel) * sizeof(float),
-                      static_cast<std::size_t>(box_numel) * sizeof(float));
+          convert_numbers(d.input_number, source, static_cast<std::size_t>(box_numel), destination);
         }
       }
     }
@@ -195,20 +207,20 @@ void Hdf5Dataset::read(std::span<const std::int64_t> indices, const Box& sample_
       extent.push_back(width);
     }
     hdf5::Handle file_space = select_runs(d.targets.get(), runs, begin, extent);
-    std::vector<std::int64_t> label_values(labels ? unique.size() : 0);
-    std::vector<float> target_values(labels ? 0 : unique.size() * static_cast<std::size_t>(width));
-    void* buffer = labels ? static_cast<void*>(label_values.data()) : static_cast<void*>(target_values.data());
-    if (unique.empty()) buffer = nullptr;
-    collective_read(d.targets.get(), labels ? H5T_NATIVE_INT64 : H5T_NATIVE_FLOAT, file_space.get(), buffer,
-                    d.info.path, d.targets_name);
+    const auto row_bytes = static_cast<std::size_t>(width) * number_size(d.target_number);
+    std::vector<unsigned char> values(unique.size() * row_bytes);
+    collective_read(d.targets.get(), native_type(d.target_number), file_space.get(),
+                    values.empty() ? nullptr : values.data(), d.info.path, d.targets_name, d.last_read_collective);
     if (!request_error) {
       float* out = targets.data();
       for (std::int64_t r = 0; r < n; ++r) {
         const auto index = indices[static_cast<std::size_t>(r)];
         const auto position =
             static_cast<std::size_t>(std::lower_bound(unique.begin(), unique.end(), index) - unique.begin());
+        const unsigned char* source = values.data() + position * row_bytes;
         if (labels) {
-          const std::int64_t label = label_values[position];
+          std::int64_t label = 0;
+          convert_numbers(d.target_number, source, 1, &label);
           if (label < 0) {
             request_error = std::make_exception_ptr(InputError(fmt::format(
                 "{}: labels dataset '{}' holds a negative class index {} at sample {}", d.info.path, d.targets_name,
@@ -217,7 +229,7 @@ void Hdf5Dataset::read(std::span<const std::int64_t> indices, const Box& sample_
           }
           out[r] = static_cast<float>(label);
         } else {
-          std::copy_n(target_values.begin() + static_cast<std::ptrdiff_t>(position) * width, width, out + r * width);
+          convert_numbers(d.target_number, source, static_cast<std::size_t>(width), out + r * width);
         }
       }
     }

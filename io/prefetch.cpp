@@ -1,5 +1,6 @@
 #include "tessera/io/prefetch.hpp"
 
+#include "io_order.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera {
@@ -22,6 +23,8 @@ void Prefetcher::submit(ReadRequest request) {
   auto slot = std::make_shared<Slot>();
   slot->request = std::move(request);
   {
+    // Drawn in the caller's thread, in program order: the same order on every rank.
+    slot->ticket = io_order::draw();
     std::lock_guard lock(mutex_);
     slots_.push_back(std::move(slot));
   }
@@ -63,6 +66,7 @@ void Prefetcher::run() {
     }
     // Only this thread touches the slot's request and batch until `done` is set.
     try {
+      io_order::Turn turn(slot->ticket);
       dataset_->read(slot->request.indices, slot->request.box, slot->batch.inputs, slot->batch.targets);
       slot->batch.indices = slot->request.indices;
     } catch (...) {

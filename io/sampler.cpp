@@ -48,7 +48,8 @@ const std::vector<std::int64_t>& EpochSampler::cached(std::int64_t epoch) const 
     // most n / 2^64.
     const std::uint64_t stream = rng_substream(RngStream::Shuffle, static_cast<std::uint64_t>(epoch));
     for (std::int64_t i = n - 1; i > 0; --i) {
-      const auto j = random_u64(options_.seed, stream, static_cast<std::uint64_t>(i)) % static_cast<std::uint64_t>(i + 1);
+      const std::uint64_t draw = random_u64(options_.seed, stream, static_cast<std::uint64_t>(i));
+      const auto j = draw % static_cast<std::uint64_t>(i + 1);
       std::swap(cached_order_[static_cast<std::size_t>(i)], cached_order_[static_cast<std::size_t>(j)]);
     }
   }

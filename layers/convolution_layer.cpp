@@ -89,11 +89,9 @@ class ConvolutionLayer final : public Layer {
       if (bias_) bias_parameter_.grad.zero();
       return;
     }
-    auto& kernels = backend_of(*this, ctx).convolution();
-    if (grad_inputs[0])
-      kernels.backward_data(geometry_, grad_output.data(), weights_.value.data(), grad_inputs[0]->data());
-    kernels.backward_weights(geometry_, input.data(), grad_output.data(), weights_.grad.data(),
-                             bias_ ? bias_parameter_.grad.data() : nullptr);
+    backend_of(*this, ctx).convolution().backward(geometry_, input.data(), grad_output.data(), weights_.value.data(),
+                                                   grad_inputs[0] ? grad_inputs[0]->data() : nullptr,
+                                                   weights_.grad.data(), bias_ ? bias_parameter_.grad.data() : nullptr);
   }
 
  private:

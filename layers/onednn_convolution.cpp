@@ -14,6 +14,7 @@ using dnnl::prop_kind;
 /// Everything built for one geometry. The backward primitives need the forward descriptor as
 /// a hint and are built on the first backward call (evaluation never needs them).
 struct ConvolutionPlan {
+  bool blocked = false;
   dnnl::memory::dims strides, dilations, padding_left, padding_right;
   dnnl::memory::desc user_input, user_weights, user_bias, user_output;
 
@@ -28,12 +29,12 @@ struct ConvolutionPlan {
   dnnl::convolution_backward_weights backward_weights;
   Operand weights_input, weights_grad_output, weights_grad_weights;
   dnnl::memory grad_bias;
+  bool shared_grad_output = false;
 };
 
 class OneDnnConvolution final : public ConvolutionKernels {
  public:
-  OneDnnConvolution(Context& context, HostConvolutionLayout layout)
-      : context_(context), blocked_(layout == HostConvolutionLayout::Blocked) {}
+  OneDnnConvolution(Context& context, HostConvolutionLayout layout) : context_(context), layout_(layout) {}
 
   void forward(const ConvolutionGeometry& geometry, const float* input, const float* weights, const float* bias,
                float* output) override {
@@ -80,9 +81,41 @@ class OneDnnConvolution final : public ConvolutionKernels {
     stream.wait();
   }
 
+  void backward(const ConvolutionGeometry& geometry, const float* input, const float* grad_output,
+                const float* weights, float* grad_input, float* grad_weights, float* grad_bias) override {
+    ConvolutionPlan& plan = backward_plan_for(geometry);
+    if (!grad_input || !plan.shared_grad_output) {
+      ConvolutionKernels::backward(geometry, input, grad_output, weights, grad_input, grad_weights, grad_bias);
+      return;
+    }
+    // Both passes read grad_output in the same layout: convert it once.
+    auto& stream = context_.stream;
+    dnnl::memory& converted = plan.data_grad_output.bind_input(grad_output, stream);
+    plan.backward_data.execute(stream, {{DNNL_ARG_DIFF_DST, converted},
+                                        {DNNL_ARG_WEIGHTS, plan.data_weights.bind_input(weights, stream)},
+                                        {DNNL_ARG_DIFF_SRC, plan.data_grad_input.bind_output(grad_input)}});
+    plan.data_grad_input.finish_output(stream);
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, plan.weights_input.bind_input(input, stream)},
+        {DNNL_ARG_DIFF_DST, converted},
+        {DNNL_ARG_DIFF_WEIGHTS, plan.weights_grad_weights.bind_output(grad_weights)}};
+    if (geometry.bias) {
+      plan.grad_bias.set_data_handle(grad_bias);
+      args.emplace(DNNL_ARG_DIFF_BIAS, plan.grad_bias);
+    }
+    plan.backward_weights.execute(stream, args);
+    plan.weights_grad_weights.finish_output(stream);
+    stream.wait();
+  }
+
  private:
-  dnnl::memory::desc chosen_or_any(const dnnl::memory::desc& plain) const {
-    return blocked_ ? dnnl::memory::desc(plain.dims(), dnnl::memory::data_type::f32, Tag::any) : plain;
+  bool blocked_for(const ConvolutionGeometry& geometry) const {
+    return layout_ == HostConvolutionLayout::Blocked ||
+           (layout_ == HostConvolutionLayout::Automatic && geometry.in_channels >= 8);
+  }
+
+  dnnl::memory::desc chosen_or_any(const dnnl::memory::desc& plain, bool blocked) const {
+    return blocked ? dnnl::memory::desc(plain.dims(), dnnl::memory::data_type::f32, Tag::any) : plain;
   }
 
   ConvolutionPlan& plan_for(const ConvolutionGeometry& geometry) {
@@ -108,9 +141,10 @@ class OneDnnConvolution final : public ConvolutionKernels {
       plan->padding_right.push_back(reach - g.input_size[i] - g.padding[i]);
     }
 
-    const auto input_desc = chosen_or_any(plan->user_input);
-    const auto weights_desc = chosen_or_any(plan->user_weights);
-    const auto output_desc = chosen_or_any(plan->user_output);
+    plan->blocked = blocked_for(g);
+    const auto input_desc = chosen_or_any(plan->user_input, plan->blocked);
+    const auto weights_desc = chosen_or_any(plan->user_weights, plan->blocked);
+    const auto output_desc = chosen_or_any(plan->user_output, plan->blocked);
     auto descriptor = g.bias
         ? dnnl::convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, input_desc,
                                           weights_desc, plan->user_bias, output_desc, plan->strides, plan->dilations,
@@ -136,8 +170,8 @@ class OneDnnConvolution final : public ConvolutionKernels {
     const auto& engine = context_.engine;
 
     dnnl::convolution_backward_data::desc data_descriptor(
-        algorithm::convolution_direct, chosen_or_any(plan.user_input), chosen_or_any(plan.user_weights),
-        chosen_or_any(plan.user_output), plan.strides, plan.dilations, plan.padding_left, plan.padding_right);
+        algorithm::convolution_direct, chosen_or_any(plan.user_input, plan.blocked), chosen_or_any(plan.user_weights, plan.blocked),
+        chosen_or_any(plan.user_output, plan.blocked), plan.strides, plan.dilations, plan.padding_left, plan.padding_right);
     dnnl::convolution_backward_data::primitive_desc data_pd(data_descriptor, engine, plan.forward_descriptor);
     plan.backward_data = dnnl::convolution_backward_data(data_pd);
     plan.data_grad_output = Operand(plan.user_output, data_pd.diff_dst_desc(), engine, true);
@@ -147,12 +181,12 @@ class OneDnnConvolution final : public ConvolutionKernels {
 
     const bool bias = geometry.bias;
     auto weights_descriptor = bias
-        ? dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, chosen_or_any(plan.user_input),
-                                                   chosen_or_any(plan.user_weights), plan.user_bias,
-                                                   chosen_or_any(plan.user_output), plan.strides, plan.dilations,
+        ? dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, chosen_or_any(plan.user_input, plan.blocked),
+                                                   chosen_or_any(plan.user_weights, plan.blocked), plan.user_bias,
+                                                   chosen_or_any(plan.user_output, plan.blocked), plan.strides, plan.dilations,
                                                    plan.padding_left, plan.padding_right)
-        : dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, chosen_or_any(plan.user_input),
-                                                   chosen_or_any(plan.user_weights), chosen_or_any(plan.user_output),
+        : dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, chosen_or_any(plan.user_input, plan.blocked),
+                                                   chosen_or_any(plan.user_weights, plan.blocked), chosen_or_any(plan.user_output, plan.blocked),
                                                    plan.strides, plan.dilations, plan.padding_left,
                                                    plan.padding_right);
     dnnl::convolution_backward_weights::primitive_desc weights_pd(weights_descriptor, engine, plan.forward_descriptor);
@@ -161,6 +195,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
     plan.weights_grad_output = Operand(plan.user_output, weights_pd.diff_dst_desc(), engine, true);
     plan.weights_grad_weights = Operand(plan.user_weights, weights_pd.diff_weights_desc(), engine, false);
     plan.grad_bias = dnnl::memory(plan.user_bias, engine, DNNL_MEMORY_NONE);
+    plan.shared_grad_output = data_pd.diff_dst_desc() == weights_pd.diff_dst_desc();
     context_.record("convolution backward weights " + geometry.to_string(), weights_pd);
 
     plan.has_backward = true;
@@ -168,7 +203,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
   }
 
   Context& context_;
-  bool blocked_;
+  HostConvolutionLayout layout_;
   std::map<ConvolutionGeometry, std::unique_ptr<ConvolutionPlan>> plans_;
 };
 

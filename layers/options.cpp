@@ -61,7 +61,13 @@ bool LayerOptions::has(const std::string& key) const { return values_.count(key)
 const std::vector<std::string>& LayerOptions::items(const std::string& key) const {
   used_.insert(key);
   auto found = values_.find(key);
-  if (found == values_.end()) fail_input("{}parameter '{}' is required", prefix(context_), key);
+  if (found == values_.end()) {
+    // A required parameter is often missing because it was misspelled: say so.
+    for (const auto& [given, value] : values_)
+      if (edit_distance(given, key) <= 2)
+        fail_input("{}parameter '{}' is required (did you misspell it as '{}'?)", prefix(context_), key, given);
+    fail_input("{}parameter '{}' is required", prefix(context_), key);
+  }
   return found->second;
 }
 

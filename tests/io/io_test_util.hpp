@@ -79,13 +79,20 @@ inline bool on_rank0(const std::function<bool()>& write) {
 }
 
 // The values of the test files. `f` is the element's flat index within its sample.
-inline std::uint8_t byte_value(std::int64_t n, std::int64_t f) { return static_cast<std::uint8_t>((n * 37 + f * 11) % 251); }
-inline float float_value(std::int64_t n, std::int64_t f) { return static_cast<float>(n) * 1000.0f + static_cast<float>(f) * 0.5f; }
+inline std::uint8_t byte_value(std::int64_t n, std::int64_t f) {
+  return static_cast<std::uint8_t>((n * 37 + f * 11) % 251);
+}
+inline float float_value(std::int64_t n, std::int64_t f) {
+  return static_cast<float>(n) * 1000.0f + static_cast<float>(f) * 0.5f;
+}
 inline std::int64_t label_value(std::int64_t n) { return (n * 7 + 3) % 10; }
-inline float target_value(std::int64_t n, std::int64_t t) { return static_cast<float>(n) * 10.0f + static_cast<float>(t) + 0.25f; }
+inline float target_value(std::int64_t n, std::int64_t t) {
+  return static_cast<float>(n) * 10.0f + static_cast<float>(t) + 0.25f;
+}
 
 /// Writes a dataset of `type` (file and memory type) with extents `dims`.
-inline void write_dataset(hid_t file, const char* name, hid_t type, const std::vector<hsize_t>& dims, const void* data) {
+inline void write_dataset(hid_t file, const char* name, hid_t type, const std::vector<hsize_t>& dims,
+                          const void* data) {
   hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
   hid_t dataset = H5Dcreate2(file, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
   H5Dwrite(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
@@ -157,7 +164,9 @@ inline void check_inputs(const Tensor& inputs, const std::vector<std::int64_t>& 
   ASSERT_EQ(inputs.shape().dims(), expected_dims);
   const int rank = sample.rank();
   std::vector<std::int64_t> strides(static_cast<std::size_t>(rank), 1);
-  for (int d = rank - 2; d >= 0; --d) strides[static_cast<std::size_t>(d)] = strides[static_cast<std::size_t>(d) + 1] * sample[d + 1];
+  for (int d = rank - 2; d >= 0; --d) {
+    strides[static_cast<std::size_t>(d)] = strides[static_cast<std::size_t>(d) + 1] * sample[d + 1];
+  }
   const std::int64_t box_numel = box.numel();
   std::int64_t wrong = 0;
   for (std::int64_t r = 0; r < n; ++r) {

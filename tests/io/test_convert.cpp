@@ -27,7 +27,9 @@ bool write_idx(const std::string& path, std::uint32_t magic, const std::vector<s
   std::int64_t per = 1;
   for (std::size_t i = 1; i < dims.size(); ++i) per *= dims[i];
   for (std::int64_t n = 0; n < dims[0]; ++n)
-    for (std::int64_t f = 0; f < per; ++f) bytes.push_back(dims.size() == 1 ? static_cast<unsigned char>(label_value(n)) : byte_value(n, f));
+    for (std::int64_t f = 0; f < per; ++f) {
+      bytes.push_back(dims.size() == 1 ? static_cast<unsigned char>(label_value(n)) : byte_value(n, f));
+    }
   gzFile file = gzopen(path.c_str(), "wb");
   if (file == nullptr) return false;
   const int written = gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size()));
@@ -72,7 +74,9 @@ TEST(ConvertFashionMnist, ConvertsExactlyAndSkipsValidOutputs) {
 TEST(ConvertFashionMnist, BadInputsFailOnEveryRank) {
   SharedTempDir dir;
   auto comm = MpiCommunicator::world();
-  ASSERT_TRUE(on_rank0([&] { return write_source(dir.file("magic"), 0x802) && write_source(dir.file("count"), 0x803, 2); }));
+  ASSERT_TRUE(on_rank0([&] {
+    return write_source(dir.file("magic"), 0x802) && write_source(dir.file("count"), 0x803, 2);
+  }));
   expect_input_error([&] { convert_fashion_mnist(dir.file("magic"), dir.file("out1"), *comm); },
                      {"train-images-idx3-ubyte.gz", "bad magic number 0x00000802", "0x00000803"});
   expect_input_error([&] { convert_fashion_mnist(dir.file("count"), dir.file("out2"), *comm); },

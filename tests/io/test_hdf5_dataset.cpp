@@ -141,6 +141,7 @@ TEST_F(Hdf5DatasetTest, EachRankReadsItsBlockOfShuffledBatches) {
         dataset->read(indices, inputs, targets);
         check_inputs(inputs, indices, info.sample_shape, whole_sample_box(info.sample_shape), c.bytes);
         check_targets(targets, indices, c.width);
+        EXPECT_TRUE(dynamic_cast<Hdf5Dataset&>(*dataset).last_read_collective());
       }
     }
   }
@@ -283,7 +284,8 @@ TEST_F(Hdf5DatasetTest, BadInputsSayWhatIsWrong) {
   expect_input_error(open("no_inputs.h5", {.inputs = "pixels"}), {dir_->file("no_inputs.h5"), "'pixels'", "foo"});
   expect_input_error(open("no_inputs.h5", {.inputs = "foo", .targets = "classes"}),
                      {dir_->file("no_inputs.h5"), "'classes'", "bar"});
-  expect_input_error(open("mismatch.h5"), {dir_->file("mismatch.h5"), "'labels'", "4 entries", "'images'", "5 samples"});
+  expect_input_error(open("mismatch.h5"),
+                     {dir_->file("mismatch.h5"), "'labels'", "4 entries", "'images'", "5 samples"});
   expect_input_error(open("rank3.h5"), {dir_->file("rank3.h5"), "'images'", "3 dimensions", "N x C x H x W"});
   expect_input_error(open("int16.h5"), {dir_->file("int16.h5"), "'images'", "int16", "uint8", "float32"});
   expect_input_error(open("float_labels.h5"), {dir_->file("float_labels.h5"), "'labels'", "float32", "integer"});

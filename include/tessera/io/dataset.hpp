@@ -32,7 +32,8 @@ class Dataset {
   virtual const DatasetInfo& info() const = 0;
 
   /// Collective over the dataset's communicator: every rank calls it the same number of times
-  /// (possibly with no indices).
+  /// (possibly with no indices), in the same order relative to its other io calls (reads of other
+  /// datasets, Prefetcher::submit), from one thread. See io/README.md, "Threads and ordering".
   /// Reads samples `indices` (dataset rows, any order, duplicates allowed) restricted to
   /// `sample_box` (a box over the per-sample dimensions C,(D),H,W; an empty Box means the whole
   /// sample) into `inputs` (n x box extents, float32, kinds Sample/Channel/Spatial) and `targets`

@@ -26,11 +26,16 @@ class Hdf5Dataset final : public Dataset {
   /// Number of input elements this rank selected in the file on the last read: the proof that a
   /// rank reads only the unique samples and the part of each sample it asked for.
   std::int64_t last_read_elements() const;
+  /// Whether HDF5 performed every part of the last read as collective MPI-IO (it silently falls
+  /// back to independent I/O, e.g. when it must convert types itself).
+  bool last_read_collective() const;
   /// Name of the inputs and targets datasets in the file (targets: empty when there are none).
   const std::string& inputs_name() const;
   const std::string& targets_name() const;
 
  private:
+  void open_layout(const std::string& path, const Communicator& comm, const Hdf5DatasetOptions& options);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -53,6 +53,8 @@ class Prefetcher {
     ReadRequest request;
     Batch batch;
     std::exception_ptr error;
+    /// Its place in the process-wide order of collective reads (drawn at submit).
+    std::uint64_t ticket = 0;
     bool done = false;
   };
   void run();

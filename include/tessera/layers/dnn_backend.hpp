@@ -72,6 +72,13 @@ class ConvolutionKernels {
   /// Overwrites grad_weights (and grad_bias when the geometry has a bias).
   virtual void backward_weights(const ConvolutionGeometry& geometry, const float* input,
                                 const float* grad_output, float* grad_weights, float* grad_bias) = 0;
+  /// Both backward passes (grad_input may be null: not needed). Backends that convert
+  /// grad_output to another layout override this to convert it once for both.
+  virtual void backward(const ConvolutionGeometry& geometry, const float* input, const float* grad_output,
+                        const float* weights, float* grad_input, float* grad_weights, float* grad_bias) {
+    if (grad_input) backward_data(geometry, grad_output, weights, grad_input);
+    backward_weights(geometry, input, grad_output, grad_weights, grad_bias);
+  }
 };
 
 class PoolingKernels {
@@ -112,6 +119,10 @@ class DnnBackend {
 
 /// How the host backend lays tensors out inside a convolution.
 enum class HostConvolutionLayout {
+  /// Blocked where it measured faster: when the input has 8 or more channels. With fewer
+  /// (a network's first layer), converting the large output to and from the blocked layout
+  /// costs more than the blocked kernels save.
+  Automatic,
   /// The library picks blocked layouts; cached reorders convert at the call boundary.
   Blocked,
   /// Plain N x C x (D) x H x W everywhere; no reorders.
@@ -119,7 +130,7 @@ enum class HostConvolutionLayout {
 };
 
 struct HostBackendOptions {
-  HostConvolutionLayout convolution_layout = HostConvolutionLayout::Blocked;
+  HostConvolutionLayout convolution_layout = HostConvolutionLayout::Automatic;
 };
 
 /// The oneDNN backend (threads: see set_backend_threads in runtime.hpp).

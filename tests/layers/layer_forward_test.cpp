@@ -1,0 +1,287 @@
+// Forward results against direct loops, dropout masks across batch splits, empty batches,
+// option parsing, and the errors users see for bad models.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "layer_test_utils.hpp"
+#include "tessera/core/error.hpp"
+
+namespace tessera::testing {
+namespace {
+
+/// The convolution by its definition, in double.
+Tensor naive_convolution(const Tensor& input, const Tensor& weights, const Tensor* bias, const std::vector<std::int64_t>& stride,
+                         const std::vector<std::int64_t>& padding, const std::vector<std::int64_t>& dilation,
+                         const Shape& output_shape) {
+  Tensor output(output_shape);
+  const std::int64_t n_count = input.dim(0), c_count = input.dim(1), f_count = weights.dim(0);
+  const std::int64_t ih = input.dim(2), iw = input.dim(3), kh = weights.dim(2), kw = weights.dim(3);
+  for (std::int64_t n = 0; n < n_count; ++n)
+    for (std::int64_t f = 0; f < f_count; ++f)
+      for (std::int64_t oy = 0; oy < output_shape[2]; ++oy)
+        for (std::int64_t ox = 0; ox < output_shape[3]; ++ox) {
+          double sum = bias ? bias->data()[f] : 0.0;
+          for (std::int64_t c = 0; c < c_count; ++c)
+            for (std::int64_t ky = 0; ky < kh; ++ky)
+              for (std::int64_t kx = 0; kx < kw; ++kx) {
+                const std::int64_t y = oy * stride[0] - padding[0] + ky * dilation[0];
+                const std::int64_t x = ox * stride[1] - padding[1] + kx * dilation[1];
+                if (y < 0 || y >= ih || x < 0 || x >= iw) continue;
+                sum += static_cast<double>(input.at({n, c, y, x})) * weights.at({f, c, ky, kx});
+              }
+          output.at({n, f, oy, ox}) = static_cast<float>(sum);
+        }
+  return output;
+}
+
+TEST(LayerForward, ConvolutionMatchesDirectLoops) {
+  for (auto layout : {HostConvolutionLayout::Plain, HostConvolutionLayout::Blocked, HostConvolutionLayout::Automatic}) {
+    auto backend = make_host_backend({layout});
+    for (std::int64_t channels : {3, 16}) {
+      auto layer = make_layer("conv", {{"filters", {"8"}}, {"kernel", {"3", "2"}}, {"stride", {"2", "1"}},
+                                       {"padding", {"1", "2"}}, {"dilation", {"2", "1"}}});
+      const Tensor input = random_tensor(Shape::image(3, channels, {9, 7}), 40);
+      const Shape output_shape = layer->setup({input.shape()});
+      layer->init_parameters(1);
+      layer->parameters()[1]->value.copy_from(random_tensor(Shape{8}, 41));
+      LayerContext context;
+      context.backend = backend.get();
+      Tensor output;
+      const Tensor* inputs[] = {&input};
+      layer->forward(inputs, output, context);
+      EXPECT_EQ(output.shape().dims(), output_shape.dims());
+      EXPECT_EQ(output.shape().kind(1), DimKind::Channel);
+      const Tensor expected = naive_convolution(input, layer->parameters()[0]->value, &layer->parameters()[1]->value,
+                                                {2, 1}, {1, 2}, {2, 1}, output_shape);
+      EXPECT_LT(max_relative_difference(output, expected, 1e-3), 1e-4) << "channels " << channels;
+    }
+  }
+}
+
+TEST(LayerForward, HeInitIsBoundedAndDeterministic) {
+  auto a = make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}}, 7);
+  auto b = make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}}, 7);
+  a->setup({Shape::image(1, 2, {5, 5})});
+  b->setup({Shape::image(1, 2, {5, 5})});
+  a->init_parameters(123);
+  b->init_parameters(123);
+  const Tensor& w = a->parameters()[0]->value;
+  EXPECT_EQ(max_relative_difference(w, b->parameters()[0]->value), 0.0);
+  const double bound = std::sqrt(6.0 / 18.0);
+  double largest = 0;
+  for (std::int64_t i = 0; i < w.numel(); ++i) largest = std::max(largest, std::fabs(static_cast<double>(w.data()[i])));
+  EXPECT_LE(largest, bound);
+  EXPECT_GT(largest, 0.5 * bound);
+  EXPECT_EQ(a->parameters()[1]->value.at({0}), 0.0f);
+  EXPECT_FALSE(a->parameters()[1]->decay);
+}
+
+TEST(LayerForward, DropoutMaskIsTheSameWhenTheBatchIsSplit) {
+  auto layer = make_layer("dropout", {{"rate", {"0.5"}}});
+  const Shape shape = Shape::image(4, 2, {3, 3});
+  layer->setup({shape});
+  const Tensor input = away_from_zero(shape, 50);
+  LayerContext context;
+  context.seed = 9;
+  context.step = 4;
+  context.global_batch = 4;
+  Tensor whole;
+  const Tensor* inputs[] = {&input};
+  layer->forward(inputs, whole, context);
+
+  std::int64_t dropped = 0;
+  for (std::int64_t i = 0; i < whole.numel(); ++i) {
+    const float y = whole.data()[i], x = input.data()[i];
+    EXPECT_TRUE(y == 0.0f || y == 2.0f * x);
+    dropped += y == 0.0f;
+  }
+  EXPECT_GT(dropped, whole.numel() / 4);
+  EXPECT_LT(dropped, 3 * whole.numel() / 4);
+
+  for (std::int64_t split : {1, 2, 3}) {
+    for (auto [begin, end] : {std::pair<std::int64_t, std::int64_t>{0, split}, {split, 4}}) {
+      const Tensor part = input.slice(begin, end).clone();
+      context.sample_offset = begin;
+      Tensor output;
+      const Tensor* part_inputs[] = {&part};
+      layer->forward(part_inputs, output, context);
+      EXPECT_EQ(max_relative_difference(output, whole.slice(begin, end).clone()), 0.0) << begin << ".." << end;
+    }
+  }
+
+  context.sample_offset = 0;
+  context.step = 5;  // another step draws another mask
+  Tensor other;
+  layer->forward(inputs, other, context);
+  EXPECT_GT(max_relative_difference(other, whole), 0.0);
+  context.training = false;  // identity in evaluation
+  layer->forward(inputs, other, context);
+  EXPECT_EQ(max_relative_difference(other, input), 0.0);
+}
+
+TEST(LayerForward, BatchNormRunningStatisticsAndEvaluation) {
+  auto layer = make_layer("batchnorm", {{"momentum", {"0.5"}}});
+  const Shape shape = Shape::flat(4, 1);
+  layer->setup({shape});
+  Tensor input(shape);
+  const float values[] = {1, 2, 3, 6};  // mean 3, biased variance 3.5, unbiased 14/3
+  std::copy(values, values + 4, input.data());
+  LayerContext context;
+  Tensor output;
+  const Tensor* inputs[] = {&input};
+  layer->forward(inputs, output, context);
+  EXPECT_NEAR(output.data()[3], 3.0 / std::sqrt(3.5 + 1e-5), 1e-5);
+  EXPECT_NEAR(layer->buffers()[0]->data()[0], 1.5, 1e-6);
+  EXPECT_NEAR(layer->buffers()[1]->data()[0], 0.5 + 0.5 * 14.0 / 3.0, 1e-5);
+  context.training = false;
+  layer->forward(inputs, output, context);
+  EXPECT_NEAR(output.data()[0], (1 - 1.5) / std::sqrt(0.5 + 7.0 / 3.0 + 1e-5), 1e-5);
+}
+
+TEST(LayerForward, EmptyLocalBatchGivesEmptyOutputs) {
+  auto backend = make_host_backend();
+  const Shape image = Shape::image(2, 3, {6, 6});
+  const std::vector<std::pair<std::string, OptionList>> cases = {
+      {"conv", {{"filters", {"4"}}, {"kernel", {"3"}}}}, {"maxpool", {{"kernel", {"2"}}}},
+      {"avgpool", {{"kernel", {"2"}}}}, {"batchnorm", {}}, {"relu", {}}, {"leaky_relu", {}}, {"flatten", {}},
+      {"dropout", {}}};
+  for (const auto& [type, options] : cases) {
+    auto layer = make_layer(type, options);
+    const Shape output_shape = layer->setup({image});
+    layer->init_parameters(1);
+    const Tensor input(image.with(0, 0));
+    LayerContext context;
+    context.backend = backend.get();
+    context.global_batch = 2;
+    Tensor output, grad_input;
+    const Tensor* inputs[] = {&input};
+    layer->forward(inputs, output, context);
+    EXPECT_EQ(output.shape().dims(), output_shape.with(0, 0).dims()) << type;
+    Tensor* grads[] = {&grad_input};
+    layer->backward(inputs, output, output, grads, context);
+    EXPECT_EQ(grad_input.shape().dims(), input.shape().dims()) << type;
+    for (Parameter* parameter : layer->parameters())
+      for (std::int64_t i = 0; i < parameter->grad.numel(); ++i) EXPECT_EQ(parameter->grad.data()[i], 0.0f) << type;
+  }
+}
+
+TEST(LayerForward, FashionMnistKernelsAreNotReferenceImplementations) {
+  auto backend = make_host_backend();
+  const std::vector<std::pair<std::string, OptionList>> network = {
+      {"conv", {{"filters", {"32"}}, {"kernel", {"3"}}, {"padding", {"1"}}}}, {"maxpool", {{"kernel", {"2"}}}},
+      {"conv", {{"filters", {"64"}}, {"kernel", {"3"}}, {"padding", {"1"}}}}, {"maxpool", {{"kernel", {"2"}}}},
+      {"flatten", {}}, {"linear", {{"out", {"128"}}}}, {"linear", {{"out", {"10"}}}}};
+  Tensor activation = random_tensor(Shape::image(4, 1, {28, 28}), 60);
+  LayerContext context;
+  context.backend = backend.get();
+  context.global_batch = 4;
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::vector<Tensor> activations{activation};
+  for (const auto& [type, options] : network) {
+    layers.push_back(make_layer(type, options));
+    layers.back()->setup({activations.back().shape()});
+    layers.back()->init_parameters(1);
+    Tensor output;
+    const Tensor* inputs[] = {&activations.back()};
+    layers.back()->forward(inputs, output, context);
+    activations.push_back(output);
+  }
+  for (std::size_t i = layers.size(); i-- > 0;) {
+    Tensor grad;
+    Tensor* grads[] = {&grad};
+    const Tensor* inputs[] = {&activations[i]};
+    layers[i]->backward(inputs, activations[i + 1], activations[i + 1], grads, context);
+  }
+  const auto implementations = backend->implementations();
+  EXPECT_GE(implementations.size(), 12u);
+  for (const auto& line : implementations) {
+    EXPECT_EQ(line.find(": ref"), std::string::npos) << line;
+    std::printf("  %s\n", line.c_str());
+  }
+}
+
+/// The message of the InputError `body` throws ("" when it throws none).
+template <typename Body>
+std::string input_error(Body body) {
+  try {
+    body();
+  } catch (const InputError& error) {
+    return error.message();
+  }
+  return "";
+}
+
+TEST(LayerErrors, MessagesNameTheLayerAndTheProblem) {
+  using ::testing::HasSubstr;
+  EXPECT_THAT(input_error([] { make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}, {"strid", {"2"}}}); }),
+              AllOf(HasSubstr("layer 'test' (conv)"), HasSubstr("unknown parameter 'strid'"), HasSubstr("did you mean 'stride'")));
+  EXPECT_THAT(input_error([] { make_layer("conv", {{"filters", {"4"}}, {"kernal", {"3"}}}); }),
+              AllOf(HasSubstr("layer 'test' (conv)"), HasSubstr("'kernel' is required"), HasSubstr("'kernal'")));
+  EXPECT_THAT(input_error([] { make_layer("conv", {{"filters", {"abc"}}, {"kernel", {"3"}}}); }),
+              AllOf(HasSubstr("layer 'test' (conv)"), HasSubstr("'filters' must be an integer, got 'abc'")));
+  EXPECT_THAT(input_error([] { make_layer("conv", {{"filters", {"4"}}}); }),
+              AllOf(HasSubstr("layer 'test' (conv)"), HasSubstr("'kernel' is required")));
+  EXPECT_THAT(input_error([] { make_layer("relu", {{"slope", {"0.1"}}}); }),
+              AllOf(HasSubstr("layer 'test' (relu)"), HasSubstr("'slope'")));
+  EXPECT_THAT(input_error([] { make_layer("convolution", {}); }),
+              AllOf(HasSubstr("'convolution'"), HasSubstr("conv"), HasSubstr("maxpool"), HasSubstr("linear")));
+  EXPECT_THAT(input_error([] { make_layer("dropout", {{"rate", {"1.5"}}}); }), HasSubstr("'rate'"));
+
+  // Without a context in the options, create_layer still names the layer.
+  LayerOptions bare;
+  bare.set("out", "x");
+  EXPECT_THAT(input_error([&] { create_layer("linear", "fc9", 1, bare); }),
+              AllOf(HasSubstr("layer 'fc9' (linear)"), HasSubstr("'out'")));
+
+  EXPECT_THAT(input_error([] { make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}})->setup({Shape::flat(4, 10)}); }),
+              AllOf(HasSubstr("layer 'test' (conv)"), HasSubstr("[4, 10]")));
+  EXPECT_THAT(input_error([] {
+                make_layer("conv", {{"filters", {"4"}}, {"kernel", {"5"}}})->setup({Shape::image(1, 1, {3, 8})});
+              }),
+              AllOf(HasSubstr("layer 'test' (conv)"), HasSubstr("larger than the padded input"), HasSubstr("[1, 1, 3, 8]")));
+  EXPECT_THAT(input_error([] {
+                make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3", "3", "3"}}})->setup({Shape::image(1, 1, {8, 8})});
+              }),
+              AllOf(HasSubstr("'kernel' has 3 values"), HasSubstr("2 spatial dimensions")));
+  EXPECT_THAT(input_error([] {
+                make_layer("add", {})->setup({Shape::image(2, 3, {4, 4}), Shape::image(2, 4, {4, 4})});
+              }),
+              AllOf(HasSubstr("layer 'test' (add)"), HasSubstr("[2, 3, 4, 4] and [2, 4, 4, 4]")));
+  EXPECT_THAT(input_error([] { make_layer("concat", {})->setup({Shape::image(2, 3, {4, 4}), Shape::image(2, 4, {4, 5})}); }),
+              HasSubstr("layer 'test' (concat)"));
+  EXPECT_THAT(input_error([] { make_layer("add", {})->setup({Shape::image(2, 3, {4, 4})}); }),
+              HasSubstr("two or more inputs"));
+  EXPECT_THAT(input_error([] { make_layer("linear", {{"out", {"3"}}})->setup({Shape::image(2, 3, {4, 4})}); }),
+              AllOf(HasSubstr("layer 'test' (linear)"), HasSubstr("flatten")));
+
+  LayerOptions loss_options;
+  EXPECT_THAT(input_error([&] { create_loss("hinge", loss_options); }), AllOf(HasSubstr("'hinge'"), HasSubstr("mse")));
+}
+
+TEST(LayerOptionsTest, TypedGetters) {
+  LayerOptions options("layer 'x' (conv)");
+  options.set("a", "12");
+  options.set("b", "0.25");
+  options.set("c", "yes");
+  options.set_list("d", {"1", "2", "3"});
+  options.set("e", "7");
+  EXPECT_EQ(options.get_int("a"), 12);
+  EXPECT_EQ(options.get_int("missing", 5), 5);
+  EXPECT_DOUBLE_EQ(options.get_float("b"), 0.25);
+  EXPECT_TRUE(options.get_bool("c", false));
+  EXPECT_EQ(options.get_ints("d", 3), (std::vector<std::int64_t>{1, 2, 3}));
+  EXPECT_EQ(options.get_ints("e", 2), (std::vector<std::int64_t>{7, 7}));
+  EXPECT_EQ(options.get_int_list("d", {}), (std::vector<std::int64_t>{1, 2, 3}));
+  EXPECT_THROW(options.get_ints("d", 2), InputError);
+  EXPECT_THROW(options.get_int("d"), InputError);
+  EXPECT_THROW(options.get_int("b"), InputError);
+  EXPECT_NO_THROW(options.check_all_used());
+  options.set("stride", "1");
+  EXPECT_THAT(input_error([&] { options.check_all_used(); }),
+              AllOf(::testing::HasSubstr("layer 'x' (conv): unknown parameter 'stride'"), ::testing::HasSubstr("known parameters:")));
+}
+
+}  // namespace
+}  // namespace tessera::testing
