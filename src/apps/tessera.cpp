@@ -107,7 +107,10 @@ int main(int argc, char** argv) {
     command(*world);
   } catch (const tessera::AgreedFailure& e) {
     // Every rank is here with the same code: end cleanly, one message.
-    if (e.is_origin()) std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    if (e.is_origin()) {
+      const std::string where = world->size() > 1 ? fmt::format(" (rank {})", e.failed_rank()) : "";
+      std::fprintf(stderr, "tessera: error%s: %s\n", where.c_str(), e.origin_message().c_str());
+    }
     code = e.exit_code();
   } catch (const std::exception& e) {
     // This rank alone failed while the others may wait for it in a collective: end them all.

@@ -46,16 +46,16 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     Hdf5DatasetOptions data_options{args.inputs, args.targets};
     train = open_hdf5_dataset(args.data, *world, data_options);
     if (!args.val_data.empty()) validation = open_hdf5_dataset(args.val_data, *world, data_options);
-    if (validation && !(validation->info().sample_shape == train->info().sample_shape))
-      fail_input("validation data '{}' has samples of shape {}, training data '{}' {}", args.val_data,
-                 validation->info().sample_shape.to_string(), args.data, train->info().sample_shape.to_string());
   });
   args.executor.global_batch = args.trainer.global_batch;
   args.executor.seed = args.trainer.seed;
   model->init_parameters(args.trainer.seed);
   Executor executor(*model, *plan, world, args.executor);
   std::unique_ptr<Trainer> trainer;
-  collectively(*world, [&] { trainer = std::make_unique<Trainer>(*model, executor, train, validation, args.trainer); });
+  collectively(*world, [&] {
+    trainer = std::make_unique<Trainer>(*model, executor, train, validation, args.trainer);
+    trainer->check();
+  });
   const TrainSummary summary = trainer->run();
   if (world->rank() == 0) {
     fmt::print("trained {} steps in {:.1f} s ({:.0f} samples/s); final training loss {:.4f}\n", summary.steps,

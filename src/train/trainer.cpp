@@ -1,12 +1,14 @@
 #include "tessera/train/trainer.hpp"
 
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
+#include "tessera/parallel/collective_guard.hpp"
 #include "tessera/io/dataset.hpp"
 #include "tessera/io/prefetch.hpp"
 #include "tessera/io/sampler.hpp"
@@ -95,7 +97,7 @@ BatchResult Trainer::evaluate(Dataset& data) {
   return total;
 }
 
-TrainSummary Trainer::run() {
+void Trainer::check() const {
   const DatasetInfo& info = train_->info();
   if (!(info.sample_shape == model_.sample_shape()))
     fail_input("the data in '{}' has samples of shape {}, but model '{}' takes {}", info.path,
@@ -106,6 +108,14 @@ TrainSummary Trainer::run() {
   if (info.size < options_.global_batch)
     fail_input("'{}' holds {} samples, fewer than one batch of {}", info.path, info.size, options_.global_batch);
 
+  if (validation_ && !(validation_->info().sample_shape == model_.sample_shape()))
+    fail_input("the data in '{}' has samples of shape {}, but model '{}' takes {}", validation_->info().path,
+               validation_->info().sample_shape.to_string(), model_.source(), model_.sample_shape().to_string());
+}
+
+TrainSummary Trainer::run() {
+  check();
+  const DatasetInfo& info = train_->info();
   EpochSampler sampler(SamplerOptions{info.size, options_.global_batch, options_.seed, options_.shuffle, /*drop_last=*/true});
   const std::int64_t per_epoch = sampler.batches_per_epoch();
   std::int64_t total_steps = per_epoch * options_.epochs;
@@ -142,6 +152,7 @@ TrainSummary Trainer::run() {
     if (metrics_) metrics_->eval_row(step, epoch, *summary.val_loss, summary.val_accuracy, seconds_since(start));
   };
 
+  try {
   for (std::int64_t step = 0; step < total_steps; ++step) {
     Batch batch = prefetcher.take();
     if (step + 1 < total_steps) prefetcher.submit(request_for(step + 1));
@@ -173,6 +184,15 @@ TrainSummary Trainer::run() {
     if ((options_.eval_every > 0 && (step + 1) % options_.eval_every == 0) || (options_.eval_every == 0 && epoch_end) ||
         last)
       validate(step + 1, epoch);
+  }
+  } catch (const AgreedFailure&) {
+    throw;  // every rank is throwing it at the same point
+  } catch (const std::exception& e) {
+    // This rank failed alone while the others may wait for it in a collective; unwinding would run
+    // collective destructors (closing the HDF5 file) and hang. End the whole job now.
+    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    std::fflush(stderr);
+    executor_.world().abort(exit_code_for(e));
   }
   summary.steps = total_steps;
   summary.seconds = seconds_since(start);

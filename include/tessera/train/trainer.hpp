@@ -51,6 +51,10 @@ class Trainer {
   Trainer(Model& model, Executor& executor, std::shared_ptr<Dataset> train, std::shared_ptr<Dataset> validation,
           TrainerOptions options);
   ~Trainer();
+  /// Checks that the data fits the model (sample and target shapes, enough samples for a batch).
+  void check() const;
+  /// Trains. A failure on one rank alone ends the whole job (Communicator::abort) rather than
+  /// leaving the other ranks waiting in a collective.
   TrainSummary run();
   /// One pass over `data` in order, summed over all ranks.
   BatchResult evaluate(Dataset& data);
