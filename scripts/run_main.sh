@@ -8,7 +8,7 @@ DATA="$ROOT/data/fashion-mnist"
 "$BUILD/bin/tessera" convert fashion-mnist --output "$DATA"
 RANKS="${TESSERA_RANKS:-4}"
 # shellcheck disable=SC2046
-mpirun -n "$RANKS" $(mpi_flags) -x OMP_NUM_THREADS "$BUILD/bin/tessera" train \
+mpirun -n "$RANKS" $(mpi_flags) "$BUILD/bin/tessera" train \
   --model "$ROOT/models/fashion_cnn.yaml" --plan "$ROOT/plans/fashion_${RANKS}ranks.yaml" \
   --data "$DATA/train.h5" --val-data "$DATA/test.h5" \
   --epochs "${TESSERA_EPOCHS:-10}" --batch 64 --optimizer sgd --lr 0.05 --momentum 0.9 --nesterov \
