@@ -51,13 +51,21 @@ void GradReducer::build() {
 
 void GradReducer::ready(const Tensor& grad) {
   TESSERA_CHECK(built_, "GradReducer::ready before build()");
+  Entry* entry = nullptr;
   for (auto& e : entries_) {
-    if (e.grad->data() != grad.data()) continue;
-    Bucket& bucket = buckets_[e.bucket];
-    TESSERA_CHECK(bucket.pending > 0, "GradReducer: a gradient was marked ready twice in one step");
-    if (--bucket.pending == 0) start(bucket);
-    break;
+    if (e.grad == &grad || (e.grad->data() == grad.data() && e.grad->numel() == grad.numel())) {
+      entry = &e;
+      break;
+    }
   }
+  TESSERA_CHECK(entry != nullptr, "GradReducer::ready: a gradient of shape {} that was never registered",
+                grad.shape().to_string());
+  // Checked per gradient, not per bucket: a second mark must not start a bucket whose other
+  // gradients are not final yet.
+  TESSERA_CHECK(!entry->marked, "GradReducer: a gradient was marked ready twice in one step");
+  entry->marked = true;
+  Bucket& bucket = buckets_[entry->bucket];
+  if (--bucket.pending == 0) start(bucket);
   // Give in-flight reductions a chance to progress (MPI progresses nonblocking collectives inside MPI calls).
   for (auto& b : buckets_)
     if (b.request) b.request->test();
@@ -78,6 +86,7 @@ void GradReducer::finish() {
     }
     bucket.pending = bucket.grads.size();
   }
+  for (auto& e : entries_) e.marked = false;
 }
 
 std::size_t GradReducer::bytes_per_step() const {

@@ -104,6 +104,7 @@ Plan Plan::parse(const std::string& yaml_text, const std::string& source_name) {
       if (!item.second.IsMap()) fail_input("plan file '{}': 'layers' must map layer names to splits", source_name);
       for (const auto& layer : item.second) {
         const auto name = layer.first.as<std::string>();
+        if (plan.layers_.count(name)) fail_input("plan file '{}': layer '{}' is listed twice", source_name, name);
         plan.layers_[name] = parse_split(layer.second, fmt::format("plan file '{}', layer '{}'", source_name, name));
       }
     } else {

@@ -26,7 +26,8 @@ class GradReducer {
   void add(Tensor& grad, Communicator& replica_group);
   void build();
 
-  /// Gradient `grad` (registered earlier) is final for this step.
+  /// Gradient `grad` (registered earlier) is final for this step. Every rank must mark gradients
+  /// in the same order: nonblocking collectives on one communicator must start in the same order.
   void ready(const Tensor& grad);
   /// Waits for every reduction of this step. Every registered gradient must have been marked ready.
   void finish();
@@ -47,6 +48,7 @@ class GradReducer {
     Tensor* grad;
     Communicator* group;
     std::size_t bucket = 0;
+    bool marked = false;  ///< marked ready in this step
   };
   void start(Bucket& bucket);
 

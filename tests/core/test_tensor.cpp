@@ -1,0 +1,368 @@
+// Tensor level, without MPI: Shape, the local Tensor, uneven blocks and Distribution.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/shape.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera {
+namespace {
+
+using Dims = std::vector<std::int64_t>;
+
+/// Runs `body`, expects it to throw exactly an `E` (or subclass) whose message contains `needle`.
+template <typename E>
+void expect_throw_containing(const std::function<void()>& body, const std::string& needle) {
+  try {
+    body();
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message '" << e.what() << "' lacks '" << needle << "'";
+    return;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw another type: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "did not throw (expected a message with '" << needle << "')";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shape
+
+TEST(Shape, ImageKindsAndCounts) {
+  const Shape s = Shape::image(4, 3, {5, 6});
+  EXPECT_EQ(s.rank(), 4);
+  EXPECT_EQ(s.dims(), (Dims{4, 3, 5, 6}));
+  EXPECT_EQ(s.kinds(),
+            (std::vector<DimKind>{DimKind::Sample, DimKind::Channel, DimKind::Spatial, DimKind::Spatial}));
+  EXPECT_EQ(s.numel(), 4 * 3 * 5 * 6);
+  EXPECT_EQ(s.sample_numel(), 3 * 5 * 6);
+  EXPECT_EQ(s.spatial_dims(), 2);
+  EXPECT_EQ(s.to_string(), "[4, 3, 5, 6]");
+
+  const Shape volume = Shape::image(2, 1, {8, 8, 8});
+  EXPECT_EQ(volume.spatial_dims(), 3);
+  EXPECT_EQ(volume.kind(4), DimKind::Spatial);
+  EXPECT_EQ(volume.numel(), 2 * 512);
+}
+
+TEST(Shape, FlatAndPlain) {
+  const Shape f = Shape::flat(16, 10);
+  EXPECT_EQ(f.kinds(), (std::vector<DimKind>{DimKind::Sample, DimKind::Feature}));
+  EXPECT_EQ(f.numel(), 160);
+  EXPECT_EQ(f.sample_numel(), 10);
+  EXPECT_EQ(f.spatial_dims(), 0);
+
+  const Shape plain{2, 3, 4};
+  EXPECT_EQ(plain.kinds(), (std::vector<DimKind>(3, DimKind::Any)));
+  EXPECT_EQ(plain.numel(), 24);
+  EXPECT_EQ(plain.spatial_dims(), 0);
+
+  EXPECT_EQ(Shape().rank(), 0);
+  EXPECT_EQ(Shape().numel(), 1);  // the empty product: a scalar
+  EXPECT_EQ(Shape({5, 0, 2}).numel(), 0);
+  EXPECT_STREQ(dim_kind_name(DimKind::Spatial), "spatial");
+  EXPECT_STREQ(dim_kind_name(DimKind::Sample), "sample");
+}
+
+TEST(Shape, WithChangesOneDimensionAndKeepsKinds) {
+  const Shape s = Shape::image(8, 3, {32, 32});
+  const Shape t = s.with(0, 2);
+  EXPECT_EQ(t.dims(), (Dims{2, 3, 32, 32}));
+  EXPECT_EQ(t.kinds(), s.kinds());
+  EXPECT_EQ(s.dims(), (Dims{8, 3, 32, 32}));  // the original is untouched
+  EXPECT_EQ(s.with(3, 7)[3], 7);
+  EXPECT_THROW((void)s.with(4, 1), std::out_of_range);
+}
+
+TEST(Shape, BadConstructions) {
+  expect_throw_containing<Error>([] { (void)Shape({2, 3}, {DimKind::Sample}); }, "2 extents but 1 dimension kinds");
+  expect_throw_containing<Error>([] { (void)Shape({2, -1}); }, "negative extent -1");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor
+
+Tensor iota(const Shape& shape) {
+  Tensor t(shape);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = static_cast<float>(i);
+  return t;
+}
+
+TEST(Tensor, ZeroInitializedAndContiguous) {
+  Tensor t(Shape({3, 4, 5}));
+  EXPECT_TRUE(t.defined());
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.strides(), (Dims{20, 5, 1}));
+  EXPECT_EQ(t.numel(), 60);
+  EXPECT_EQ(t.allocated_bytes(), 60 * 4);
+  for (std::int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.data()[i], 0.0f) << i;
+  EXPECT_FALSE(Tensor().defined());
+  EXPECT_EQ(Tensor().data(), nullptr);
+}
+
+TEST(Tensor, AtUsesRowMajorStrides) {
+  Tensor t = iota(Shape({2, 3, 4}));
+  EXPECT_EQ(t.at({0, 0, 0}), 0.0f);
+  EXPECT_EQ(t.at({1, 2, 3}), 23.0f);
+  EXPECT_EQ(t.at({1, 0, 2}), 14.0f);
+  t.at({0, 1, 1}) = -7.0f;
+  EXPECT_EQ(t.data()[5], -7.0f);
+  EXPECT_THROW((void)t.at({2, 0, 0}), Error);
+  EXPECT_THROW((void)t.at({0, 0}), Error);
+  EXPECT_THROW((void)t.at({0, -1, 0}), Error);
+}
+
+TEST(Tensor, SliceSharesMemory) {
+  Tensor t = iota(Shape({4, 3}));
+  Tensor s = t.slice(1, 3);
+  EXPECT_EQ(s.shape().dims(), (Dims{2, 3}));
+  EXPECT_EQ(s.data(), t.data() + 3);
+  EXPECT_EQ(s.at({0, 0}), 3.0f);
+  EXPECT_EQ(s.at({1, 2}), 8.0f);
+  s.at({1, 1}) = 100.0f;
+  EXPECT_EQ(t.at({2, 1}), 100.0f);
+  s.fill(-1.0f);
+  EXPECT_EQ(t.at({0, 2}), 2.0f);  // rows outside the slice are untouched
+  EXPECT_EQ(t.at({1, 0}), -1.0f);
+  EXPECT_EQ(t.at({2, 2}), -1.0f);
+  EXPECT_EQ(t.at({3, 0}), 9.0f);
+  // A slice of a slice.
+  Tensor ss = s.slice(1, 2);
+  EXPECT_EQ(ss.data(), t.data() + 6);
+  EXPECT_EQ(t.slice(4, 4).numel(), 0);
+  EXPECT_THROW((void)t.slice(2, 5), Error);
+  EXPECT_THROW((void)t.slice(3, 2), Error);
+}
+
+TEST(Tensor, ReshapeSharesMemory) {
+  Tensor t = iota(Shape({2, 6}));
+  Tensor r = t.reshape(Shape::image(2, 1, {2, 3}));
+  EXPECT_EQ(r.data(), t.data());
+  EXPECT_EQ(r.shape().kind(2), DimKind::Spatial);
+  EXPECT_EQ(r.strides(), (Dims{6, 6, 3, 1}));
+  EXPECT_EQ(r.at({1, 0, 1, 2}), 11.0f);
+  r.at({0, 0, 1, 0}) = 42.0f;
+  EXPECT_EQ(t.at({0, 3}), 42.0f);
+  EXPECT_THROW((void)t.reshape(Shape({5, 2})), Error);
+}
+
+TEST(Tensor, CloneIsDeep) {
+  Tensor t = iota(Shape({3, 2}));
+  Tensor c = t.clone();
+  EXPECT_NE(c.data(), t.data());
+  EXPECT_EQ(c.shape().dims(), t.shape().dims());
+  EXPECT_EQ(max_relative_difference(c, t), 0.0);
+  c.at({2, 1}) = 99.0f;
+  EXPECT_EQ(t.at({2, 1}), 5.0f);
+  // Clone of a slice copies only the slice.
+  Tensor cs = t.slice(1, 2).clone();
+  EXPECT_EQ(cs.numel(), 2);
+  EXPECT_EQ(cs.at({0, 0}), 2.0f);
+  EXPECT_EQ(cs.allocated_bytes(), 2 * 4);
+}
+
+TEST(Tensor, CopyFromChecksShape) {
+  Tensor a = iota(Shape({2, 3}));
+  Tensor b(Shape({2, 3}));
+  b.copy_from(a);
+  EXPECT_EQ(b.at({1, 2}), 5.0f);
+  Tensor wrong(Shape({3, 2}));
+  EXPECT_THROW(wrong.copy_from(a), Error);
+}
+
+TEST(Tensor, ResizeKeepsMemoryWhenTheSizeIsTheSame) {
+  Tensor t = iota(Shape({4, 6}));
+  Tensor alias = t;  // shares the buffer
+  const float* before = t.data();
+  t.resize(Shape({2, 12}));
+  EXPECT_EQ(t.data(), before);
+  EXPECT_EQ(t.shape().dims(), (Dims{2, 12}));
+  EXPECT_EQ(t.strides(), (Dims{12, 1}));
+  EXPECT_EQ(t.at({1, 11}), 23.0f);  // values kept
+  t.at({0, 0}) = -5.0f;
+  EXPECT_EQ(alias.at({0, 0}), -5.0f);  // the alias still sees the same memory
+}
+
+TEST(Tensor, ResizeSmallerKeepsCapacityLargerReallocates) {
+  Tensor t(Shape({10}));
+  const float* before = t.data();
+  t.resize(Shape({4}));
+  EXPECT_EQ(t.data(), before);
+  EXPECT_EQ(t.numel(), 4);
+  EXPECT_EQ(t.allocated_bytes(), 10 * 4);
+  t.resize(Shape({10}));  // back within capacity
+  EXPECT_EQ(t.data(), before);
+  t.fill(3.0f);
+  t.resize(Shape({20}));
+  EXPECT_EQ(t.numel(), 20);
+  EXPECT_EQ(t.allocated_bytes(), 20 * 4);
+  for (std::int64_t i = 0; i < 20; ++i) ASSERT_EQ(t.data()[i], 0.0f);  // a fresh zeroed buffer
+  Tensor empty;
+  empty.resize(Shape({3, 3}));
+  EXPECT_EQ(empty.numel(), 9);
+  EXPECT_NE(empty.data(), nullptr);
+}
+
+TEST(Tensor, MaxRelativeDifference) {
+  Tensor a(Shape({3})), b(Shape({3}));
+  a.data()[0] = 1.0f; b.data()[0] = 1.0f;
+  a.data()[1] = 2.0f; b.data()[1] = 2.2f;
+  a.data()[2] = 0.0f; b.data()[2] = 0.0f;
+  EXPECT_NEAR(max_relative_difference(a, b), 0.2 / 2.2, 1e-6);
+  b.data()[2] = NAN;
+  EXPECT_TRUE(std::isinf(max_relative_difference(a, b)));
+  EXPECT_THROW((void)max_relative_difference(a, Tensor(Shape({4}))), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blocks
+
+TEST(Blocks, TenOverThree) {
+  EXPECT_EQ(block_begin(10, 3, 0), 0);
+  EXPECT_EQ(block_begin(10, 3, 1), 3);
+  EXPECT_EQ(block_begin(10, 3, 2), 6);
+  EXPECT_EQ(block_begin(10, 3, 3), 10);
+  EXPECT_EQ(block_extent(10, 3, 0), 3);
+  EXPECT_EQ(block_extent(10, 3, 1), 3);
+  EXPECT_EQ(block_extent(10, 3, 2), 4);
+}
+
+TEST(Blocks, UnevenSplitsTileTheExtent) {
+  for (std::int64_t extent : {1, 2, 5, 7, 10, 31, 64, 100, 1000003}) {
+    for (int parts = 1; parts <= 17 && parts <= extent; ++parts) {
+      std::int64_t sum = 0, lo = extent, hi = 0;
+      for (int p = 0; p < parts; ++p) {
+        EXPECT_EQ(block_begin(extent, parts, p), sum) << extent << "/" << parts << " part " << p;
+        const auto e = block_extent(extent, parts, p);
+        sum += e;
+        lo = std::min(lo, e);
+        hi = std::max(hi, e);
+      }
+      EXPECT_EQ(sum, extent) << extent << "/" << parts;
+      EXPECT_LE(hi - lo, 1) << extent << "/" << parts;
+      EXPECT_GE(lo, 1) << extent << "/" << parts;
+    }
+  }
+}
+
+TEST(Blocks, NoOverflowForLargeExtents) {
+  const std::int64_t extent = std::int64_t{1} << 40;
+  EXPECT_EQ(block_begin(extent, 4096, 4095), extent / 4096 * 4095);
+  EXPECT_EQ(block_extent(extent, 4096, 17), extent / 4096);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Distribution
+
+// N x C x H x W on a 2 x 3 grid: samples over axis 0, H over axis 1 with a halo of 1.
+Distribution sample_and_height() {
+  return Distribution({2, 3}, {DimSplit{0, 0}, DimSplit{}, DimSplit{1, 1}, DimSplit{}});
+}
+
+TEST(Distribution, PartsAndGridSize) {
+  const auto d = sample_and_height();
+  EXPECT_EQ(d.tensor_rank(), 4);
+  EXPECT_EQ(d.grid_size(), 6);
+  EXPECT_EQ(d.parts(0), 2);
+  EXPECT_EQ(d.parts(1), 1);
+  EXPECT_EQ(d.parts(2), 3);
+  EXPECT_EQ(d.parts(3), 1);
+  EXPECT_EQ(d.to_string(), "{grid [2,3], dims [axis0, *, axis1+h1, *]}");
+}
+
+TEST(Distribution, LocalBoxesTileTheGlobalShape) {
+  const auto d = sample_and_height();
+  const Shape global = Shape::image(10, 3, {7, 5});
+  // Coordinates (1, 2): samples [5, 10), rows [4, 7).
+  const Box box = d.local_box(global, {1, 2});
+  EXPECT_EQ(box.begin, (Dims{5, 0, 4, 0}));
+  EXPECT_EQ(box.extent, (Dims{5, 3, 3, 5}));
+  EXPECT_EQ(box.numel(), 5 * 3 * 3 * 5);
+  const Box first = d.local_box(global, {0, 0});
+  EXPECT_EQ(first.begin, (Dims{0, 0, 0, 0}));
+  EXPECT_EQ(first.extent, (Dims{5, 3, 2, 5}));
+  // The tiles cover the tensor exactly once.
+  std::int64_t total = 0;
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 3; ++b) total += d.local_box(global, {a, b}).numel();
+  EXPECT_EQ(total, global.numel());
+  EXPECT_THROW((void)d.local_box(global, {0}), Error);
+  EXPECT_THROW((void)d.local_box(Shape::flat(10, 3), {0, 0}), Error);
+}
+
+TEST(Distribution, LocalShapeWithHalo) {
+  const auto d = sample_and_height();
+  const Shape global = Shape::image(10, 3, {7, 5});
+  const Shape local = d.local_shape_with_halo(global, {1, 2});
+  EXPECT_EQ(local.dims(), (Dims{5, 3, 3 + 2, 5}));
+  EXPECT_EQ(local.kinds(), global.kinds());
+  EXPECT_EQ(d.local_shape_with_halo(global, {0, 1}).dims(), (Dims{5, 3, 2 + 2, 5}));
+}
+
+TEST(Distribution, ReplicatedAxes) {
+  EXPECT_EQ(sample_and_height().replicated_axes(), (std::vector<int>{}));
+  EXPECT_EQ(Distribution::sample_split({2, 2}, 4, 0).replicated_axes(), (std::vector<int>{1}));
+  EXPECT_EQ(Distribution::sample_split({2, 2}, 4, 1).replicated_axes(), (std::vector<int>{0}));
+  EXPECT_EQ(Distribution::replicated({2, 3, 4}, 2).replicated_axes(), (std::vector<int>{0, 1, 2}));
+  const auto r = Distribution::replicated({4}, 3);
+  const Box box = r.local_box(Shape({6, 7, 8}), {3});
+  EXPECT_EQ(box.begin, (Dims{0, 0, 0}));
+  EXPECT_EQ(box.extent, (Dims{6, 7, 8}));
+}
+
+TEST(Distribution, SampleSplit) {
+  const auto d = Distribution::sample_split({4}, 2);
+  EXPECT_EQ(d.splits()[0].grid_axis, 0);
+  EXPECT_EQ(d.splits()[1].grid_axis, -1);
+  const Box box = d.local_box(Shape::flat(10, 6), {3});
+  EXPECT_EQ(box.begin, (Dims{7, 0}));
+  EXPECT_EQ(box.extent, (Dims{3, 6}));
+}
+
+TEST(Distribution, ValidateRefusesMorePartsThanElements) {
+  const auto d = Distribution::sample_split({4}, 2);
+  EXPECT_NO_THROW(d.validate(Shape::flat(4, 3)));
+  expect_throw_containing<InputError>([&] { d.validate(Shape::flat(3, 3)); },
+                                      "has 3 elements but is split into 4 parts");
+  expect_throw_containing<InputError>([&] { d.validate(Shape::flat(3, 3)); }, "(sample)");
+}
+
+TEST(Distribution, ValidateRefusesHaloWiderThanABlock) {
+  // H = 7 over 3 parts: the smallest block has 2 rows.
+  const Shape global = Shape::image(4, 1, {7, 5});
+  Distribution ok({3}, {DimSplit{}, DimSplit{}, DimSplit{0, 2}, DimSplit{}});
+  EXPECT_NO_THROW(ok.validate(global));
+  Distribution wide({3}, {DimSplit{}, DimSplit{}, DimSplit{0, 3}, DimSplit{}});
+  expect_throw_containing<InputError>([&] { wide.validate(global); }, "halo 3 of dimension 2 is wider");
+}
+
+TEST(Distribution, ValidateRefusesAShapeOfAnotherRank) {
+  expect_throw_containing<InputError>([] { Distribution::sample_split({2}, 4).validate(Shape::flat(4, 4)); },
+                                      "does not fit shape");
+}
+
+TEST(Distribution, BadConstructions) {
+  expect_throw_containing<Error>([] { (void)Distribution({2, 2}, {DimSplit{0, 0}, DimSplit{0, 0}}); },
+                                 "grid axis 0 splits two dimensions");
+  expect_throw_containing<Error>([] { (void)Distribution({2}, {DimSplit{1, 0}}); }, "grid axis 1 outside a 1-axis grid");
+  expect_throw_containing<Error>([] { (void)Distribution({2}, {DimSplit{0, -1}}); }, "negative halo");
+  expect_throw_containing<Error>([] { (void)Distribution({0}, {DimSplit{}}); }, "grid axis of extent 0");
+}
+
+TEST(Distribution, Equality) {
+  EXPECT_EQ(sample_and_height(), sample_and_height());
+  EXPECT_NE(Distribution::sample_split({2, 2}, 4, 0), Distribution::sample_split({2, 2}, 4, 1));
+  EXPECT_NE(Distribution::sample_split({2}, 4), Distribution::sample_split({4}, 4));
+}
+
+}  // namespace
+}  // namespace tessera

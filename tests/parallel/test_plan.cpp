@@ -1,0 +1,280 @@
+// Plan files, in one process: parsing (valid files and every error with its message), validation
+// against a job and a model, and the YAML round trip.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/parallel/plan.hpp"
+
+namespace tessera {
+
+// Readable failures for EXPECT_EQ on splits (found by argument-dependent lookup).
+void PrintTo(const LayerSplit& split, std::ostream* os) { *os << split.to_string(); }
+
+namespace {
+
+/// Runs `body`, expects an InputError whose message contains every one of `needles`.
+void expect_input_error(const std::function<void()>& body, const std::vector<std::string>& needles) {
+  try {
+    body();
+  } catch (const InputError& e) {
+    for (const auto& needle : needles)
+      EXPECT_NE(e.message().find(needle), std::string::npos) << "message '" << e.message() << "' lacks '" << needle
+                                                            << "'";
+    return;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw something other than an InputError: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "did not throw (expected '" << needles.front() << "')";
+}
+
+void expect_parse_error(const std::string& yaml, const std::vector<std::string>& needles) {
+  SCOPED_TRACE(yaml);
+  expect_input_error([&] { (void)Plan::parse(yaml, "test.yaml"); }, needles);
+}
+
+LayerSplit split(int sample, int channel = 1, int filter = 1, std::vector<int> spatial = {}) {
+  LayerSplit s;
+  s.sample = sample;
+  s.channel = channel;
+  s.filter = filter;
+  s.spatial = std::move(spatial);
+  return s;
+}
+
+const char* kHybridPlan = R"(# The example of DESIGN.md
+ranks: 8
+default: {sample: 8}
+layers:
+  conv1: {sample: 2, spatial: [2, 2, 1]}   # D, H, W
+  conv2:
+    sample: 2
+    spatial: [2, 2, 1]
+  fc1:   {sample: 2, filter: 4}
+  fc2:   {sample: 2, channel: 2, filter: 2}
+)";
+
+// ---------------------------------------------------------------------------------------------
+// Parsing valid files
+
+TEST(PlanParse, HybridPlan) {
+  const Plan plan = Plan::parse(kHybridPlan, "hybrid.yaml");
+  EXPECT_EQ(plan.ranks(), 8);
+  EXPECT_EQ(plan.default_split(), split(8));
+  ASSERT_EQ(plan.layer_splits().size(), 4u);
+  EXPECT_EQ(plan.split_for("conv1"), split(2, 1, 1, {2, 2, 1}));
+  EXPECT_EQ(plan.split_for("conv2"), split(2, 1, 1, {2, 2, 1}));
+  EXPECT_EQ(plan.split_for("fc1"), split(2, 1, 4));
+  EXPECT_EQ(plan.split_for("fc2"), split(2, 2, 2));
+  EXPECT_EQ(plan.split_for("pool1"), split(8));  // not listed: the default
+  EXPECT_EQ(plan.split_for("conv1").product(), 8);
+  EXPECT_EQ(plan.split_for("conv1").spatial_product(), 4);
+  EXPECT_FALSE(plan.split_for("conv1").sample_only());
+  EXPECT_TRUE(plan.split_for("pool1").sample_only());
+}
+
+TEST(PlanParse, DefaultOmittedMeansSampleOverAllRanks) {
+  const Plan plan = Plan::parse("ranks: 6\nlayers:\n  fc1: {sample: 3, filter: 2}\n", "p.yaml");
+  EXPECT_EQ(plan.ranks(), 6);
+  EXPECT_EQ(plan.default_split(), split(6));
+  EXPECT_EQ(plan.split_for("fc1"), split(3, 1, 2));
+}
+
+TEST(PlanParse, MinimalAndEmptyLayers) {
+  const Plan a = Plan::parse("ranks: 3\n", "a.yaml");
+  EXPECT_EQ(a.ranks(), 3);
+  EXPECT_EQ(a.default_split(), split(3));
+  EXPECT_TRUE(a.layer_splits().empty());
+  const Plan b = Plan::parse("ranks: 2\ndefault: {sample: 2}\nlayers:\n", "b.yaml");
+  EXPECT_TRUE(b.layer_splits().empty());
+  EXPECT_EQ(b.default_split(), split(2));
+}
+
+TEST(PlanParse, SpatialListsOfOneToThree) {
+  const Plan plan = Plan::parse("ranks: 4\nlayers:\n  a: {spatial: [4]}\n  b: {spatial: [2, 2]}\n"
+                                "  c: {sample: 1, spatial: [1, 2, 2]}\n",
+                                "s.yaml");
+  EXPECT_EQ(plan.split_for("a").spatial, (std::vector<int>{4}));
+  EXPECT_EQ(plan.split_for("a").sample, 1);  // omitted keys are 1
+  EXPECT_EQ(plan.split_for("b").spatial, (std::vector<int>{2, 2}));
+  EXPECT_EQ(plan.split_for("c").spatial, (std::vector<int>{1, 2, 2}));
+  EXPECT_EQ(plan.split_for("c").product(), 4);
+}
+
+TEST(PlanParse, SampleParallel) {
+  const Plan plan = Plan::sample_parallel(5);
+  EXPECT_EQ(plan.ranks(), 5);
+  EXPECT_EQ(plan.default_split(), split(5));
+  EXPECT_TRUE(plan.layer_splits().empty());
+  EXPECT_THROW((void)Plan::sample_parallel(0), Error);
+}
+
+TEST(PlanParse, LoadsTheShippedPlans) {
+  const Plan plan = Plan::load(std::string(TESSERA_SOURCE_DIR) + "/plans/fashion_4ranks.yaml");
+  EXPECT_EQ(plan.ranks(), 4);
+  EXPECT_EQ(plan.default_split(), split(4));
+  EXPECT_EQ(plan.split_for("conv1"), split(4));
+  expect_input_error([] { (void)Plan::load("/nonexistent/plan.yaml"); },
+                     {"cannot open plan file '/nonexistent/plan.yaml'"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parse errors
+
+TEST(PlanParseErrors, NotYaml) {
+  expect_parse_error("ranks: [1, 2\n", {"plan file 'test.yaml' is not valid YAML"});
+  expect_parse_error("ranks: 2\n  default: {sample: 2\n", {"not valid YAML"});
+}
+
+TEST(PlanParseErrors, NotAMapping) {
+  expect_parse_error("- ranks\n- 2\n", {"plan file 'test.yaml'", "expected a mapping"});
+  expect_parse_error("", {"expected a mapping"});
+  expect_parse_error("ranks: 2\ndefault: [2]\n", {"default", "expected a mapping like {sample: 4}"});
+  expect_parse_error("ranks: 2\nlayers: [conv1]\n", {"'layers' must map layer names to splits"});
+  expect_parse_error("ranks: 2\nlayers:\n  conv1: 2\n", {"layer 'conv1'", "expected a mapping"});
+}
+
+TEST(PlanParseErrors, UnknownTopKey) {
+  expect_parse_error("ranks: 2\nlayer:\n  conv1: {sample: 2}\n",
+                     {"plan file 'test.yaml'", "unknown key 'layer'", "(known: ranks, default, layers)"});
+}
+
+TEST(PlanParseErrors, UnknownSplitKey) {
+  expect_parse_error("ranks: 2\ndefault: {samples: 2}\n",
+                     {"plan file 'test.yaml', default", "unknown split 'samples'",
+                      "(known: sample, channel, filter, spatial)"});
+  expect_parse_error("ranks: 2\nlayers:\n  fc1: {sample: 1, height: 2}\n",
+                     {"layer 'fc1'", "unknown split 'height'"});
+}
+
+TEST(PlanParseErrors, NonPositiveParts) {
+  expect_parse_error("ranks: 0\n", {"'ranks' must be a positive integer, got 0"});
+  expect_parse_error("ranks: -4\n", {"'ranks' must be a positive integer, got -4"});
+  expect_parse_error("ranks: four\n", {"'ranks' must be a positive integer, got 'four'"});
+  expect_parse_error("ranks: 2\ndefault: {sample: 0}\n", {"default", "'sample' must be a positive integer, got 0"});
+  expect_parse_error("ranks: 2\nlayers:\n  fc1: {sample: 1, filter: -2}\n",
+                     {"layer 'fc1'", "'filter' must be a positive integer, got -2"});
+  expect_parse_error("ranks: 2\nlayers:\n  c: {channel: 1.5}\n", {"'channel' must be a positive integer, got '1.5'"});
+  expect_parse_error("ranks: 2\nlayers:\n  conv1: {spatial: [2, 0]}\n",
+                     {"layer 'conv1'", "'spatial' must be a positive integer, got 0"});
+}
+
+TEST(PlanParseErrors, BadSpatialLists) {
+  const std::string expected = "'spatial' must be a list of 1 to 3 part counts";
+  expect_parse_error("ranks: 2\nlayers:\n  conv1: {spatial: 2}\n", {"layer 'conv1'", expected});
+  expect_parse_error("ranks: 2\nlayers:\n  conv1: {spatial: []}\n", {expected});
+  expect_parse_error("ranks: 2\nlayers:\n  conv1: {spatial: [1, 1, 1, 2]}\n", {expected});
+}
+
+TEST(PlanParseErrors, MissingRanks) {
+  expect_parse_error("default: {sample: 2}\n", {"plan file 'test.yaml': missing 'ranks'"});
+  expect_parse_error("layers:\n  fc1: {sample: 2}\n", {"missing 'ranks'"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation against a job and a model
+
+std::vector<PlanLayerInfo> small_cnn(std::int64_t batch = 32) {
+  return {
+      {"conv1", "convolution", Shape::image(batch, 8, {28, 28})},
+      {"pool1", "pooling", Shape::image(batch, 8, {14, 14})},
+      {"fc1", "linear", Shape::flat(batch, 10)},
+  };
+}
+
+void expect_validate_error(const std::string& yaml, int job_ranks, const std::vector<PlanLayerInfo>& layers,
+                           const std::vector<std::string>& needles) {
+  SCOPED_TRACE(yaml);
+  const Plan plan = Plan::parse(yaml, "v.yaml");
+  expect_input_error([&] { plan.validate(job_ranks, layers); }, needles);
+}
+
+TEST(PlanValidate, SampleParallelPlansPass) {
+  EXPECT_NO_THROW(Plan::parse("ranks: 4\n", "v.yaml").validate(4, small_cnn()));
+  EXPECT_NO_THROW(Plan::parse("ranks: 4\nlayers:\n  conv1: {sample: 4}\n  fc1: {sample: 4, spatial: [1]}\n", "v.yaml")
+                      .validate(4, small_cnn()));
+  EXPECT_NO_THROW(Plan::sample_parallel(32).validate(32, small_cnn()));
+  EXPECT_NO_THROW(Plan::sample_parallel(3).validate(3, {}));
+}
+
+TEST(PlanValidate, RankCountMismatch) {
+  expect_validate_error("ranks: 4\n", 2, small_cnn(), {"plan 'v.yaml' is for 4 ranks but the job has 2"});
+}
+
+TEST(PlanValidate, UnknownLayerListsTheLayers) {
+  expect_validate_error("ranks: 2\nlayers:\n  conv9: {sample: 2}\n", 2, small_cnn(),
+                        {"names layer 'conv9', which the model does not have", "(layers: conv1, pool1, fc1)"});
+}
+
+TEST(PlanValidate, ProductMismatch) {
+  expect_validate_error("ranks: 4\nlayers:\n  fc1: {sample: 2}\n", 4, small_cnn(),
+                        {"layer 'fc1'", "the splits {sample: 2} multiply to 2 ranks, but the plan has 4 ranks"});
+  expect_validate_error("ranks: 4\ndefault: {sample: 8}\n", 4, small_cnn(),
+                        {"layer 'conv1' (default split)", "multiply to 8 ranks"});
+  // Without layers, the default alone is checked.
+  expect_validate_error("ranks: 4\ndefault: {sample: 2}\n", 4, {}, {"default", "multiply to 2 ranks"});
+}
+
+TEST(PlanValidate, MoreSamplePartsThanTheGlobalBatch) {
+  expect_validate_error("ranks: 4\n", 4, small_cnn(2),
+                        {"layer 'conv1' (default split)", "4 sample parts but the global batch has only 2 samples"});
+}
+
+TEST(PlanValidate, SpatialSplitOnALayerWithoutSpatialDimensions) {
+  expect_validate_error("ranks: 4\nlayers:\n  fc1: {sample: 2, spatial: [2]}\n", 4, small_cnn(),
+                        {"layer 'fc1'", "a spatial split on a layer whose output [32, 10] has no spatial dimensions"});
+}
+
+TEST(PlanValidate, SpatialListLengthMismatch) {
+  expect_validate_error("ranks: 4\nlayers:\n  conv1: {spatial: [4]}\n", 4, small_cnn(),
+                        {"layer 'conv1'", "'spatial' has 1 entries but the layer has 2 spatial dimensions"});
+  const std::vector<PlanLayerInfo> volume{{"conv3d", "convolution", Shape::image(8, 4, {16, 16, 16})}};
+  expect_validate_error("ranks: 4\nlayers:\n  conv3d: {spatial: [2, 2]}\n", 4, volume,
+                        {"'spatial' has 2 entries but the layer has 3 spatial dimensions"});
+  // A 2-D layer accepts D/H/W written with D = 1 (then stops at "not supported yet").
+  expect_validate_error("ranks: 4\nlayers:\n  conv1: {spatial: [1, 2, 2]}\n", 4, small_cnn(),
+                        {"layer 'conv1': spatial splits are not supported yet"});
+}
+
+TEST(PlanValidate, ModelParallelSplitsAreRefusedByName) {
+  expect_validate_error("ranks: 4\nlayers:\n  conv1: {sample: 1, spatial: [2, 2]}\n", 4, small_cnn(),
+                        {"layer 'conv1': spatial splits are not supported yet", "use {sample: 4} for this layer"});
+  expect_validate_error("ranks: 4\nlayers:\n  fc1: {sample: 2, filter: 2}\n", 4, small_cnn(),
+                        {"layer 'fc1': filter splits are not supported yet"});
+  expect_validate_error("ranks: 4\nlayers:\n  pool1: {sample: 2, channel: 2}\n", 4, small_cnn(),
+                        {"layer 'pool1': channel splits are not supported yet"});
+  expect_validate_error("ranks: 8\nlayers:\n  conv1: {sample: 1, channel: 2, spatial: [2, 2]}\n", 8, small_cnn(),
+                        {"layer 'conv1': spatial, channel splits are not supported yet"});
+  expect_validate_error("ranks: 4\ndefault: {sample: 2, filter: 2}\n", 4, small_cnn(),
+                        {"layer 'conv1' (default split): filter splits are not supported yet"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Round trip
+
+void expect_same_plan(const Plan& a, const Plan& b) {
+  EXPECT_EQ(a.ranks(), b.ranks());
+  EXPECT_EQ(a.default_split(), b.default_split());
+  EXPECT_EQ(a.layer_splits(), b.layer_splits());
+}
+
+TEST(PlanYaml, RoundTripsThroughParse) {
+  const Plan plan = Plan::parse(kHybridPlan, "hybrid.yaml");
+  const std::string yaml = plan.to_yaml();
+  const Plan again = Plan::parse(yaml, "again.yaml");
+  expect_same_plan(plan, again);
+  EXPECT_EQ(again.to_yaml(), yaml);  // a fixed point
+  EXPECT_NE(yaml.find("fc2: {sample: 2, channel: 2, filter: 2}"), std::string::npos) << yaml;
+
+  for (const Plan& p : {Plan::sample_parallel(7), Plan::parse("ranks: 2\ndefault: {sample: 1, filter: 2}\n", "x")}) {
+    expect_same_plan(p, Plan::parse(p.to_yaml(), "again.yaml"));
+  }
+}
+
+}  // namespace
+}  // namespace tessera
