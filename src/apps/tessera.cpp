@@ -38,6 +38,7 @@ void not_built(const std::string& command, const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tessera::record_launch(argc, argv);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"Tessera: hybrid-parallel deep-learning training (batch x model x domain) on MPI"};
   app.require_subcommand(1);
+  app.fallthrough();  // options of the whole command (--threads, --verbose) also after the subcommand
   int threads = 0;
   app.add_option("--threads", threads, "Threads per rank (default: cores of the node / ranks on the node)");
   bool verbose = false;
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
 
   std::function<void(tessera::Communicator&)> command;
   auto train = tessera::add_train_command(app);
+  auto job = tessera::add_job_command(app);
 
   auto* convert = app.add_subcommand("convert", "Convert a dataset to Tessera's HDF5 layout");
   convert->require_subcommand(1);
@@ -73,7 +76,6 @@ int main(int argc, char** argv) {
        "the planner (cost model and search) is later work; write a plan file by hand (see plans/)"},
       {"calibrate", "Measure this machine for the planner", "machine calibration comes with the planner"},
       {"generate", "Generate synthetic datasets", "synthetic data generators (e.g. cosmology volumes) are later work"},
-      {"job", "Write or submit a Slurm batch script", "Slurm job scripts are later work; see jobs/ for an example"},
       {"scale", "Run a strong- or weak-scaling study", "scaling studies are later work"},
   };
   for (const auto& l : later) {
@@ -95,6 +97,7 @@ int main(int argc, char** argv) {
   if (verbose) tessera::set_log_level(tessera::LogLevel::Debug);
   if (!command) {
     if (app.got_subcommand("train")) command = train;
+    else if (app.got_subcommand("job")) command = job;
     else if (fmnist->parsed())
       command = [&](tessera::Communicator& comm) { tessera::convert_fashion_mnist(source, output, comm); };
   }

@@ -1,5 +1,6 @@
 #include "tessera/train/executor.hpp"
 
+#include <chrono>
 #include <cmath>
 
 #include "tessera/core/error.hpp"
@@ -116,8 +117,10 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
     }
     for (auto* p : node.layer->parameters()) reducer_.ready(p->grad);
   }
+  const auto wait_start = std::chrono::steady_clock::now();
   reducer_.finish();
   BatchResult result = reduce(loss_sum, correct, end - begin);
+  result.comm_wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   if (!std::isfinite(result.loss_sum)) {
     // The loss is reduced, so every rank sees the same value and stops at the same step.
     const int rank = world_->rank();

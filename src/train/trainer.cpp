@@ -31,7 +31,8 @@ std::string format_duration(double seconds) {
 struct Trainer::Metrics {
   std::ofstream jsonl;
   std::ofstream csv;
-  explicit Metrics(const std::string& dir) {
+  std::string dir;
+  explicit Metrics(const std::string& folder) : dir(folder) {
     std::filesystem::create_directories(dir);
     jsonl.open(dir + "/metrics.jsonl");
     csv.open(dir + "/metrics.csv");
@@ -46,6 +47,17 @@ struct Trainer::Metrics {
           << '\n';
     csv << fmt::format("train,{},{},{:.9g},{:.6g},{:.9g},{:.6g},{:.6g}\n", step, epoch, loss, accuracy, lr, rate,
                        elapsed);
+  }
+  void summary(const TrainSummary& s, int ranks, std::int64_t global_batch) {
+    std::ofstream out(dir + "/summary.json");
+    const auto opt = [](const std::optional<double>& v) { return v ? fmt::format("{:.9g}", *v) : std::string("null"); };
+    const double steps = static_cast<double>(std::max<std::int64_t>(s.steps, 1));
+    out << fmt::format(
+        R"({{"ranks":{},"steps":{},"global_batch":{},"seconds":{:.6g},"samples_per_s":{:.6g},"step_s":{:.6g},)"
+        R"("comm_wait_s":{:.6g},"comm_share":{:.6g},"final_loss":{:.9g},"val_loss":{},"val_accuracy":{}}})",
+        ranks, s.steps, global_batch, s.seconds, s.samples_per_second, s.seconds / steps, s.comm_wait_seconds / steps,
+        s.seconds > 0 ? s.comm_wait_seconds / s.seconds : 0.0, s.final_loss, opt(s.val_loss), opt(s.val_accuracy))
+        << '\n';
   }
   void eval_row(std::int64_t step, std::int64_t epoch, double loss, std::optional<double> accuracy, double elapsed) {
     const std::string acc = accuracy ? fmt::format("{:.6g}", *accuracy) : std::string("null");
@@ -162,6 +174,7 @@ TrainSummary Trainer::run() {
     const double lr = schedule.lr(step);
     optimizer_->step(params, lr);
     summary.final_loss = r.mean_loss();
+    summary.comm_wait_seconds += r.comm_wait_seconds;
     ++window_steps;
     const std::int64_t epoch = step / per_epoch;
     if (metrics_) {
@@ -198,6 +211,9 @@ TrainSummary Trainer::run() {
   summary.seconds = seconds_since(start);
   summary.samples_per_second =
       summary.seconds > 0 ? static_cast<double>(total_steps * options_.global_batch) / summary.seconds : 0;
+  // The slowest rank's communication wait is what the step pays for.
+  summary.comm_wait_seconds = executor_.world().allreduce_value(summary.comm_wait_seconds, ReduceOp::Max);
+  if (metrics_) metrics_->summary(summary, executor_.world().size(), options_.global_batch);
   return summary;
 }
 

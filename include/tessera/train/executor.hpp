@@ -27,6 +27,9 @@ struct BatchResult {
   double loss_sum = 0;       ///< sum of the per-sample losses
   std::int64_t correct = 0;  ///< correctly classified samples (-1: not a classifier)
   std::int64_t samples = 0;
+  /// Seconds this rank waited for communication that backward could not hide (gradient
+  /// reductions still running after backward, and the loss reduction).
+  double comm_wait_seconds = 0;
   double mean_loss() const { return samples ? loss_sum / static_cast<double>(samples) : 0.0; }
 };
 

@@ -27,7 +27,7 @@ struct TrainerOptions {
   bool shuffle = true;
   /// Print a progress line every this many steps.
   std::int64_t progress_every = 50;
-  /// Folder for metrics.jsonl and metrics.csv (empty: none).
+  /// Folder for metrics.jsonl, metrics.csv and summary.json (empty: none).
   std::string metrics_dir;
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
@@ -43,6 +43,8 @@ struct TrainSummary {
   std::optional<double> val_accuracy;
   double samples_per_second = 0;
   double seconds = 0;
+  /// Seconds waiting for communication (the slowest rank's).
+  double comm_wait_seconds = 0;
 };
 
 class Trainer {

@@ -1,0 +1,58 @@
+#pragma once
+// `tessera job`: a Slurm batch script for a training run. Pure code (no MPI, no Slurm): what the
+// script says, and which requests are refused before anything is written or submitted.
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+/// One batch job, as the user asked for it. Paths may be relative (to `cwd`).
+struct JobSpec {
+  std::string model, data, val_data, plan;
+  int nodes = 0;
+  int tasks_per_node = 0;
+  int cpus_per_task = 1;
+  int gpus_per_task = 0;
+  std::string time = "00:30:00";
+  std::string partition, account;
+  std::string job_name = "tessera";
+  std::vector<std::string> sbatch_lines;  ///< verbatim, each starting with "#SBATCH"
+  std::string workdir;                    ///< empty: the current directory
+  std::string metrics_dir;                ///< empty: <workdir>/runs/<job-name>-%j; "%j" is the job id
+  std::string output;                     ///< empty: <job-name>.sbatch in the current directory
+  std::string mpi = "pmix";               ///< srun --mpi=
+  std::vector<std::string> train_args;    ///< passed to `tessera train` after the generated options
+
+  int ranks() const { return nodes * tasks_per_node; }
+};
+
+/// The job with every path absolute (relative ones taken from `cwd`) and defaults filled in.
+struct ResolvedJob {
+  JobSpec spec;            ///< model, data, val_data, plan, workdir absolute (plan may be empty)
+  std::string script;      ///< absolute path of the .sbatch file
+  std::string metrics_dir; ///< absolute; may contain "%j"
+};
+
+/// Shell-quotes one word for bash (unchanged when it needs no quoting).
+std::string shell_quote(const std::string& word);
+
+/// Seconds in a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S; nullopt if malformed.
+std::optional<long> parse_slurm_time(const std::string& text);
+
+/// Checks what needs no files: the task layout (`cuda_built`: whether this build has the GPU
+/// path), the time limit, the job name, extra #SBATCH lines and the arguments for `tessera
+/// train`. Throws InputError with one clear message.
+void check_job_request(const JobSpec& spec, bool cuda_built);
+
+/// Makes the paths absolute, fills in the defaults and checks the files: the model parses, the
+/// data files exist, the plan loads, fits nodes x tasks-per-node and the model, the working folder
+/// exists. Throws InputError.
+ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd);
+
+/// The batch script: #SBATCH header, environment, and one `srun` of `tessera_binary train`.
+/// `command_line` (may be empty) is recorded in a comment.
+std::string render_job_script(const ResolvedJob& job, const std::string& tessera_binary,
+                              const std::string& command_line);
+
+}  // namespace tessera
