@@ -43,6 +43,21 @@ std::pair<std::int64_t, std::int64_t> Executor::local_samples(std::int64_t batch
   return {block_begin(batch_size, parts, coord), block_begin(batch_size, parts, coord + 1)};
 }
 
+LayerContext Executor::context(const Tensor& inputs, std::int64_t batch_size, std::int64_t step, bool training) {
+  const auto [begin, end] = local_samples(batch_size);
+  TESSERA_CHECK(inputs.dim(0) == end - begin, "Executor: {} local samples given, the plan gives this rank {}",
+                inputs.dim(0), end - begin);
+  LayerContext ctx;
+  ctx.backend = backend_.get();
+  ctx.sample_comm = grid_->size() > 1 ? &sample_comm() : nullptr;
+  ctx.sample_offset = begin;
+  ctx.global_batch = batch_size;
+  ctx.seed = options_.seed;
+  ctx.step = step;
+  ctx.training = training;
+  return ctx;
+}
+
 void Executor::forward(const Tensor& inputs, LayerContext& ctx) {
   auto& nodes = model_.nodes();
   std::vector<const Tensor*> in;
@@ -66,16 +81,7 @@ BatchResult Executor::reduce(double loss_sum, std::int64_t correct, std::int64_t
 BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, std::int64_t batch_size,
                                  std::int64_t step) {
   const auto [begin, end] = local_samples(batch_size);
-  TESSERA_CHECK(inputs.dim(0) == end - begin, "Executor: {} local samples given, the plan gives this rank {}",
-                inputs.dim(0), end - begin);
-  LayerContext ctx;
-  ctx.backend = backend_.get();
-  ctx.sample_comm = grid_->size() > 1 ? &sample_comm() : nullptr;
-  ctx.sample_offset = begin;
-  ctx.global_batch = batch_size;
-  ctx.seed = options_.seed;
-  ctx.step = step;
-  ctx.training = true;
+  LayerContext ctx = context(inputs, batch_size, step, /*training=*/true);
   forward(inputs, ctx);
 
   auto& nodes = model_.nodes();
@@ -134,13 +140,7 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
 
 BatchResult Executor::evaluate(const Tensor& inputs, const Tensor& targets, std::int64_t batch_size) {
   const auto [begin, end] = local_samples(batch_size);
-  LayerContext ctx;
-  ctx.backend = backend_.get();
-  ctx.sample_comm = grid_->size() > 1 ? &sample_comm() : nullptr;
-  ctx.sample_offset = begin;
-  ctx.global_batch = batch_size;
-  ctx.seed = options_.seed;
-  ctx.training = false;
+  LayerContext ctx = context(inputs, batch_size, /*step=*/0, /*training=*/false);
   forward(inputs, ctx);
   const auto out = static_cast<std::size_t>(model_.output_node());
   const double loss_sum = end > begin ? model_.loss().forward(outputs_[out], targets) : 0.0;

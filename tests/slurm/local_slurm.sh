@@ -9,7 +9,7 @@
 # Users of the instance source ENV_FILE (or read its lines) and then call sbatch, squeue, scontrol.
 # Facts behind it (ENVIRONMENT.md): munge's socket dir must be mode 755; Debian's Open MPI under
 # srun works only with --mpi=pmix; CPUs=4 with SlurmdParameters=config_overrides lets 4-rank jobs
-# run on 2 cores. Ports are picked free (several instances may run on one machine); MinJobAge keeps
+# run on 2 cores. Ports are picked free (ss, else /proc/net/tcp; several instances may run on one machine); MinJobAge keeps
 # finished jobs in `scontrol show job` for an hour (there is no accounting database).
 set -uo pipefail
 
@@ -19,12 +19,26 @@ case "$ENV_FILE" in /*) ;; *) ENV_FILE="$PWD/$ENV_FILE" ;; esac
 
 log() { echo "local_slurm: $*" >&2; }
 
-# Two free TCP ports n, n+1 in 20000-39999 (nothing listening or connected on them).
+# Local TCP ports in use (any state), from ss or else from /proc.
+used_ports() {
+  if command -v ss >/dev/null; then
+    ss -Htan 2>/dev/null | awk '{ n = split($4, a, ":"); print a[n] }'
+  else
+    local f local_address
+    for f in /proc/net/tcp /proc/net/tcp6; do
+      [ -r "$f" ] || continue
+      tail -n +2 "$f" | while read -r _ local_address _; do echo $((16#${local_address##*:})); done
+    done
+  fi | sort -u
+}
+
+# Two free TCP ports n, n+1 in 20000-31999, below the ephemeral range Linux hands out to clients
+# (32768-60999), with nothing listening or connected on them.
 pick_ports() {
   local used n tries
-  used=$(ss -Htan 2>/dev/null | awk '{ n = split($4, a, ":"); print a[n] }' | sort -u)
+  used=$(used_ports)
   for tries in $(seq 1 200); do
-    n=$((20000 + (RANDOM * 32768 + RANDOM) % 19998))
+    n=$((20000 + (RANDOM * 32768 + RANDOM) % 11999))
     if ! grep -qx "$n" <<<"$used" && ! grep -qx "$((n + 1))" <<<"$used"; then
       echo "$n"
       return 0
@@ -125,7 +139,7 @@ CONF
 
 case "$ACTION" in
   start)
-    for tool in mungekey munged slurmctld slurmd sinfo squeue scontrol sbatch scancel ss; do
+    for tool in mungekey munged slurmctld slurmd sinfo squeue scontrol sbatch scancel; do
       command -v "$tool" >/dev/null || PATH="$PATH:/usr/sbin:/sbin" command -v "$tool" >/dev/null ||
         { log "'$tool' is not installed (Debian: apt-get install slurm-wlm munge)"; exit 1; }
     done

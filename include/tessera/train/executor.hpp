@@ -56,6 +56,8 @@ class Executor {
   std::int64_t activation_bytes() const;
 
  private:
+  /// The context of a call on this rank's `inputs` of a batch of `batch_size` samples.
+  LayerContext context(const Tensor& inputs, std::int64_t batch_size, std::int64_t step, bool training);
   void forward(const Tensor& inputs, LayerContext& ctx);
   BatchResult reduce(double loss_sum, std::int64_t correct, std::int64_t samples);
 
