@@ -79,12 +79,14 @@ int main(int argc, char** argv) {
 
     using Clock = std::chrono::steady_clock;
     Clock::time_point start;
+    double comm_wait = 0;
     for (int s = 0; s < warmup + steps; ++s) {
       if (s == warmup) {
         world->barrier();
         start = Clock::now();
+        comm_wait = 0;
       }
-      executor.train_step(inputs, labels, batch, s);
+      comm_wait += executor.train_step(inputs, labels, batch, s).comm_wait_seconds;
       optimizer->step(params, 0.01);
     }
     world->barrier();
@@ -92,13 +94,14 @@ int main(int argc, char** argv) {
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
     const double peak_mib = world->allreduce_value(static_cast<double>(usage.ru_maxrss) / 1024.0, tessera::ReduceOp::Max);
+    comm_wait = world->allreduce_value(comm_wait, tessera::ReduceOp::Max);
     const double samples_per_s = static_cast<double>(steps * batch) / seconds;
     const double gflops = 3.0 * forward_flops(model, batch) * steps / seconds / 1e9;
     if (world->rank() == 0)
       std::printf(
           "{\"framework\": \"tessera\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "
-          "\"step_ms\": %.3f, \"gflops\": %.2f, \"peak_rss_mib\": %.1f}\n",
-          world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps, gflops, peak_mib);
+          "\"step_ms\": %.3f, \"comm_wait_ms\": %.3f, \"gflops\": %.2f, \"peak_rss_mib\": %.1f}\n",
+          world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps, 1e3 * comm_wait / steps, gflops, peak_mib);
   }
   MPI_Finalize();
   return code;

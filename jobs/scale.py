@@ -38,6 +38,9 @@ CSV_COLUMNS = ("kind", "ranks", "nodes", "global_batch", "steps", "seconds", "st
 TIME_RE = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$")
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
                  "STAGE_OUT", "SIGNALING", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
+# Pending reasons that no amount of waiting clears (the job asks for more than the partition has).
+NEVER_RUNS = {"PartitionNodeLimit", "PartitionTimeLimit", "PartitionConfig", "BadConstraints",
+              "DependencyNeverSatisfied", "InvalidAccount", "InvalidQOS"}
 
 
 class ConfigError(Exception):
@@ -252,14 +255,20 @@ def wait_for(points, poll, timeout):
     last_report = ""
     while waiting:
         ids = ",".join(waiting)
-        r = run(["squeue", "-h", "-j", ids, "-o", "%i %T"])
+        r = run(["squeue", "-h", "-j", ids, "-o", "%i %T %r"])
         active = {}
-        if r.returncode == 0:
-            for line in r.stdout.splitlines():
-                parts = line.split()
-                if len(parts) == 2 and parts[0] in waiting and parts[1] in ACTIVE_STATES:
-                    active[parts[0]] = parts[1]
-        elif "Invalid job id" not in r.stderr:
+        for line in r.stdout.splitlines() if r.returncode == 0 else []:
+            parts = line.split(None, 2)
+            if len(parts) >= 2 and parts[0] in waiting and parts[1] in ACTIVE_STATES:
+                active[parts[0]] = parts[1]
+                reason = parts[2].strip() if len(parts) > 2 else ""
+                if parts[1] == "PENDING" and reason in NEVER_RUNS and not waiting[parts[0]].get("error"):
+                    # Slurm keeps such a job pending forever; it is ours, so end it and say why.
+                    point = waiting[parts[0]]
+                    run(["scancel", parts[0]])
+                    point["error"] = f"Slurm cannot run this job here (pending, reason {reason}); cancelled it"
+                    log(f"{point['ranks']} rank(s): job {parts[0]}: {point['error']}")
+        if r.returncode != 0 and "Invalid job id" not in r.stderr:  # squeue's answer once all are purged
             log(f"squeue failed ({last_line(r.stderr)}); retrying")
             time.sleep(poll)
             continue
@@ -316,9 +325,12 @@ def last_error_line(point):
         lines = [l.strip() for l in path.read_text(errors="replace").splitlines() if l.strip()]
     except OSError as e:
         return f"cannot read {path}: {e}"
-    for line in reversed(lines):
-        if ERROR_RE.search(line):
-            return line[:300]
+    # Tessera's own message first, then Slurm's verdict (*** ... CANCELLED ... DUE TO TIME LIMIT ***),
+    # then anything that looks like an error.
+    for pattern in (re.compile(r"^tessera: error"), re.compile(r"\*\*\*.*\*\*\*"), ERROR_RE):
+        for line in reversed(lines):
+            if pattern.search(line):
+                return line[:300]
     return (lines[-1][:300] if lines else f"{path} is empty")
 
 
@@ -405,7 +417,7 @@ def plot(cfg, points, base, out):
     batch = (f"global batch {cfg['global_batch']}" if cfg["kind"] == "strong"
              else f"batch {cfg['batch_per_rank']} per rank")
     title = f"{cfg['name']}: {cfg['kind']} scaling, {Path(cfg['model']).stem}, {batch}"
-    note = ("; failed: " + ", ".join(f"{p['ranks']} ranks ({p.get('state') or 'not run'})" for p in failed)
+    note = ("\nnot completed: " + ", ".join(f"{p['ranks']} ranks ({p.get('state') or 'not run'})" for p in failed)
             if failed else "")
     P0, T0 = base["ranks"], base["summary"]["step_s"]
     xs = [p["ranks"] for p in points]

@@ -152,6 +152,20 @@ void Plan::validate(int job_ranks, const std::vector<PlanLayerInfo>& layers) con
         fail_input("plan '{}', {}: 'spatial' has {} entries but the layer has {} spatial dimensions", source_, who,
                    split.spatial.size(), spatial_dims);
     }
+    for (std::size_t i = 0; i < split.spatial.size() && spatial_dims > 0; ++i) {
+      // Spatial dimensions follow N and C; a D/H/W list on a 2-D layer starts with D = 1.
+      const int dim = out.rank() - static_cast<int>(split.spatial.size()) + static_cast<int>(i);
+      if (dim >= 2 && split.spatial[i] > out[dim])
+        fail_input("plan '{}', {}: {} parts along spatial dimension {} but the output {} has only {} there",
+                   source_, who, split.spatial[i], i, out.to_string(), out[dim]);
+    }
+    if (split.filter > 1 && (out.rank() < 2 || split.filter > out[1]))
+      fail_input("plan '{}', {}: {} filter parts but the layer has {} output channels/features", source_, who,
+                 split.filter, out.rank() < 2 ? 0 : out[1]);
+    const Shape& in = layer->input;
+    if (split.channel > 1 && in.rank() >= 2 && split.channel > in[1])
+      fail_input("plan '{}', {}: {} channel parts but the layer has {} input channels/features", source_, who,
+                 split.channel, in[1]);
     if (!split.sample_only()) {
       std::string kinds;
       if (split.spatial_product() > 1) kinds += "spatial";

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -114,6 +115,9 @@ void run_job(Communicator& world, const JobArgs& args) {
       fail_input("'tessera job' writes and submits a batch script from one process; run it without mpirun/srun "
                  "(this is {} processes)",
                  world.size());
+    const auto& argv = launch_arguments();
+    if (!args.spec.train_args.empty() && std::find(argv.begin(), argv.end(), "--") == argv.end())
+      fail_input("unexpected argument '{}': arguments for 'tessera train' go after '--'", args.spec.train_args[0]);
     check_job_request(args.spec, TESSERA_CUDA_BUILT != 0);
     job = resolve_job(args.spec, fs::current_path().string());
     if (args.submit) {
@@ -180,7 +184,8 @@ std::function<void(Communicator&)> add_job_command(CLI::App& app) {
   cmd->add_option("--account", s.account, "Slurm account");
   cmd->add_option("--job-name", s.job_name, "Job name (names the .sbatch, .out and metrics folder)")
       ->capture_default_str();
-  cmd->add_option("--sbatch-line", s.sbatch_lines, "An extra '#SBATCH ...' line, verbatim (repeatable)");
+  cmd->add_option("--sbatch-line", s.sbatch_lines, "An extra '#SBATCH ...' line, verbatim (repeatable)")
+      ->allow_extra_args(false);  // one line per --sbatch-line
   cmd->add_option("--workdir", s.workdir, "Folder the job runs in and writes <job-name>-<id>.out to (default: here)");
   cmd->add_option("--metrics-dir", s.metrics_dir,
                   "Metrics folder; %j is the job id (default: <workdir>/runs/<job-name>-<job id>)");

@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
   };
   for (const auto& l : later) {
     auto* sub = app.add_subcommand(l.name, std::string(l.help) + " (not built yet)");
-    sub->allow_extras();
+    sub->fallthrough(false)->allow_extras();  // any arguments: it only says it is not built yet
     sub->callback([&command, l] { command = [l](tessera::Communicator&) { not_built(l.name, l.what); }; });
   }
 

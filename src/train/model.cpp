@@ -204,8 +204,12 @@ std::int64_t Model::parameter_count() {
 
 std::vector<PlanLayerInfo> Model::plan_info(std::int64_t global_batch) const {
   std::vector<PlanLayerInfo> info;
-  for (const auto& n : nodes_)
-    info.push_back({n.layer->name(), std::string(n.layer->type()), n.output.with(0, global_batch)});
+  for (const auto& n : nodes_) {
+    const int first = n.inputs.front();
+    const Shape input = first == kModelInput ? with_batch(sample_shape_, global_batch)
+                                             : nodes_[static_cast<std::size_t>(first)].output.with(0, global_batch);
+    info.push_back({n.layer->name(), std::string(n.layer->type()), n.output.with(0, global_batch), input});
+  }
   return info;
 }
 

@@ -181,9 +181,9 @@ TEST(PlanParseErrors, MissingRanks) {
 
 std::vector<PlanLayerInfo> small_cnn(std::int64_t batch = 32) {
   return {
-      {"conv1", "convolution", Shape::image(batch, 8, {28, 28})},
-      {"pool1", "pooling", Shape::image(batch, 8, {14, 14})},
-      {"fc1", "linear", Shape::flat(batch, 10)},
+      {"conv1", "convolution", Shape::image(batch, 8, {28, 28}), Shape::image(batch, 1, {28, 28})},
+      {"pool1", "pooling", Shape::image(batch, 8, {14, 14}), Shape::image(batch, 8, {28, 28})},
+      {"fc1", "linear", Shape::flat(batch, 10), Shape::flat(batch, 1568)},
   };
 }
 
@@ -233,7 +233,8 @@ TEST(PlanValidate, SpatialSplitOnALayerWithoutSpatialDimensions) {
 TEST(PlanValidate, SpatialListLengthMismatch) {
   expect_validate_error("ranks: 4\nlayers:\n  conv1: {spatial: [4]}\n", 4, small_cnn(),
                         {"layer 'conv1'", "'spatial' has 1 entries but the layer has 2 spatial dimensions"});
-  const std::vector<PlanLayerInfo> volume{{"conv3d", "convolution", Shape::image(8, 4, {16, 16, 16})}};
+  const std::vector<PlanLayerInfo> volume{
+      {"conv3d", "convolution", Shape::image(8, 4, {16, 16, 16}), Shape::image(8, 1, {16, 16, 16})}};
   expect_validate_error("ranks: 4\nlayers:\n  conv3d: {spatial: [2, 2]}\n", 4, volume,
                         {"'spatial' has 2 entries but the layer has 3 spatial dimensions"});
   // A 2-D layer accepts D/H/W written with D = 1 (then stops at "not supported yet").
@@ -248,10 +249,21 @@ TEST(PlanValidate, ModelParallelSplitsAreRefusedByName) {
                         {"layer 'fc1': filter splits are not supported yet"});
   expect_validate_error("ranks: 4\nlayers:\n  pool1: {sample: 2, channel: 2}\n", 4, small_cnn(),
                         {"layer 'pool1': channel splits are not supported yet"});
-  expect_validate_error("ranks: 8\nlayers:\n  conv1: {sample: 1, channel: 2, spatial: [2, 2]}\n", 8, small_cnn(),
-                        {"layer 'conv1': spatial, channel splits are not supported yet"});
+  expect_validate_error("ranks: 8\nlayers:\n  pool1: {sample: 1, channel: 2, spatial: [2, 2]}\n", 8, small_cnn(),
+                        {"layer 'pool1': spatial, channel splits are not supported yet"});
   expect_validate_error("ranks: 4\ndefault: {sample: 2, filter: 2}\n", 4, small_cnn(),
                         {"layer 'conv1' (default split): filter splits are not supported yet"});
+}
+
+TEST(PlanValidate, SplitsLargerThanTheTensorAreExplained) {
+  std::vector<PlanLayerInfo> layers = small_cnn();
+  layers[2].input = Shape::flat(32, 6);  // fc1 takes 6 features
+  expect_validate_error("ranks: 32\nlayers:\n  conv1: {spatial: [1, 32]}\n", 32, layers,
+                        {"layer 'conv1'", "32 parts along spatial dimension 1 but the output [32, 8, 28, 28] has only 28"});
+  expect_validate_error("ranks: 16\nlayers:\n  fc1: {sample: 1, filter: 16}\n", 16, layers,
+                        {"layer 'fc1'", "16 filter parts but the layer has 10 output channels/features"});
+  expect_validate_error("ranks: 8\nlayers:\n  fc1: {sample: 1, channel: 8}\n", 8, layers,
+                        {"layer 'fc1'", "8 channel parts but the layer has 6 input channels/features"});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ struct PlanLayerInfo {
   std::string name;
   std::string type;
   Shape output;  ///< global output shape, dimension 0 = global batch
+  Shape input;   ///< global shape of the (first) input; empty when unknown
 };
 
 class Plan {
