@@ -15,7 +15,6 @@ anything is submitted. See jobs/README.md for the config keys and the definition
 import argparse
 import csv
 import json
-import math
 import os
 import re
 import shlex

@@ -148,6 +148,18 @@ BatchResult Executor::evaluate(const Tensor& inputs, const Tensor& targets, std:
   return reduce(loss_sum, correct, end - begin);
 }
 
+void Executor::average_buffers() {
+  if (grid_->size() == 1) return;
+  Communicator& group = sample_comm();
+  const float scale = 1.0f / static_cast<float>(group.size());
+  for (auto& node : model_.nodes())
+    for (Tensor* buffer : node.layer->buffers()) {
+      group.allreduce(buffer->data(), static_cast<std::size_t>(buffer->numel()), DType::F32, ReduceOp::Sum);
+      float* b = buffer->data();
+      for (std::int64_t i = 0; i < buffer->numel(); ++i) b[i] *= scale;
+    }
+}
+
 std::int64_t Executor::activation_bytes() const {
   std::int64_t bytes = 0;
   for (const auto& t : outputs_) bytes += t.allocated_bytes();

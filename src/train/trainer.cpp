@@ -85,6 +85,7 @@ Trainer::Trainer(Model& model, Executor& executor, std::shared_ptr<Dataset> trai
 Trainer::~Trainer() = default;
 
 BatchResult Trainer::evaluate(Dataset& data) {
+  executor_.average_buffers();
   const std::int64_t n = data.info().size;
   const Box box = whole_sample_box(data.info().sample_shape);
   BatchResult total;

@@ -100,5 +100,44 @@ TEST(Invariant, ResidualCnnWithGlobalBatchNormAndDropoutAdam) {
   expect_same_as_one_rank("residual_cnn.yaml", 16, 6, adam, 1e-3);
 }
 
+TEST(Invariant, LocalBatchNormRunningStatisticsAreAveragedBeforeEvaluation) {
+  // With local statistics each rank's running averages differ after training; evaluation must
+  // still use one model on every rank.
+  auto world = MpiCommunicator::world();
+  Model model = Model::parse(R"(
+input: {shape: [2, 6, 6]}
+layers:
+  - {name: conv, type: conv, filters: 3, kernel: 3}
+  - {name: bn, type: batchnorm}
+  - {name: flatten, type: flatten}
+  - {name: fc, type: linear, out: 10}
+loss: softmax_cross_entropy
+)",
+                             "local_bn");
+  model.init_parameters(3);
+  ExecutorOptions options;
+  options.global_batch = 8;
+  Executor executor(model, Plan::sample_parallel(world->size()), world, options);
+  Tensor inputs, labels;
+  synthetic_batch(model.sample_shape(), 8, 0, inputs, labels);
+  const auto [begin, end] = executor.local_samples(8);
+  executor.train_step(inputs.slice(begin, end).clone(), labels.slice(begin, end).clone(), 8, 0);
+  Tensor* mean = model.nodes()[1].layer->buffers().at(0);
+  const auto spread = [&] {
+    double worst = 0;
+    for (std::int64_t c = 0; c < mean->numel(); ++c) {
+      const float v = mean->data()[c];
+      worst = std::max(worst, static_cast<double>(world->allreduce_value(v, ReduceOp::Max) -
+                                                  world->allreduce_value(v, ReduceOp::Min)));
+    }
+    return worst;
+  };
+  if (world->size() > 1) {
+    EXPECT_GT(spread(), 1e-4) << "local statistics should differ between ranks";
+  }
+  executor.average_buffers();
+  EXPECT_LT(spread(), 1e-7);
+}
+
 }  // namespace
 }  // namespace tessera

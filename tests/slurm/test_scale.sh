@@ -3,7 +3,8 @@
 # points with `tessera job --submit`, waits for them, and writes study.csv and the plots.
 # Checks: one CSV row per point, each COMPLETED with a positive time per step, speed-up 1 at the
 # smallest point, every PNG present, > 10 kB and not a blank picture. Also: a bad study config
-# ends with exit 2 and submits nothing.
+# ends with exit 2 and submits nothing; a study with a failing point exits 1 and records the point
+# as FAILED with tessera's error line.
 #
 #   test_scale.sh TESSERA_BINARY DATA.h5 SLURM_ENV WORK_DIR
 # SLURM_ENV is the file the slurm fixture writes (export SLURM_CONF=...). $TESSERA_PYTHON (default
@@ -37,7 +38,29 @@ grep -q "'ranks' must be positive" "$WORK/bad.err" || fail "bad config: unexpect
 [ "$(squeue -h -o %i | wc -l)" -eq "$before" ] || fail "bad config: something was submitted"
 [ ! -e "$WORK/bad" ] || fail "bad config: the study directory was created"
 
-# 2. The study itself.
+# 2. A point that fails (rank 1 throws at step 2: only the 2-rank point has a rank 1): the study
+#    still ends, exits 1, and keeps the point in the CSV as FAILED with tessera's error line.
+cat > "$WORK/failing.json" <<EOF
+{"name": "ctest_failing", "kind": "weak", "model": "models/fashion_cnn.yaml", "data": "$DATA",
+ "ranks": [1, 2], "batch_per_rank": 8, "tasks_per_node": 2, "steps": 4, "time": "00:05:00",
+ "train_args": ["--inject-failure", "1:2"]}
+EOF
+set +e
+"$PYTHON" "$SCALE" --config "$WORK/failing.json" --tessera "$TESSERA" --out "$WORK/failing" --poll 0.5 --timeout 120
+rc=$?
+set -e
+[ "$rc" -eq 1 ] || fail "failing study: exit $rc, expected 1"
+"$PYTHON" - "$WORK/failing/study.csv" <<'EOF'
+import csv, sys
+rows = {r["ranks"]: r for r in csv.DictReader(open(sys.argv[1]))}
+assert sorted(rows) == ["1", "2"], f"failing study: rows {sorted(rows)}"
+assert rows["1"]["state"] == "COMPLETED" and float(rows["1"]["step_s"]) > 0, f"failing study: 1 rank: {rows['1']}"
+assert rows["2"]["state"] == "FAILED", f"failing study: 2 ranks: {rows['2']}"
+assert "injected failure at step 2" in rows["2"]["error"], f"failing study: error {rows['2']['error']!r}"
+assert rows["2"]["step_s"] == "" and rows["2"]["speedup"] == "", f"failing study: 2 ranks has numbers: {rows['2']}"
+EOF
+
+# 3. The study itself.
 cat > "$WORK/strong.json" <<EOF
 {"name": "ctest_strong", "kind": "strong", "model": "models/fashion_cnn.yaml", "data": "$DATA",
  "ranks": [1, 2], "global_batch": 32, "tasks_per_node": 2, "cpus_per_task": 1, "steps": 6,

@@ -48,6 +48,11 @@ class Executor {
   /// Forward and loss only (inference mode), summed over all ranks.
   BatchResult evaluate(const Tensor& inputs, const Tensor& targets, std::int64_t batch_size);
 
+  /// Averages the layers' non-trainable state (batch-norm running statistics) over the sample
+  /// group, so that every rank evaluates the same model. With local batch-norm statistics each
+  /// rank's running averages differ; with global ones this changes nothing but rounding.
+  void average_buffers();
+
   Communicator& world() { return *world_; }
   Communicator& sample_comm();
   ProcGrid& grid() { return *grid_; }
