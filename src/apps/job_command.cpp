@@ -5,12 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <fstream>
 
 #include "commands.hpp"
@@ -79,7 +79,8 @@ std::pair<int, std::string> run_capturing(const std::vector<std::string>& argv) 
   for (const auto& e : saved) env.push_back(const_cast<char*>(e.c_str()));
   env.push_back(nullptr);
   pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), saved.empty() ? environ : env.data());
+  const int rc =
+      ::posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), saved.empty() ? environ : env.data());
   posix_spawn_file_actions_destroy(&actions);
   ::close(fds[1]);
   if (rc != 0) {
@@ -90,8 +91,10 @@ std::pair<int, std::string> run_capturing(const std::vector<std::string>& argv) 
   char buffer[4096];
   for (;;) {
     const ssize_t n = ::read(fds[0], buffer, sizeof buffer);
-    if (n > 0) output.append(buffer, static_cast<std::size_t>(n));
-    else if (n == 0 || errno != EINTR) break;
+    if (n > 0)
+      output.append(buffer, static_cast<std::size_t>(n));
+    else if (n == 0 || errno != EINTR)
+      break;
   }
   ::close(fds[0]);
   int status = 0;
@@ -112,9 +115,10 @@ void run_job(Communicator& world, const JobArgs& args) {
   std::string sbatch, binary;
   collectively(world, [&] {
     if (world.size() > 1)
-      fail_input("'tessera job' writes and submits a batch script from one process; run it without mpirun/srun "
-                 "(this is {} processes)",
-                 world.size());
+      fail_input(
+          "'tessera job' writes and submits a batch script from one process; run it without mpirun/srun "
+          "(this is {} processes)",
+          world.size());
     const auto& argv = launch_arguments();
     if (!args.spec.train_args.empty() && std::find(argv.begin(), argv.end(), "--") == argv.end())
       fail_input("unexpected argument '{}': arguments for 'tessera train' go after '--'", args.spec.train_args[0]);
@@ -123,8 +127,9 @@ void run_job(Communicator& world, const JobArgs& args) {
     if (args.submit) {
       sbatch = find_on_path("sbatch");
       if (sbatch.empty())
-        fail_input("--submit needs 'sbatch', which is not on PATH; run this on a Slurm login node, or leave out "
-                   "--submit and submit the script there");
+        fail_input(
+            "--submit needs 'sbatch', which is not on PATH; run this on a Slurm login node, or leave out "
+            "--submit and submit the script there");
     }
     std::error_code ec;
     binary = fs::read_symlink("/proc/self/exe", ec).string();
@@ -165,8 +170,8 @@ void record_launch(int argc, char** argv) {
 std::function<void(Communicator&)> add_job_command(CLI::App& app) {
   auto args = std::make_shared<JobArgs>();
   auto& s = args->spec;
-  auto* cmd = app.add_subcommand(
-      "job", "Write a Slurm batch script that runs 'tessera train' (and submit it with --submit)");
+  auto* cmd =
+      app.add_subcommand("job", "Write a Slurm batch script that runs 'tessera train' (and submit it with --submit)");
   cmd->footer(
       "Everything after '--' is passed to 'tessera train' (e.g. -- --epochs 10 --batch 64 --lr 0.05). Relative "
       "paths are taken from the current folder. Prints the script's path; with --submit also 'submitted job ID' and "

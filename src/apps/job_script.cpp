@@ -19,7 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 
 bool all_digits(const std::string& s) {
-  return !s.empty() && s.size() <= 9 && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
+  return !s.empty() && s.size() <= 9 &&
+         std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
 }
 
 std::vector<std::string> split(const std::string& s, char separator) {
@@ -45,8 +46,10 @@ constexpr const char* kOwnTrainOptions[] = {"--model", "--data", "--val-data", "
 std::optional<std::string> train_option(const std::vector<std::string>& args, const std::string& name) {
   std::optional<std::string> value;
   for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == name && i + 1 < args.size()) value = args[i + 1];
-    else if (args[i].rfind(name + "=", 0) == 0) value = args[i].substr(name.size() + 1);
+    if (args[i] == name && i + 1 < args.size())
+      value = args[i + 1];
+    else if (args[i].rfind(name + "=", 0) == 0)
+      value = args[i].substr(name.size() + 1);
   }
   return value;
 }
@@ -61,9 +64,10 @@ bool has_train_option(const std::vector<std::string>& args, const std::string& n
 void check_sbatch_path(const std::string& what, const std::string& path) {
   for (const char c : path)
     if (std::isspace(static_cast<unsigned char>(c)) || c == '"' || c == '\'' || c == '%' || c == '\\')
-      fail_input("{} '{}' contains '{}', which an #SBATCH line cannot carry; use a path without spaces, quotes, "
-                 "backslashes or '%'",
-                 what, path, c == '\n' ? std::string("\\n") : std::string(1, c));
+      fail_input(
+          "{} '{}' contains '{}', which an #SBATCH line cannot carry; use a path without spaces, quotes, "
+          "backslashes or '%'",
+          what, path, c == '\n' ? std::string("\\n") : std::string(1, c));
 }
 
 /// Quotes a path in which "%j" stands for the job id: "${SLURM_JOB_ID}" is left to the shell.
@@ -91,8 +95,10 @@ std::string shell_quote(const std::string& word) {
   if (safe) return word;
   std::string out = "'";
   for (const char c : word) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   return out + "'";
 }
@@ -114,9 +120,12 @@ std::optional<long> parse_slurm_time(const std::string& text) {
   long days = days_part.empty() ? 0 : std::stol(days_part), hours = 0, minutes = 0, seconds = 0;
   if (days_part.empty()) {
     // M, M:S, H:M:S
-    if (v.size() == 1) minutes = v[0];
-    else if (v.size() == 2) minutes = v[0], seconds = v[1];
-    else hours = v[0], minutes = v[1], seconds = v[2];
+    if (v.size() == 1)
+      minutes = v[0];
+    else if (v.size() == 2)
+      minutes = v[0], seconds = v[1];
+    else
+      hours = v[0], minutes = v[1], seconds = v[2];
     if (v.size() >= 2 && seconds >= 60) return std::nullopt;
     if (v.size() == 3 && minutes >= 60) return std::nullopt;
   } else {
@@ -137,25 +146,25 @@ void check_job_request(const JobSpec& spec, bool cuda_built) {
   if (spec.cpus_per_task < 1) fail_input("--cpus-per-task must be at least 1 (got {})", spec.cpus_per_task);
   if (spec.gpus_per_task < 0) fail_input("--gpus-per-task must be 0 or more (got {})", spec.gpus_per_task);
   if (spec.gpus_per_task > 0 && !cuda_built)
-    fail_input("--gpus-per-task {}: the GPU path is not built in this tessera (TESSERA_ENABLE_CUDA is off); "
-               "ask for CPU tasks only (--gpus-per-task 0)",
-               spec.gpus_per_task);
+    fail_input(
+        "--gpus-per-task {}: the GPU path is not built in this tessera (TESSERA_ENABLE_CUDA is off); "
+        "ask for CPU tasks only (--gpus-per-task 0)",
+        spec.gpus_per_task);
   if (!parse_slurm_time(spec.time))
-    fail_input("--time '{}' is not a Slurm time limit greater than zero: use HH:MM:SS (e.g. 00:30:00), MM, MM:SS, "
-               "D-HH, D-HH:MM or D-HH:MM:SS",
-               spec.time);
+    fail_input(
+        "--time '{}' is not a Slurm time limit greater than zero: use HH:MM:SS (e.g. 00:30:00), MM, MM:SS, "
+        "D-HH, D-HH:MM or D-HH:MM:SS",
+        spec.time);
   if (spec.job_name.empty() || spec.job_name.size() > 128 ||
-      !std::all_of(spec.job_name.begin(), spec.job_name.end(), [](unsigned char c) {
-        return std::isalnum(c) || c == '_' || c == '-' || c == '.';
-      }))
+      !std::all_of(spec.job_name.begin(), spec.job_name.end(),
+                   [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-' || c == '.'; }))
     fail_input("--job-name '{}' must be 1-128 letters, digits, '_', '-' or '.' (it names the output files)",
                spec.job_name);
   for (const auto& [what, value] : {std::pair{"--partition", spec.partition}, std::pair{"--account", spec.account}})
     if (std::any_of(value.begin(), value.end(), [](unsigned char c) { return std::isspace(c) || c == '"'; }))
       fail_input("{} '{}' may not contain spaces or quotes", what, value);
-  if (spec.mpi.empty() || !std::all_of(spec.mpi.begin(), spec.mpi.end(), [](unsigned char c) {
-        return std::isalnum(c) || c == '_';
-      }))
+  if (spec.mpi.empty() ||
+      !std::all_of(spec.mpi.begin(), spec.mpi.end(), [](unsigned char c) { return std::isalnum(c) || c == '_'; }))
     fail_input("--mpi '{}' is not an srun MPI plugin name (e.g. pmix)", spec.mpi);
   for (const auto& line : spec.sbatch_lines) {
     if (line.rfind("#SBATCH ", 0) != 0 || line.find('\n') != std::string::npos)
@@ -178,8 +187,7 @@ ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd) {
   check_sbatch_path("--workdir", s.workdir);
   std::error_code ec;
   if (!fs::is_directory(s.workdir, ec))
-    fail_input("--workdir '{}' is not an existing folder (the job runs there and writes its output there)",
-               s.workdir);
+    fail_input("--workdir '{}' is not an existing folder (the job runs there and writes its output there)", s.workdir);
 
   s.model = absolute(s.model, cwd);
   const Model model = Model::load(s.model);  // InputError naming the file when it does not parse
@@ -192,9 +200,10 @@ ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd) {
   }
 
   if (s.plan == "auto")
-    fail_input("--plan auto needs the planner, which is not built yet; give a plan file (see plans/) or omit "
-               "--plan for a sample-parallel plan over all {} ranks",
-               s.ranks());
+    fail_input(
+        "--plan auto needs the planner, which is not built yet; give a plan file (see plans/) or omit "
+        "--plan for a sample-parallel plan over all {} ranks",
+        s.ranks());
   if (!s.plan.empty()) {
     s.plan = absolute(s.plan, cwd);
     const Plan plan = Plan::load(s.plan);
@@ -217,7 +226,8 @@ ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd) {
 
   job.script = absolute(s.output.empty() ? s.job_name + ".sbatch" : s.output, cwd);
   const fs::path parent = fs::path(job.script).parent_path();
-  if (!fs::is_directory(parent, ec)) fail_input("--output '{}': the folder '{}' does not exist", job.script, parent.string());
+  if (!fs::is_directory(parent, ec))
+    fail_input("--output '{}': the folder '{}' does not exist", job.script, parent.string());
   if (fs::is_directory(job.script, ec)) fail_input("--output '{}' is a folder; give a file name", job.script);
   return job;
 }

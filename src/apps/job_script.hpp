@@ -29,9 +29,9 @@ struct JobSpec {
 
 /// The job with every path absolute (relative ones taken from `cwd`) and defaults filled in.
 struct ResolvedJob {
-  JobSpec spec;            ///< model, data, val_data, plan, workdir absolute (plan may be empty)
-  std::string script;      ///< absolute path of the .sbatch file
-  std::string metrics_dir; ///< absolute; may contain "%j"
+  JobSpec spec;             ///< model, data, val_data, plan, workdir absolute (plan may be empty)
+  std::string script;       ///< absolute path of the .sbatch file
+  std::string metrics_dir;  ///< absolute; may contain "%j"
 };
 
 /// Shell-quotes one word for bash (unchanged when it needs no quoting).

@@ -61,9 +61,9 @@ TEST(JobScript, ShellQuote) {
 TEST(JobScript, SlurmTimeLimits) {
   EXPECT_EQ(parse_slurm_time("00:30:00"), 1800);
   EXPECT_EQ(parse_slurm_time("1:00:00"), 3600);
-  EXPECT_EQ(parse_slurm_time("90"), 5400);          // minutes
-  EXPECT_EQ(parse_slurm_time("10:30"), 630);        // minutes:seconds
-  EXPECT_EQ(parse_slurm_time("2-00"), 2 * 86400);   // days-hours
+  EXPECT_EQ(parse_slurm_time("90"), 5400);         // minutes
+  EXPECT_EQ(parse_slurm_time("10:30"), 630);       // minutes:seconds
+  EXPECT_EQ(parse_slurm_time("2-00"), 2 * 86400);  // days-hours
   EXPECT_EQ(parse_slurm_time("1-02:03:04"), 93784);
   for (const char* bad : {"", "abc", "00:60:00", "1:2:3:4", "00:00:00", "0", "-1", "1-25", "1h", "00:30:0x"})
     EXPECT_FALSE(parse_slurm_time(bad)) << bad;
@@ -88,8 +88,9 @@ TEST(JobScript, RefusesImpossibleRequests) {
   EXPECT_NE(with([](JobSpec& j) { j.job_name = "a/b"; }).find("--job-name"), std::string::npos);
   EXPECT_NE(with([](JobSpec& j) { j.sbatch_lines = {"--mem=1G"}; }).find("starting with '#SBATCH '"),
             std::string::npos);
-  EXPECT_NE(with([](JobSpec& j) { j.train_args = {"--steps", "5", "--metrics-dir", "x"}; })
-                .find("give --metrics-dir to 'tessera job' itself"),
+  EXPECT_NE(with([](JobSpec& j) {
+              j.train_args = {"--steps", "5", "--metrics-dir", "x"};
+            }).find("give --metrics-dir to 'tessera job' itself"),
             std::string::npos);
   EXPECT_NE(with([&](JobSpec& j) { j.data = (s.dir / "missing.h5").string(); }).find("missing.h5' does not exist"),
             std::string::npos);
