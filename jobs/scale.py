@@ -451,6 +451,8 @@ def plot(cfg, points, base, out):
                       (" (throughput ratio)" if cfg["kind"] == "weak" else ""))
         ax.set_title("speed-up" if cfg["kind"] == "strong" else "scaled speed-up")
         rank_axis(ax)
+        ax.set_yscale("log", base=2)  # log-log: the ideal is a straight line
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.legend()
 
     def efficiency(ax):

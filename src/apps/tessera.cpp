@@ -3,7 +3,13 @@
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "commands.hpp"
@@ -37,7 +43,31 @@ void not_built(const std::string& command, const std::string& what) {
 
 }  // namespace
 
+/// `tessera scale ARGS`: the scaling-study driver (jobs/scale.py, Python for its plots), told to
+/// submit with this binary. Runs before MPI starts: it is a plain front-end process.
+int run_scale_driver(int argc, char** argv) {
+  const std::string script = std::string(TESSERA_SOURCE_DIR) + "/jobs/scale.py";
+  std::vector<std::string> args{"/usr/bin/python3", script};
+  char self[4096];
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  bool has_tessera = false;
+  for (int i = 2; i < argc; ++i) has_tessera = has_tessera || std::string(argv[i]).rfind("--tessera", 0) == 0;
+  if (length > 0 && !has_tessera) {
+    args.emplace_back("--tessera");
+    args.emplace_back(self, static_cast<std::size_t>(length));
+  }
+  for (int i = 2; i < argc; ++i) args.emplace_back(argv[i]);
+  std::vector<char*> raw;
+  for (auto& a : args) raw.push_back(a.data());
+  raw.push_back(nullptr);
+  execv(raw[0], raw.data());
+  std::fprintf(stderr, "tessera: error: cannot run the study driver %s with %s: %s\n", script.c_str(), raw[0],
+               std::strerror(errno));
+  return 2;
+}
+
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "scale") return run_scale_driver(argc, argv);
   tessera::record_launch(argc, argv);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -76,13 +106,17 @@ int main(int argc, char** argv) {
        "the planner (cost model and search) is later work; write a plan file by hand (see plans/)"},
       {"calibrate", "Measure this machine for the planner", "machine calibration comes with the planner"},
       {"generate", "Generate synthetic datasets", "synthetic data generators (e.g. cosmology volumes) are later work"},
-      {"scale", "Run a strong- or weak-scaling study", "scaling studies are later work"},
   };
   for (const auto& l : later) {
     auto* sub = app.add_subcommand(l.name, std::string(l.help) + " (not built yet)");
     sub->fallthrough(false)->allow_extras();  // any arguments: it only says it is not built yet
     sub->callback([&command, l] { command = [l](tessera::Communicator&) { not_built(l.name, l.what); }; });
   }
+
+  // Listed for --help; `main` hands `tessera scale` to the study driver before MPI starts.
+  app.add_subcommand("scale", "Run a strong- or weak-scaling study under Slurm (jobs/scale.py; --help for its options)")
+      ->fallthrough(false)
+      ->allow_extras();
 
   int code = 0;
   try {

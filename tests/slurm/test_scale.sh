@@ -25,17 +25,16 @@ mkdir -p "$WORK"
 
 # 1. A bad config: exit 2, a message naming the problem, nothing submitted.
 cat > "$WORK/bad.json" <<EOF
-{"kind": "strong", "model": "models/fashion_cnn.yaml", "data": "$DATA", "ranks": [1, 0],
+{"name": "ctest_bad", "kind": "strong", "model": "models/fashion_cnn.yaml", "data": "$DATA", "ranks": [1, 0],
  "global_batch": 32, "tasks_per_node": 2, "steps": 4}
 EOF
-before=$(squeue -h -o %i | wc -l)
 set +e
 "$PYTHON" "$SCALE" --config "$WORK/bad.json" --tessera "$TESSERA" --out "$WORK/bad" 2> "$WORK/bad.err"
 rc=$?
 set -e
 [ "$rc" -eq 2 ] || fail "bad config: exit $rc, expected 2 ($(cat "$WORK/bad.err"))"
 grep -q "'ranks' must be positive" "$WORK/bad.err" || fail "bad config: unexpected message: $(cat "$WORK/bad.err")"
-[ "$(squeue -h -o %i | wc -l)" -eq "$before" ] || fail "bad config: something was submitted"
+[ -z "$(squeue -h -t all -n tessera-ctest_bad -o %i)" ] || fail "bad config: a job was submitted"
 [ ! -e "$WORK/bad" ] || fail "bad config: the study directory was created"
 
 # 2. A point that fails (rank 1 throws at step 2: only the 2-rank point has a rank 1): the study
