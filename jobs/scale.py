@@ -212,6 +212,9 @@ def job_command(tessera, cfg, point, submit):
     for line in lines:
         cmd += ["--sbatch-line", line]
     cmd += ["--workdir", point["dir"], "--metrics-dir", point["metrics_dir"], "--output", point["script"]]
+    # Timing runs: no checkpoint at the end (it would count in the time) and no resume from an
+    # earlier study's checkpoints in the same folder.
+    cmd.append("--no-checkpoints")
     if submit:
         cmd.append("--submit")
     cmd += ["--", "--steps", str(cfg["steps"]), "--batch", str(point["global_batch"])] + cfg["train_args"]

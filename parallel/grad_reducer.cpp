@@ -1,6 +1,7 @@
 #include "tessera/parallel/grad_reducer.hpp"
 
 #include "tessera/core/error.hpp"
+#include "tessera/parallel/watchdog.hpp"
 
 namespace tessera {
 
@@ -47,6 +48,9 @@ void GradReducer::build() {
     }
     bucket.pending = bucket.grads.size();
   }
+  for (std::size_t b = 0; b < buckets_.size(); ++b)
+    labels_.push_back("gradient allreduce (bucket " + std::to_string(b + 1) + " of " +
+                      std::to_string(buckets_.size()) + ")");
 }
 
 void GradReducer::ready(const Tensor& grad) {
@@ -77,10 +81,12 @@ void GradReducer::start(Bucket& bucket) {
 }
 
 void GradReducer::finish() {
-  for (auto& bucket : buckets_) {
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
     TESSERA_CHECK(bucket.pending == 0, "GradReducer::finish: {} gradients of a bucket were never marked ready",
                   bucket.pending);
     if (bucket.request) {
+      const WatchdogScope scope(watchdog_, labels_[b].c_str());
       bucket.request->wait();
       bucket.request.reset();
     }

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <climits>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -38,6 +39,12 @@ LayerSplit parse_split(const YAML::Node& node, const std::string& where) {
       fail_input("{}: unknown split '{}' (known: sample, channel, filter, spatial)", where, key);
     }
   }
+  // LayerSplit::product() is an int: refuse what it cannot hold (found by fuzzing).
+  int product = split.sample;
+  bool overflow = __builtin_mul_overflow(product, split.channel, &product) ||
+                  __builtin_mul_overflow(product, split.filter, &product);
+  for (int p : split.spatial) overflow = overflow || __builtin_mul_overflow(product, p, &product);
+  if (overflow) fail_input("{}: the splits multiply to more than {} ranks", where, INT_MAX);
   return split;
 }
 
@@ -81,6 +88,16 @@ Plan Plan::load(const std::string& path) {
 }
 
 Plan Plan::parse(const std::string& yaml_text, const std::string& source_name) {
+  // yaml-cpp throws its own exceptions for shapes the checks below do not expect (a key that is a
+  // list, a name that is a mapping...): still the file's fault, so still an InputError.
+  try {
+    return parse_unchecked(yaml_text, source_name);
+  } catch (const YAML::Exception& e) {
+    fail_input("plan file '{}': unexpected YAML: {}", source_name, e.what());
+  }
+}
+
+Plan Plan::parse_unchecked(const std::string& yaml_text, const std::string& source_name) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);

@@ -10,6 +10,10 @@ namespace tessera {
 std::function<void(Communicator&)> add_train_command(CLI::App& app);
 std::function<void(Communicator&)> add_job_command(CLI::App& app);
 
+/// The exit code a command asks for when it ends without an error (0 unless set; every rank sets
+/// the same). `tessera train` sets kExitStopped (signals.hpp) when it stopped on a signal.
+int& command_exit_code();
+
 /// Remembers the command line and the environment as the process started, before MPI_Init adds
 /// its own variables (`tessera job --submit` hands sbatch the environment from before).
 void record_launch(int argc, char** argv);

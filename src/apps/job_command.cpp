@@ -194,6 +194,18 @@ std::function<void(Communicator&)> add_job_command(CLI::App& app) {
   cmd->add_option("--workdir", s.workdir, "Folder the job runs in and writes <job-name>-<id>.out to (default: here)");
   cmd->add_option("--metrics-dir", s.metrics_dir,
                   "Metrics folder; %j is the job id (default: <workdir>/runs/<job-name>-<job id>)");
+  cmd->add_option("--checkpoint-dir", s.checkpoint_dir,
+                  "Checkpoints of the run, resumed from automatically (--resume auto); %j is the job id "
+                  "(default: <workdir>/checkpoints/<job-name>)");
+  cmd->add_flag("!--no-checkpoints", s.checkpoints,
+                "No checkpoints, no resume, no SIGUSR1 before the time limit, no requeue (e.g. for timing runs)");
+  cmd->add_option("--checkpoint-every", s.checkpoint_every, "Checkpoint every N steps (default: tessera train's)");
+  cmd->add_option("--signal-seconds", s.signal_seconds,
+                  "Slurm sends SIGUSR1 this many seconds before the time limit: the ranks checkpoint and stop "
+                  "(0: no signal)")
+      ->capture_default_str();
+  cmd->add_flag("--requeue,!--no-requeue", s.requeue,
+                "Requeue the job when the ranks stopped on a signal; it resumes from the checkpoint (default: on)");
   cmd->add_option("--output", s.output, "The batch script to write (default: <job-name>.sbatch)");
   cmd->add_option("--mpi", s.mpi, "srun's MPI plugin (Debian's Open MPI needs pmix)")->capture_default_str();
   cmd->add_flag("--submit", args->submit, "Submit the script with sbatch and print its job id");

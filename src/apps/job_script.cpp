@@ -8,6 +8,7 @@
 #include <cctype>
 #include <filesystem>
 
+#include "signals.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/train/model.hpp"
@@ -40,7 +41,8 @@ std::string absolute(const std::string& path, const std::string& cwd) {
 }
 
 /// `tessera train` options the job sets itself; giving them after `--` would conflict.
-constexpr const char* kOwnTrainOptions[] = {"--model", "--data", "--val-data", "--plan", "--metrics-dir"};
+constexpr const char* kOwnTrainOptions[] = {"--model",       "--data",           "--val-data",         "--plan",
+                                            "--metrics-dir", "--checkpoint-dir", "--checkpoint-every", "--resume"};
 
 /// The value of `--name V` or `--name=V` among the train arguments, if any (the last one wins).
 std::optional<std::string> train_option(const std::vector<std::string>& args, const std::string& name) {
@@ -170,6 +172,17 @@ void check_job_request(const JobSpec& spec, bool cuda_built) {
     if (line.rfind("#SBATCH ", 0) != 0 || line.find('\n') != std::string::npos)
       fail_input("--sbatch-line '{}' must be one line starting with '#SBATCH ' (e.g. \"#SBATCH --mem=8G\")", line);
   }
+  if (spec.signal_seconds < 0 || spec.signal_seconds > 65535)
+    fail_input("--signal-seconds must be 0 (no signal) to 65535 (got {})", spec.signal_seconds);
+  if (const auto limit = parse_slurm_time(spec.time); limit && spec.signal_seconds >= *limit)
+    fail_input(
+        "--signal-seconds {} is not less than the time limit --time {} ({} s): the job would be told to stop "
+        "as it starts; give a smaller --signal-seconds (0: none) or a longer --time",
+        spec.signal_seconds, spec.time, *limit);
+  if (!spec.checkpoints && (!spec.checkpoint_dir.empty() || spec.checkpoint_every))
+    fail_input("--no-checkpoints conflicts with --checkpoint-dir and --checkpoint-every");
+  if (spec.checkpoint_every && *spec.checkpoint_every < 0)
+    fail_input("--checkpoint-every must be 0 or more (got {})", *spec.checkpoint_every);
   for (const char* own : kOwnTrainOptions)
     if (has_train_option(spec.train_args, own))
       fail_input("'{}' after '--' conflicts with the job's own option: give {} to 'tessera job' itself", own, own);
@@ -179,7 +192,7 @@ void check_job_request(const JobSpec& spec, bool cuda_built) {
 }
 
 ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd) {
-  ResolvedJob job{spec, {}, {}};
+  ResolvedJob job{spec, {}, {}, {}};
   JobSpec& s = job.spec;
   if (s.model.empty()) fail_input("--model is required");
   if (s.data.empty()) fail_input("--data is required");
@@ -224,6 +237,16 @@ ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd) {
   const std::string metrics = s.metrics_dir.empty() ? "runs/" + s.job_name + "-%j" : s.metrics_dir;
   job.metrics_dir = absolute(metrics, s.metrics_dir.empty() ? s.workdir : cwd);
 
+  const std::string checkpoints = s.checkpoint_dir.empty() ? "checkpoints/" + s.job_name : s.checkpoint_dir;
+  job.checkpoint_dir = absolute(checkpoints, s.checkpoint_dir.empty() ? s.workdir : cwd);
+  if (!s.checkpoints) {
+    job.checkpoint_dir.clear();
+    s.requeue = false;
+    s.signal_seconds = 0;
+  }
+  if (std::count(job.checkpoint_dir.begin(), job.checkpoint_dir.end(), '\n') > 0)
+    fail_input("--checkpoint-dir '{}' contains a line break", job.checkpoint_dir);
+
   job.script = absolute(s.output.empty() ? s.job_name + ".sbatch" : s.output, cwd);
   const fs::path parent = fs::path(job.script).parent_path();
   if (!fs::is_directory(parent, ec))
@@ -246,6 +269,11 @@ std::string render_job_script(const ResolvedJob& job, const std::string& tessera
   out += fmt::format("#SBATCH --time={}\n", s.time);
   out += fmt::format("#SBATCH --chdir={}\n", s.workdir);
   out += fmt::format("#SBATCH --output={}/{}-%j.out\n", s.workdir, s.job_name);
+  // SIGUSR1 to the batch shell (B:) N seconds before the time limit: it passes the signal on to
+  // the ranks, which checkpoint and stop (below).
+  if (s.signal_seconds > 0) out += fmt::format("#SBATCH --signal=B:USR1@{}\n", s.signal_seconds);
+  // Requeued: the output of every run goes to the same file (Slurm would truncate it otherwise).
+  if (s.requeue) out += "#SBATCH --requeue\n#SBATCH --open-mode=append\n";
   if (!s.partition.empty()) out += fmt::format("#SBATCH --partition={}\n", s.partition);
   if (!s.account.empty()) out += fmt::format("#SBATCH --account={}\n", s.account);
   if (s.gpus_per_task > 0) out += fmt::format("#SBATCH --gpus-per-task={}\n", s.gpus_per_task);
@@ -255,6 +283,15 @@ std::string render_job_script(const ResolvedJob& job, const std::string& tessera
   // Since Slurm 22.05 srun does not take --cpus-per-task from the allocation: say it again, so
   // each task gets its cores (and its threads are not bound to one). A task that fails ends the
   // whole step instead of leaving the others waiting.
+  out +=
+      "echo \"tessera job: job ${SLURM_JOB_ID}, run $(( ${SLURM_RESTART_COUNT:-0} + 1 )), started $(date "
+      "'+%Y-%m-%dT%H:%M:%S') on $(hostname)\"\n";
+  // SIGUSR1 (from --signal above, or `scancel --signal=USR1 --batch`) reaches this shell only:
+  // srun runs in the background so that the trap can pass it on, and srun passes it to every rank.
+  out += "srun_pid=\n";
+  out +=
+      "trap 'echo \"tessera job: SIGUSR1: the ranks checkpoint and stop\"; "
+      "if [ -n \"$srun_pid\" ]; then kill -USR1 \"$srun_pid\" || true; fi' USR1\n";
   out += fmt::format("srun --mpi={} --cpus-per-task={} --kill-on-bad-exit=1 {} train \\\n", s.mpi, s.cpus_per_task,
                      shell_quote(tessera_binary));
   std::vector<std::string> lines;
@@ -263,6 +300,11 @@ std::string render_job_script(const ResolvedJob& job, const std::string& tessera
   if (!s.val_data.empty()) lines.push_back(fmt::format("--val-data {}", shell_quote(s.val_data)));
   if (!s.plan.empty()) lines.push_back(fmt::format("--plan {}", shell_quote(s.plan)));
   lines.push_back(fmt::format("--metrics-dir {}", quote_with_job_id(job.metrics_dir)));
+  if (s.checkpoints) {
+    lines.push_back(fmt::format("--checkpoint-dir {}", quote_with_job_id(job.checkpoint_dir)));
+    if (s.checkpoint_every) lines.push_back(fmt::format("--checkpoint-every {}", *s.checkpoint_every));
+    lines.push_back("--resume auto");
+  }
   if (!has_train_option(s.train_args, "--threads")) lines.push_back(fmt::format("--threads {}", s.cpus_per_task));
   if (!s.train_args.empty()) {
     std::vector<std::string> quoted;
@@ -270,7 +312,26 @@ std::string render_job_script(const ResolvedJob& job, const std::string& tessera
     lines.push_back(fmt::format("{}", fmt::join(quoted, " ")));
   }
   for (std::size_t i = 0; i < lines.size(); ++i)
-    out += fmt::format("  {}{}", lines[i], i + 1 < lines.size() ? " \\\n" : "\n");
+    out += fmt::format("  {}{}", lines[i], i + 1 < lines.size() ? " \\\n" : " &\n");
+  out += "srun_pid=$!\n";
+  // `wait` returns early (status > 128) when the trap runs: wait again until srun has ended.
+  out +=
+      "while :; do\n  status=0\n  wait \"$srun_pid\" || status=$?\n  kill -0 \"$srun_pid\" 2>/dev/null || "
+      "break\ndone\n";
+  out += fmt::format("if [ \"$status\" -eq {} ]; then\n", kExitStopped);
+  if (s.requeue) {
+    out +=
+        "  echo \"tessera job: stopped on a signal with a checkpoint; requeueing job ${SLURM_JOB_ID}, which "
+        "resumes from it\"\n";
+    out += fmt::format("  scontrol requeue \"$SLURM_JOB_ID\" || exit {}\n", kExitStopped);
+    out += "  exit 0\nfi\n";
+  } else {
+    out += s.checkpoints
+               ? "  echo \"tessera job: stopped on a signal with a checkpoint; submit the job again to resume\"\n"
+               : "  echo \"tessera job: stopped on a signal (no checkpoints: --no-checkpoints)\"\n";
+    out += "fi\n";
+  }
+  out += "exit \"$status\"\n";
   return out;
 }
 

@@ -23,6 +23,20 @@ struct JobSpec {
   std::string output;                     ///< empty: <job-name>.sbatch in the current directory
   std::string mpi = "pmix";               ///< srun --mpi=
   std::vector<std::string> train_args;    ///< passed to `tessera train` after the generated options
+  /// Checkpoints of the run (`tessera train --checkpoint-dir`); empty: <workdir>/checkpoints/<job-name>.
+  /// Not per job id by default, so a job submitted again under the same name continues from it too
+  /// (a requeued job keeps its id; "%j" is the job id here as well).
+  std::string checkpoint_dir;
+  /// false (--no-checkpoints): no --checkpoint-dir/--resume, no --signal line, no requeue (e.g.
+  /// timing runs, where the checkpoint at the end would count in the time).
+  bool checkpoints = true;
+  std::optional<long long> checkpoint_every;  ///< `tessera train --checkpoint-every`, when given
+  /// Slurm sends SIGUSR1 this many seconds before the time limit (#SBATCH --signal=B:USR1@N); 0: no
+  /// such line. The ranks then checkpoint and stop with kExitStopped.
+  int signal_seconds = 120;
+  /// On kExitStopped the script requeues the job (scontrol requeue; #SBATCH --requeue), which
+  /// resumes from the checkpoint; otherwise the job ends with exit code kExitStopped.
+  bool requeue = true;
 
   int ranks() const { return nodes * tasks_per_node; }
 };
@@ -32,6 +46,7 @@ struct ResolvedJob {
   JobSpec spec;             ///< model, data, val_data, plan, workdir absolute (plan may be empty)
   std::string script;       ///< absolute path of the .sbatch file
   std::string metrics_dir;  ///< absolute; may contain "%j"
+  std::string checkpoint_dir;  ///< absolute; may contain "%j"
 };
 
 /// Shell-quotes one word for bash (unchanged when it needs no quoting).
@@ -50,7 +65,9 @@ void check_job_request(const JobSpec& spec, bool cuda_built);
 /// exists. Throws InputError.
 ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd);
 
-/// The batch script: #SBATCH header, environment, and one `srun` of `tessera_binary train`.
+/// The batch script: #SBATCH header, environment, and one `srun` of `tessera_binary train`, run in
+/// the background so that the shell can pass SIGUSR1 on to it (srun passes it to every rank);
+/// when the ranks stop with kExitStopped (signals.hpp) the script requeues the job (spec.requeue).
 /// `command_line` (may be empty) is recorded in a comment.
 std::string render_job_script(const ResolvedJob& job, const std::string& tessera_binary,
                               const std::string& command_line);

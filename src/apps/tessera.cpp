@@ -43,6 +43,11 @@ void not_built(const std::string& command, const std::string& what) {
 
 }  // namespace
 
+int& tessera::command_exit_code() {
+  static int code = 0;
+  return code;
+}
+
 /// `tessera scale ARGS`: the scaling-study driver (jobs/scale.py, Python for its plots), told to
 /// submit with this binary. Runs before MPI starts: it is a plain front-end process.
 int run_scale_driver(int argc, char** argv) {
@@ -142,6 +147,7 @@ int main(int argc, char** argv) {
     // Commands check their inputs collectively (every rank fails together, see
     // collective_guard.hpp); what fails on one rank alone after that ends the whole job below.
     command(*world);
+    code = tessera::command_exit_code();  // e.g. kExitStopped: stopped on a signal, checkpoint written
   } catch (const tessera::AgreedFailure& e) {
     // Every rank is here with the same code: end cleanly, one message.
     if (e.is_origin()) {

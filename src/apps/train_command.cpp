@@ -1,7 +1,10 @@
 // `tessera train`: model file + plan file + HDF5 data -> a trained model and its metrics.
 #include <fmt/format.h>
 
+#include <csignal>
+
 #include "commands.hpp"
+#include "signals.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
 #include "tessera/io/dataset.hpp"
@@ -12,37 +15,45 @@ namespace tessera {
 namespace {
 
 struct TrainArgs {
-  std::string model, plan, data, val_data, inputs, targets, inject_failure;
+  std::string model, plan, data, val_data, inputs, targets, inject_failure, inject_hang;
   TrainerOptions trainer;
   ExecutorOptions executor;
 };
 
-void parse_failure_injection(const std::string& text, TrainerOptions& options) {
+/// RANK:STEP of the testing aids --inject-failure and --inject-hang.
+void parse_rank_step(const std::string& text, const char* flag, int& rank, std::int64_t& step) {
   if (text.empty()) return;
   const auto colon = text.find(':');
   try {
     if (colon == std::string::npos) throw std::invalid_argument("no colon");
-    options.fail_rank = std::stoi(text.substr(0, colon));
-    options.fail_step = std::stoll(text.substr(colon + 1));
+    rank = std::stoi(text.substr(0, colon));
+    step = std::stoll(text.substr(colon + 1));
   } catch (const std::exception&) {
-    fail_input("--inject-failure expects RANK:STEP, got '{}'", text);
+    fail_input("{} expects RANK:STEP, got '{}'", flag, text);
   }
 }
 
 void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   TrainArgs args = args_in;
+  // From here on SIGUSR1 and SIGTERM (Slurm's warning before the time limit, passed on by the batch
+  // script of `tessera job`; mpirun passes SIGUSR1 on) ask for a checkpoint and a stop at the next
+  // step boundary, on every rank alike; then every rank exits with kExitStopped.
+  install_stop_signal_handlers();
+  args.trainer.stop_request = stop_requested_flag();
   std::shared_ptr<Communicator> world(std::shared_ptr<Communicator>{}, &world_ref);  // non-owning
   std::unique_ptr<Model> model;
   std::unique_ptr<Plan> plan;
   std::shared_ptr<Dataset> train, validation;
   collectively(*world, [&] {
-    parse_failure_injection(args.inject_failure, args.trainer);
+    parse_rank_step(args.inject_failure, "--inject-failure", args.trainer.fail_rank, args.trainer.fail_step);
+    parse_rank_step(args.inject_hang, "--inject-hang", args.trainer.hang_rank, args.trainer.hang_step);
     model = std::make_unique<Model>(Model::load(args.model));
     if (args.plan.empty()) plan = std::make_unique<Plan>(Plan::sample_parallel(world->size()));
     else if (args.plan == "auto")
       fail_input("--plan auto needs the planner, which is not built yet; give a plan file or omit --plan for a "
                  "sample-parallel plan");
     else plan = std::make_unique<Plan>(Plan::load(args.plan));
+    args.trainer.plan_text = plan->to_yaml();
     Hdf5DatasetOptions data_options{args.inputs, args.targets};
     train = open_hdf5_dataset(args.data, *world, data_options);
     if (!args.val_data.empty()) validation = open_hdf5_dataset(args.val_data, *world, data_options);
@@ -57,9 +68,29 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     trainer->check();
   });
   const TrainSummary summary = trainer->run();
+  if (summary.stopped) {
+    if (world->rank() == 0) {
+      const int signal = stop_signal();  // this rank's; another rank may have been the one signalled
+      const std::string what = signal == SIGUSR1 ? " (SIGUSR1)" : signal == SIGTERM ? " (SIGTERM)" : "";
+      if (summary.last_checkpoint.empty())
+        fmt::print("stopped at step {} on a signal{}; no --checkpoint-dir, so no checkpoint was written\n",
+                   summary.steps, what);
+      else
+        fmt::print("stopped at step {} on a signal{}; checkpoint written to {}; resume with --resume auto\n",
+                   summary.steps, what, summary.last_checkpoint);
+      std::fflush(stdout);
+    }
+    command_exit_code() = kExitStopped;
+    return;
+  }
   if (world->rank() == 0) {
-    fmt::print("trained {} steps in {:.1f} s ({:.0f} samples/s); final training loss {:.4f}\n", summary.steps,
+    fmt::print("trained {} steps{} in {:.1f} s ({:.0f} samples/s); final training loss {:.4f}\n",
+               summary.steps - summary.start_step,
+               summary.start_step > 0 ? fmt::format(" (steps {}..{}, resumed)", summary.start_step, summary.steps - 1)
+                                      : std::string(),
                summary.seconds, summary.samples_per_second, summary.final_loss);
+    if (summary.stopped) fmt::print("stopped on request after step {}\n", summary.steps);
+    if (!summary.last_checkpoint.empty()) fmt::print("checkpoint: {}\n", summary.last_checkpoint);
     if (summary.val_loss) fmt::print("validation loss: {:.4f}\n", *summary.val_loss);
     if (summary.val_accuracy) fmt::print("test accuracy: {:.2f}%\n", 100.0 * *summary.val_accuracy);
     std::fflush(stdout);
@@ -91,6 +122,17 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--metrics-dir", t.metrics_dir, "Write metrics.jsonl and metrics.csv here");
+  cmd->add_option("--checkpoint-dir", t.checkpoint_dir, "Write checkpoints (ckpt-STEP.h5) into this folder");
+  cmd->add_option("--checkpoint-every", t.checkpoint_every,
+                  "Checkpoint every N steps (0: only at the end and when stopped)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--keep-checkpoints", t.keep_checkpoints, "Keep the newest N checkpoints (0: all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--resume", t.resume,
+                  "auto: continue from the newest valid checkpoint in --checkpoint-dir (from scratch if none); "
+                  "or the path of a checkpoint file");
   auto& o = t.optimizer;
   cmd->add_option("--optimizer", o.type, "sgd, adam or adamw")->capture_default_str();
   cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
@@ -111,6 +153,12 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   cmd->add_option("--bucket-bytes", args->executor.reducer.bucket_bytes, "Gradient allreduce bucket size in bytes")
       ->capture_default_str();
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");
+  cmd->add_option("--watchdog-seconds", t.watchdog_seconds,
+                  "A rank with no finished step for this long prints what it is stuck in and ends the job, exit "
+                  "code 4 (0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--inject-hang", args->inject_hang, "Testing aid: RANK:STEP makes that rank sleep forever then");
   return [args, cmd](Communicator& world) {
     if (!cmd->parsed()) return;
     run_train(world, *args);

@@ -5,6 +5,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/watchdog.hpp"
 #include "tessera/tensor/distribution.hpp"
 
 namespace tessera {
@@ -68,9 +69,17 @@ void Executor::forward(const Tensor& inputs, LayerContext& ctx) {
   }
 }
 
-BatchResult Executor::reduce(double loss_sum, std::int64_t correct, std::int64_t samples) {
+void Executor::set_watchdog(Watchdog* watchdog) {
+  watchdog_ = watchdog;
+  reducer_.set_watchdog(watchdog);
+}
+
+BatchResult Executor::reduce(double loss_sum, std::int64_t correct, std::int64_t samples, const char* label) {
   double sums[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(samples)};
-  world_->allreduce(sums, 3, DType::F64, ReduceOp::Sum);
+  {
+    const WatchdogScope scope(watchdog_, label);
+    world_->allreduce(sums, 3, DType::F64, ReduceOp::Sum);
+  }
   BatchResult r;
   r.loss_sum = sums[0];
   r.correct = correct < 0 ? -1 : static_cast<std::int64_t>(std::llround(sums[1]));
@@ -81,6 +90,7 @@ BatchResult Executor::reduce(double loss_sum, std::int64_t correct, std::int64_t
 BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, std::int64_t batch_size,
                                  std::int64_t step) {
   const auto [begin, end] = local_samples(batch_size);
+  const WatchdogScope step_scope(watchdog_, "forward/backward (global batch-norm statistics are allreduced there)");
   LayerContext ctx = context(inputs, batch_size, step, /*training=*/true);
   forward(inputs, ctx);
 
@@ -125,7 +135,7 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
   }
   const auto wait_start = std::chrono::steady_clock::now();
   reducer_.finish();
-  BatchResult result = reduce(loss_sum, correct, end - begin);
+  BatchResult result = reduce(loss_sum, correct, end - begin, "loss allreduce");
   result.comm_wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   if (!std::isfinite(result.loss_sum)) {
     // The loss is reduced, so every rank sees the same value and stops at the same step.
@@ -145,12 +155,13 @@ BatchResult Executor::evaluate(const Tensor& inputs, const Tensor& targets, std:
   const auto out = static_cast<std::size_t>(model_.output_node());
   const double loss_sum = end > begin ? model_.loss().forward(outputs_[out], targets) : 0.0;
   const std::int64_t correct = end > begin ? model_.loss().correct(outputs_[out], targets) : 0;
-  return reduce(loss_sum, correct, end - begin);
+  return reduce(loss_sum, correct, end - begin, "validation (loss allreduce)");
 }
 
 void Executor::average_buffers() {
   if (grid_->size() == 1) return;
   Communicator& group = sample_comm();
+  const WatchdogScope scope(watchdog_, "averaging batch-norm statistics over the ranks");
   const float scale = 1.0f / static_cast<float>(group.size());
   for (auto& node : model_.nodes())
     for (Tensor* buffer : node.layer->buffers()) {

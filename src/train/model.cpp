@@ -85,6 +85,16 @@ Model Model::load(const std::string& path) {
 }
 
 Model Model::parse(const std::string& yaml_text, const std::string& source) {
+  // yaml-cpp throws its own exceptions for shapes the checks below do not expect (a key that is a
+  // list, a name that is a mapping...): still the file's fault, so still an InputError.
+  try {
+    return parse_unchecked(yaml_text, source);
+  } catch (const YAML::Exception& e) {
+    fail_input("model file '{}': unexpected YAML: {}", source, e.what());
+  }
+}
+
+Model Model::parse_unchecked(const std::string& yaml_text, const std::string& source) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);

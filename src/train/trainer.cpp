@@ -5,13 +5,17 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
 #include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/watchdog.hpp"
 #include "tessera/io/dataset.hpp"
 #include "tessera/io/prefetch.hpp"
 #include "tessera/io/sampler.hpp"
+#include "tessera/io/checkpoint.hpp"
+#include "tessera/train/checkpoint.hpp"
 
 namespace tessera {
 namespace {
@@ -32,12 +36,61 @@ struct Trainer::Metrics {
   std::ofstream jsonl;
   std::ofstream csv;
   std::string dir;
-  explicit Metrics(const std::string& folder) : dir(folder) {
+  static constexpr const char* kCsvHeader = "kind,step,epoch,loss,accuracy,lr,samples_per_s,elapsed_s\n";
+  /// With `resume`, the files are opened by resume_from() once the start step is known.
+  Metrics(const std::string& folder, bool resume) : dir(folder) {
     std::filesystem::create_directories(dir);
+    if (resume) return;
     jsonl.open(dir + "/metrics.jsonl");
     csv.open(dir + "/metrics.csv");
     if (!jsonl || !csv) fail_input("cannot write metrics into '{}'", dir);
-    csv << "kind,step,epoch,loss,accuracy,lr,samples_per_s,elapsed_s\n";
+    csv << kCsvHeader;
+  }
+  /// Keeps the rows of the earlier run up to `start` (training rows of steps before it, validation
+  /// rows after at most `start` steps) and appends after them.
+  void resume_from(std::int64_t start) {
+    const auto keep = [&](const std::string& kind, const std::string& step_text) {
+      std::int64_t step = 0;
+      try {
+        std::size_t used = 0;
+        step = std::stoll(step_text, &used);
+        if (used != step_text.size()) return false;
+      } catch (const std::exception&) {
+        return false;
+      }
+      return kind == "train" ? step < start : kind == "validation" && step <= start;
+    };
+    const auto rewrite = [&](const std::string& path, bool is_csv) {
+      std::vector<std::string> kept;
+      if (std::ifstream in(path); in) {
+        for (std::string line; std::getline(in, line);) {
+          if (is_csv) {
+            const auto a = line.find(','), b = line.find(',', a + 1);
+            if (a == std::string::npos || b == std::string::npos) continue;
+            if (keep(line.substr(0, a), line.substr(a + 1, b - a - 1))) kept.push_back(line);
+          } else {
+            const auto k = line.find(R"("kind":")"), t = line.find(R"(","step":)");
+            if (k == std::string::npos || t == std::string::npos || line.back() != '}') continue;
+            const auto step_begin = t + 9, step_end = line.find(',', step_begin);
+            if (step_end == std::string::npos) continue;
+            if (keep(line.substr(k + 8, t - k - 8), line.substr(step_begin, step_end - step_begin)))
+              kept.push_back(line);
+          }
+        }
+      }
+      std::ofstream out(path, std::ios::trunc);
+      if (is_csv) out << kCsvHeader;
+      for (const auto& line : kept) out << line << '\n';
+    };
+    rewrite(dir + "/metrics.jsonl", false);
+    rewrite(dir + "/metrics.csv", true);
+    jsonl.open(dir + "/metrics.jsonl", std::ios::app);
+    csv.open(dir + "/metrics.csv", std::ios::app);
+    if (!jsonl || !csv) fail_input("cannot write metrics into '{}'", dir);
+  }
+  void flush() {
+    jsonl.flush();
+    csv.flush();
   }
   void train_row(std::int64_t step, std::int64_t epoch, double loss, double accuracy, double lr, double rate,
                  double elapsed) {
@@ -51,7 +104,7 @@ struct Trainer::Metrics {
   void summary(const TrainSummary& s, int ranks, std::int64_t global_batch) {
     std::ofstream out(dir + "/summary.json");
     const auto opt = [](const std::optional<double>& v) { return v ? fmt::format("{:.9g}", *v) : std::string("null"); };
-    const double steps = static_cast<double>(std::max<std::int64_t>(s.steps, 1));
+    const double steps = static_cast<double>(std::max<std::int64_t>(s.steps - s.start_step, 1));
     out << fmt::format(
         R"({{"ranks":{},"steps":{},"global_batch":{},"seconds":{:.6g},"samples_per_s":{:.6g},"step_s":{:.6g},)"
         R"("comm_wait_s":{:.6g},"comm_share":{:.6g},"final_loss":{:.9g},"val_loss":{},"val_accuracy":{}}})",
@@ -78,8 +131,12 @@ Trainer::Trainer(Model& model, Executor& executor, std::shared_ptr<Dataset> trai
       validation_(std::move(validation)),
       options_(std::move(options)) {
   optimizer_ = create_optimizer(options_.optimizer);
+  if (options_.checkpoint_every < 0) fail_input("--checkpoint-every must be >= 0, got {}", options_.checkpoint_every);
+  if (options_.keep_checkpoints < 0) fail_input("--keep-checkpoints must be >= 0, got {}", options_.keep_checkpoints);
+  if (options_.resume == "auto" && options_.checkpoint_dir.empty())
+    fail_input("--resume auto needs --checkpoint-dir (the folder to look for checkpoints in)");
   if (!options_.metrics_dir.empty() && executor_.world().rank() == 0)
-    metrics_ = std::make_unique<Metrics>(options_.metrics_dir);
+    metrics_ = std::make_unique<Metrics>(options_.metrics_dir, !options_.resume.empty());
 }
 
 Trainer::~Trainer() = default;
@@ -98,8 +155,12 @@ BatchResult Trainer::evaluate(Dataset& data) {
     const auto [begin, end] = executor_.local_samples(size);
     indices.clear();
     for (std::int64_t i = begin; i < end; ++i) indices.push_back(first + i);
-    data.read(indices, box, inputs, targets);
+    {
+      const WatchdogScope scope(executor_.watchdog(), "validation (reading data)");
+      data.read(indices, box, inputs, targets);
+    }
     const BatchResult r = executor_.evaluate(inputs, targets, size);
+    if (Watchdog* watch = executor_.watchdog()) watch->heartbeat();  // validation makes progress too
     loss_sum += r.loss_sum;
     correct += r.correct;
     samples += r.samples;
@@ -150,13 +211,42 @@ TrainSummary Trainer::run() {
            model_.parameter_count(), executor_.world().size(), total_steps, per_epoch, options_.global_batch);
   TrainSummary summary;
   const auto start = Clock::now();
+  // Resume: the step restores everything else (see train/checkpoint.hpp).
+  std::int64_t start_step = 0;
+  if (!options_.resume.empty()) {
+    collectively(executor_.world(), [&] {
+      std::optional<std::string> path;
+      if (options_.resume == "auto") {
+        path = find_resume_checkpoint(options_.checkpoint_dir, executor_.world());
+        if (!path) log_info("no checkpoint in '{}' yet: starting from scratch", options_.checkpoint_dir);
+      } else {
+        path = options_.resume;
+      }
+      if (path) {
+        const CheckpointMeta expected{0, 0, options_.global_batch, options_.seed, options_.plan_text};
+        start_step = restore_checkpoint(*path, model_, executor_, *optimizer_, expected).step;
+        log_info("resumed from {} at step {} ({:.2f} s)", *path, start_step, seconds_since(start));
+      }
+    });
+    if (metrics_) metrics_->resume_from(start_step);
+  }
+  summary.start_step = start_step;
   auto window_start = start;
   std::int64_t window_steps = 0;
   Prefetcher prefetcher(train_);
-  if (total_steps > 0) prefetcher.submit(request_for(0));
+  if (start_step < total_steps) prefetcher.submit(request_for(start_step));
+  // Declared after the prefetcher: stops watching before the prefetcher's last reads are joined.
+  Watchdog watchdog(options_.watchdog_seconds, rank, Watchdog::print_and_abort(executor_.world()));
+  Watchdog* const watch = watchdog.enabled() ? &watchdog : nullptr;
+  executor_.set_watchdog(watch);
+  struct Unwatch {
+    Executor& executor;
+    ~Unwatch() { executor.set_watchdog(nullptr); }
+  } unwatch{executor_};
 
   auto validate = [&](std::int64_t step, std::int64_t epoch) {
     if (!validation_) return;
+    const WatchdogScope scope(watch, "validation");
     const BatchResult r = evaluate(*validation_);
     summary.val_loss = r.mean_loss();
     if (r.correct >= 0) summary.val_accuracy = static_cast<double>(r.correct) / static_cast<double>(r.samples);
@@ -165,15 +255,38 @@ TrainSummary Trainer::run() {
     if (metrics_) metrics_->eval_row(step, epoch, *summary.val_loss, summary.val_accuracy, seconds_since(start));
   };
 
+  auto save = [&](std::int64_t next) {
+    const WatchdogScope scope(watch, "writing a checkpoint");
+    const auto begin = Clock::now();
+    if (metrics_) metrics_->flush();  // the rows up to the checkpoint survive a kill
+    const CheckpointMeta meta{next, next / per_epoch, options_.global_batch, options_.seed, options_.plan_text};
+    summary.last_checkpoint =
+        save_checkpoint(options_.checkpoint_dir, model_, executor_, *optimizer_, meta, options_.keep_checkpoints);
+    const double seconds = seconds_since(begin);
+    summary.checkpoint_seconds += seconds;
+    log_info("checkpoint {} (before step {}) written in {:.3f} s", summary.last_checkpoint, next, seconds);
+    if (watch) watch->heartbeat();
+  };
+  std::int64_t reached = start_step;
+
   try {
-  for (std::int64_t step = 0; step < total_steps; ++step) {
-    Batch batch = prefetcher.take();
+  for (std::int64_t step = start_step; step < total_steps; ++step) {
+    Batch batch;
+    {
+      const WatchdogScope scope(watch, "reading training data (waiting for the prefetched batch)");
+      batch = prefetcher.take();
+    }
     if (step + 1 < total_steps) prefetcher.submit(request_for(step + 1));
     if (rank == options_.fail_rank && step == options_.fail_step)
       fail("injected failure at step {} (--inject-failure)", step);
+    if (rank == options_.hang_rank && step == options_.hang_step) {
+      const WatchdogScope scope(watch, "an injected hang (--inject-hang)");
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
     const BatchResult r = executor_.train_step(batch.inputs, batch.targets, options_.global_batch, step);
     const double lr = schedule.lr(step);
     optimizer_->step(params, lr);
+    if (watch) watch->heartbeat();
     summary.final_loss = r.mean_loss();
     summary.comm_wait_seconds += r.comm_wait_seconds;
     ++window_steps;
@@ -182,7 +295,7 @@ TrainSummary Trainer::run() {
       const double accuracy = r.correct >= 0 ? static_cast<double>(r.correct) / static_cast<double>(r.samples) : -1.0;
       const double elapsed = seconds_since(start);
       metrics_->train_row(step, epoch, r.mean_loss(), accuracy, lr,
-                          static_cast<double>((step + 1) * options_.global_batch) / elapsed, elapsed);
+                          static_cast<double>((step + 1 - start_step) * options_.global_batch) / elapsed, elapsed);
     }
     const bool last = step + 1 == total_steps;
     if ((step + 1) % options_.progress_every == 0 || last) {
@@ -198,6 +311,25 @@ TrainSummary Trainer::run() {
     if ((options_.eval_every > 0 && (step + 1) % options_.eval_every == 0) || (options_.eval_every == 0 && epoch_end) ||
         last)
       validate(step + 1, epoch);
+    if (step == start_step && start_step > 0)
+      log_info("first step after resuming done {:.2f} s after training began", seconds_since(start));
+    reached = step + 1;
+    // A stop request (a signal) ends the run at this step boundary on every rank alike.
+    bool stop = false;
+    if (options_.stop_request != nullptr) {
+      const int flag = options_.stop_request->load() ? 1 : 0;
+      const WatchdogScope scope(watch, "stop-request allreduce (the signal check after a step)");
+      stop = executor_.world().allreduce_value(flag, ReduceOp::Max) != 0;
+    }
+    if (!options_.checkpoint_dir.empty() &&
+        ((options_.checkpoint_every > 0 && reached % options_.checkpoint_every == 0) || last || stop))
+      save(reached);
+    if (stop && !last) {
+      log_info("stop requested: stopping after step {}{}", reached,
+               options_.checkpoint_dir.empty() ? " (no --checkpoint-dir: nothing saved)" : "");
+      summary.stopped = true;
+      break;
+    }
   }
   } catch (const AgreedFailure&) {
     throw;  // every rank is throwing it at the same point
@@ -208,10 +340,10 @@ TrainSummary Trainer::run() {
     std::fflush(stderr);
     executor_.world().abort(exit_code_for(e));
   }
-  summary.steps = total_steps;
+  summary.steps = reached;
   summary.seconds = seconds_since(start);
   summary.samples_per_second =
-      summary.seconds > 0 ? static_cast<double>(total_steps * options_.global_batch) / summary.seconds : 0;
+      summary.seconds > 0 ? static_cast<double>((reached - start_step) * options_.global_batch) / summary.seconds : 0;
   // The slowest rank's communication wait is what the step pays for.
   summary.comm_wait_seconds = executor_.world().allreduce_value(summary.comm_wait_seconds, ReduceOp::Max);
   if (metrics_) metrics_->summary(summary, executor_.world().size(), options_.global_batch);

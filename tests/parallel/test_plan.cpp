@@ -171,6 +171,20 @@ TEST(PlanParseErrors, BadSpatialLists) {
   expect_parse_error("ranks: 2\nlayers:\n  conv1: {spatial: [1, 1, 1, 2]}\n", {expected});
 }
 
+// Found by fuzzing (tests/fuzz/fuzz_plan.cpp): yaml-cpp's conversion errors escaped as
+// YAML::TypedBadConversion, and products beyond an int overflowed (a UBSan report).
+TEST(PlanParseErrors, KeysAndNamesThatAreNotWords) {
+  expect_parse_error("[ranks]: 2\n", {"plan file 'test.yaml': unexpected YAML", "bad conversion"});
+  expect_parse_error("ranks: 2\nlayers:\n  {a: 1}: {sample: 2}\n", {"unexpected YAML"});
+  expect_parse_error("ranks: 2\ndefault: {[sample]: 2}\n", {"unexpected YAML"});
+}
+
+TEST(PlanParseErrors, SplitsBeyondAnyRankCount) {
+  expect_parse_error("ranks: 2\ndefault: {sample: 65536, channel: 65536}\n",
+                     {"default", "the splits multiply to more than 2147483647 ranks"});
+  expect_parse_error("ranks: 2\nlayers:\n  c: {spatial: [2000, 2000, 2000]}\n", {"layer 'c'", "more than"});
+}
+
 TEST(PlanParseErrors, MissingRanks) {
   expect_parse_error("default: {sample: 2}\n", {"plan file 'test.yaml': missing 'ranks'"});
   expect_parse_error("layers:\n  fc1: {sample: 2}\n", {"missing 'ranks'"});

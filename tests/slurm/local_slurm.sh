@@ -11,6 +11,8 @@
 # srun works only with --mpi=pmix; CPUs=4 with SlurmdParameters=config_overrides lets 4-rank jobs
 # run on 2 cores. Ports are picked free (ss, else /proc/net/tcp; several instances may run on one machine); MinJobAge keeps
 # finished jobs in `scontrol show job` for an hour (there is no accounting database).
+# cred_expire=20 (default 120 s) is also how long a requeued job waits before it may start again
+# (slurm.conf(5), AuthInfo): the requeue test's job resumes about 20-60 s after its first run ends.
 set -uo pipefail
 
 ACTION=${1:-}
@@ -100,7 +102,7 @@ SlurmctldHost=$H
 SlurmUser=$(id -un)
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$S/munge/munge.socket.2
+AuthInfo=socket=$S/munge/munge.socket.2,cred_expire=20
 StateSaveLocation=$S/ctld
 SlurmdSpoolDir=$S/d
 TmpFS=$S/tmp

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -137,7 +138,7 @@ TEST(JobScript, WritesTheScript) {
         std::string("#SBATCH --mem=8G\n"), std::string("export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-3}\n"),
         std::string("srun --mpi=pmix --cpus-per-task=3 --kill-on-bad-exit=1 /opt/tessera/bin/tessera train"),
         "--plan " + kSource + "/plans/fashion_4ranks.yaml", "--metrics-dir '" + dir + "/my runs/'\"${SLURM_JOB_ID}\"",
-        std::string("--threads 3"), std::string("--steps 20 --lr 0.05 --note 'it'\\''s'\n")})
+        std::string("--threads 3"), std::string("--steps 20 --lr 0.05 --note 'it'\\''s' &\n")})
     EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line << "\nin:\n" << text;
   EXPECT_EQ(text.find("--gpus-per-task"), std::string::npos);
   // Every #SBATCH line comes before the first command.
@@ -154,7 +155,114 @@ TEST(JobScript, DefaultMetricsFolderIsInTheWorkdir) {
       << text;
   // --threads given after `--` replaces the job's own.
   EXPECT_EQ(text.find("--threads 1 \\"), std::string::npos) << text;
-  EXPECT_NE(text.find("--threads 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("--threads 1 &\n"), std::string::npos) << text;
+}
+
+/// The lines of `text` (without their line breaks).
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const auto end = text.find('\n', start);
+    lines.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return lines;
+}
+
+std::size_t line_index(const std::vector<std::string>& lines, const std::string& line) {
+  for (std::size_t i = 0; i < lines.size(); ++i)
+    if (lines[i] == line) return i;
+  ADD_FAILURE() << "no line '" << line << "'";
+  return lines.size();
+}
+
+TEST(JobScript, SignalsCheckpointsAndRequeue) {
+  Scratch s;
+  JobSpec spec = good_spec(s);
+  spec.job_name = "fm";
+  const std::string dir = s.dir.string();
+  {
+    // Defaults: SIGUSR1 120 s before the time limit, requeue, checkpoints per job name.
+    const std::string text = render_job_script(resolve_job(spec, "/"), "/x/tessera", "");
+    const auto lines = lines_of(text);
+    for (const std::string& line :
+         std::vector<std::string>{"#SBATCH --signal=B:USR1@120", "#SBATCH --requeue", "#SBATCH --open-mode=append",
+                                  "  --resume auto \\", "  --checkpoint-dir " + dir + "/checkpoints/fm \\",
+                                  "srun_pid=$!", "  scontrol requeue \"$SLURM_JOB_ID\" || exit 75", "exit \"$status\""})
+      EXPECT_LT(line_index(lines, line), lines.size()) << text;
+    // srun runs in the background, after the trap that passes SIGUSR1 on to it is set.
+    const auto trap = std::find_if(lines.begin(), lines.end(), [](auto& l) { return l.rfind("trap '", 0) == 0; });
+    ASSERT_NE(trap, lines.end()) << text;
+    EXPECT_NE(trap->find("kill -USR1 \"$srun_pid\""), std::string::npos) << *trap;
+    EXPECT_EQ(trap->substr(trap->size() - 5), " USR1");
+    const auto srun = std::find_if(lines.begin(), lines.end(), [](auto& l) { return l.rfind("srun ", 0) == 0; });
+    ASSERT_NE(srun, lines.end());
+    EXPECT_LT(trap, srun);
+    EXPECT_LT(line_index(lines, "  --threads 1 &"), line_index(lines, "srun_pid=$!"));
+    // wait is repeated while srun lives (a trapped signal ends `wait` early), then 75 requeues.
+    const auto wait = line_index(lines, "  wait \"$srun_pid\" || status=$?");
+    EXPECT_EQ(lines.at(wait + 1), "  kill -0 \"$srun_pid\" 2>/dev/null || break");
+    const auto check = line_index(lines, "if [ \"$status\" -eq 75 ]; then");
+    EXPECT_LT(wait, check);
+    EXPECT_EQ(lines.at(check + 3), "  exit 0");
+    EXPECT_LT(text.rfind("#SBATCH"), text.find("set -euo pipefail"));
+    EXPECT_EQ(text.find("--checkpoint-every"), std::string::npos) << text;
+  }
+  {
+    // Explicit checkpoint folder (relative to the current folder, %j allowed), no signal, no requeue.
+    JobSpec changed = spec;
+    changed.checkpoint_dir = "ckpt/%j";
+    changed.checkpoint_every = 100;
+    changed.signal_seconds = 0;
+    changed.requeue = false;
+    const std::string text = render_job_script(resolve_job(changed, dir), "/x/tessera", "");
+    const auto lines = lines_of(text);
+    EXPECT_LT(line_index(lines, "  --checkpoint-dir " + dir + "/ckpt/\"${SLURM_JOB_ID}\" \\"), lines.size());
+    EXPECT_LT(line_index(lines, "  --checkpoint-every 100 \\"), lines.size());
+    EXPECT_LT(line_index(lines, "  --resume auto \\"), lines.size());
+    for (const char* absent : {"--signal=", "--requeue", "--open-mode", "scontrol"})
+      EXPECT_EQ(text.find(absent), std::string::npos) << absent << " in\n" << text;
+    // Stopped on a signal (e.g. scancel --signal=USR1 --batch) without requeue: the job ends with 75.
+    EXPECT_NE(text.find("trap '"), std::string::npos);
+    EXPECT_LT(line_index(lines, "exit \"$status\""), lines.size());
+  }
+  {
+    // --no-checkpoints: no checkpoint folder, no resume, no signal line, no requeue.
+    JobSpec changed = spec;
+    changed.checkpoints = false;
+    const std::string text = render_job_script(resolve_job(changed, dir), "/x/tessera", "");
+    for (const char* absent : {"--checkpoint-dir", "--resume", "--signal=", "--requeue", "--open-mode", "scontrol"})
+      EXPECT_EQ(text.find(absent), std::string::npos) << absent << " in\n" << text;
+    changed.checkpoint_every = 10;
+    EXPECT_NE(refusal(changed).find("--no-checkpoints conflicts"), std::string::npos);
+  }
+  auto refusal_of = [&](auto change) {
+    JobSpec changed = spec;
+    change(changed);
+    return refusal(changed);
+  };
+  EXPECT_NE(refusal_of([](JobSpec& j) { j.signal_seconds = -1; }).find("--signal-seconds must be 0"),
+            std::string::npos);
+  EXPECT_NE(refusal_of([](JobSpec& j) {
+              j.time = "00:02:00";
+              j.signal_seconds = 120;
+            }).find("is not less than the time limit"),
+            std::string::npos);
+  EXPECT_EQ(refusal_of([](JobSpec& j) {
+              j.time = "00:02:01";
+              j.signal_seconds = 120;
+            }),
+            "");
+  EXPECT_NE(refusal_of([](JobSpec& j) { j.checkpoint_every = -5; }).find("--checkpoint-every must be"),
+            std::string::npos);
+  for (const char* own : {"--checkpoint-dir", "--checkpoint-every", "--resume"})
+    EXPECT_NE(refusal_of([&](JobSpec& j) {
+                j.train_args = {own, "x"};
+              }).find("give " + std::string(own)),
+              std::string::npos)
+        << own;
 }
 
 }  // namespace

@@ -5,12 +5,15 @@
 // starts as soon as its last gradient is ready, overlapping the rest of backward.
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tessera/core/communicator.hpp"
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera {
+
+class Watchdog;
 
 struct GradReducerOptions {
   /// A bucket closes once it holds at least this many bytes.
@@ -33,6 +36,9 @@ class GradReducer {
   void finish();
 
   std::size_t bucket_count() const { return buckets_.size(); }
+  /// While `finish()` waits for bucket k, the watchdog (may be null) reads
+  /// "gradient allreduce (bucket k of n)".
+  void set_watchdog(Watchdog* watchdog) { watchdog_ = watchdog; }
   /// Bytes this rank sends into allreduces per step.
   std::size_t bytes_per_step() const;
 
@@ -56,6 +62,9 @@ class GradReducer {
   std::vector<Entry> entries_;
   std::vector<Bucket> buckets_;
   bool built_ = false;
+  Watchdog* watchdog_ = nullptr;
+  /// One watchdog label per bucket, built once.
+  std::vector<std::string> labels_;
 };
 
 }  // namespace tessera

@@ -62,6 +62,9 @@ class Plan {
   std::string to_yaml() const;
 
  private:
+  /// parse() without its net for yaml-cpp's own exceptions.
+  static Plan parse_unchecked(const std::string& yaml_text, const std::string& source_name);
+
   std::string source_ = "<plan>";
   int ranks_ = 1;
   LayerSplit default_;

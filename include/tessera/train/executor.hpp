@@ -57,6 +57,9 @@ class Executor {
   Communicator& sample_comm();
   ProcGrid& grid() { return *grid_; }
   const GradReducer& reducer() const { return reducer_; }
+  /// Names the blocking points of a step (gradient and loss allreduces) to `watchdog` (null: none).
+  void set_watchdog(Watchdog* watchdog);
+  Watchdog* watchdog() const { return watchdog_; }
   /// Bytes of activations, their gradients and workspace this rank holds after a step.
   std::int64_t activation_bytes() const;
 
@@ -64,7 +67,7 @@ class Executor {
   /// The context of a call on this rank's `inputs` of a batch of `batch_size` samples.
   LayerContext context(const Tensor& inputs, std::int64_t batch_size, std::int64_t step, bool training);
   void forward(const Tensor& inputs, LayerContext& ctx);
-  BatchResult reduce(double loss_sum, std::int64_t correct, std::int64_t samples);
+  BatchResult reduce(double loss_sum, std::int64_t correct, std::int64_t samples, const char* label);
 
   Model& model_;
   std::shared_ptr<Communicator> world_;
@@ -75,6 +78,7 @@ class Executor {
   std::vector<Tensor> outputs_;
   std::vector<Tensor> grads_;
   Tensor grad_scratch_;
+  Watchdog* watchdog_ = nullptr;
 };
 
 }  // namespace tessera

@@ -55,6 +55,9 @@ class Model {
   std::vector<PlanLayerInfo> plan_info(std::int64_t global_batch) const;
 
  private:
+  /// parse() without its net for yaml-cpp's own exceptions.
+  static Model parse_unchecked(const std::string& yaml_text, const std::string& source_name);
+
   std::string name_;
   std::string source_;
   Shape sample_shape_;

@@ -2,6 +2,7 @@
 // The training loop: epochs over a shuffled dataset (the same order on every rank), each rank
 // reading only its samples of each batch, the next batch prefetched while this one trains;
 // validation every N steps; metrics as JSON lines and CSV; a progress line on rank 0.
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -31,13 +32,42 @@ struct TrainerOptions {
   std::string metrics_dir;
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
+  /// Checkpoints (see train/checkpoint.hpp): folder (empty: none), every this many steps (0: only
+  /// at the end and when a stop is requested), how many to keep.
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  int keep_checkpoints = 3;
+  /// "": start from scratch; "auto": the newest valid checkpoint in checkpoint_dir (from scratch
+  /// when there is none); else the path of a checkpoint file.
+  std::string resume;
+  /// The plan's text, stored in checkpoints.
+  std::string plan_text;
+  /// Set by anyone (a signal handler) to stop at the next step boundary: every rank agrees on it
+  /// (one tiny allreduce per step, only when this is set), saves a checkpoint at the same step
+  /// and run() returns with TrainSummary::stopped.
+  const std::atomic<bool>* stop_request = nullptr;
   /// Testing aid: rank `fail_rank` throws at step `fail_step` (-1: never).
   int fail_rank = -1;
   std::int64_t fail_step = -1;
+  /// A rank that sees no finished step for this many seconds prints what it is stuck in and ends
+  /// the job with exit code 4 (0: no watchdog).
+  double watchdog_seconds = 600;
+  /// Testing aid: rank `hang_rank` sleeps forever at step `hang_step` (-1: never).
+  int hang_rank = -1;
+  std::int64_t hang_step = -1;
 };
 
 struct TrainSummary {
+  /// The step reached (the next step to run), counted from the start of training.
   std::int64_t steps = 0;
+  /// The step this run started at (> 0 after a resume).
+  std::int64_t start_step = 0;
+  /// True when a stop request ended the run early (after saving a checkpoint).
+  bool stopped = false;
+  /// Path of the last checkpoint written (empty: none).
+  std::string last_checkpoint;
+  /// Seconds spent writing checkpoints (included in `seconds`).
+  double checkpoint_seconds = 0;
   double final_loss = 0;
   std::optional<double> val_loss;
   std::optional<double> val_accuracy;

@@ -1,0 +1,44 @@
+#pragma once
+// Saving and restoring the training state as a checkpoint file (io/checkpoint.hpp): every
+// parameter, the optimizer's state tensors and step count, the layers' buffers (batch-norm running
+// statistics), and the attributes that say what was trained: the next step, epoch, global batch,
+// seed, model file text and fingerprint, plan, optimizer type.
+//
+// Nothing else needs saving. Data order, dropout masks and the learning rate are functions of
+// (seed, step) in Tessera: EpochSampler(epoch, index) draws the epoch's permutation from the
+// counter-based RNG keyed by the seed, dropout masks are keyed by (seed, layer, step, global
+// element), and LrSchedule::lr(step) is a pure function. Restoring the step restores all three, so
+// a resumed run on the same ranks is bit-identical to an uninterrupted one.
+#include <cstdint>
+#include <string>
+
+#include "tessera/train/executor.hpp"
+#include "tessera/train/model.hpp"
+#include "tessera/train/optimizer.hpp"
+
+namespace tessera {
+
+struct CheckpointMeta {
+  std::int64_t step = 0;  ///< the next step to run
+  std::int64_t epoch = 0;
+  std::int64_t global_batch = 0;
+  std::uint64_t seed = 0;
+  std::string plan_text;
+};
+
+/// "layer type [output shape]" per line: what a checkpoint must match to be restored.
+std::string model_fingerprint(const Model& model);
+
+/// Writes the state to `<dir>/ckpt-<step>.h5` (collective over executor.world()) and keeps the
+/// newest `keep` checkpoints. Returns the path.
+std::string save_checkpoint(const std::string& dir, Model& model, Executor& executor, Optimizer& optimizer,
+                            const CheckpointMeta& meta, int keep = 3);
+
+/// Restores the state from `path` (collective): verifies the file, then checks it against the model
+/// (fingerprint: InputError naming the file and the first differing layer) and `expected`'s global
+/// batch and seed (InputError saying what differs). Nothing is changed unless every check passes.
+/// Returns the checkpoint's metadata (step = the next step to run).
+CheckpointMeta restore_checkpoint(const std::string& path, Model& model, Executor& executor, Optimizer& optimizer,
+                                  const CheckpointMeta& expected);
+
+}  // namespace tessera

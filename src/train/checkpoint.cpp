@@ -1,0 +1,169 @@
+// Training state <-> checkpoint files. See include/tessera/train/checkpoint.hpp.
+#include "tessera/train/checkpoint.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tessera/core/error.hpp"
+#include "tessera/io/checkpoint.hpp"
+
+namespace tessera {
+namespace {
+
+/// Where a tensor goes in the file and whether this rank writes it. Sample-parallel plans hold
+/// every weight whole on every rank of the sample group, so the group's rank 0 writes it; a
+/// tensor sharded over model or domain splits would give its own box here, written by rank 0 of
+/// its replica group.
+struct Placement {
+  std::vector<std::int64_t> global_shape;
+  Box box;
+  bool writes = false;
+};
+
+Placement replicated(const Tensor& tensor, Executor& executor) {
+  Placement p;
+  p.global_shape = tensor.shape().dims();
+  if (p.global_shape.empty()) p.global_shape = {1};  // a scalar is stored as [1]
+  p.box.begin.assign(p.global_shape.size(), 0);
+  p.box.extent = p.global_shape;
+  p.writes = executor.sample_comm().rank() == 0;
+  return p;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return {};
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+/// Every tensor of the training state with its name in the file.
+std::vector<std::pair<std::string, Tensor*>> state_tensors(Model& model, Optimizer& optimizer) {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  for (Parameter* p : model.parameters()) out.emplace_back("param/" + p->name, &p->value);
+  for (auto& [name, tensor] : optimizer.state()) out.emplace_back("optimizer/" + name, tensor);
+  for (auto& node : model.nodes()) {
+    const auto buffers = node.layer->buffers();
+    for (std::size_t i = 0; i < buffers.size(); ++i)
+      out.emplace_back(fmt::format("buffer/{}.{}", node.layer->name(), i), buffers[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string model_fingerprint(const Model& model) {
+  std::string out;
+  for (const auto& node : model.nodes())
+    out += fmt::format("{} {} {}\n", node.layer->name(), node.layer->type(), node.output.to_string());
+  return out;
+}
+
+std::string save_checkpoint(const std::string& dir, Model& model, Executor& executor, Optimizer& optimizer,
+                            const CheckpointMeta& meta, int keep) {
+  const auto params = model.parameters();
+  optimizer.prepare(params);  // every state tensor exists, even for a parameter not stepped yet
+  CheckpointWriter writer(dir, checkpoint_name(meta.step), executor.world());
+  writer.set_attribute("step", meta.step);
+  writer.set_attribute("epoch", meta.epoch);
+  writer.set_attribute("global_batch", meta.global_batch);
+  writer.set_attribute("seed", static_cast<std::int64_t>(meta.seed));
+  writer.set_attribute("model_name", model.name());
+  writer.set_attribute("model_text", read_text_file(model.source()));
+  writer.set_attribute("model_fingerprint", model_fingerprint(model));
+  writer.set_attribute("plan_text", meta.plan_text);
+  writer.set_attribute("optimizer_type", std::string(optimizer.type()));
+  writer.set_attribute("optimizer_steps", optimizer.steps_taken());
+  writer.set_attribute("ranks", static_cast<std::int64_t>(executor.world().size()));
+  Communicator& group = executor.sample_comm();
+  for (auto& [name, tensor] : state_tensors(model, optimizer)) {
+    const Placement p = replicated(*tensor, executor);
+    const bool buffer = name.rfind("buffer/", 0) == 0;
+    if (buffer && group.size() > 1) {
+      // Running statistics of local batch norm differ between the ranks of the sample group: store
+      // their average (what evaluation uses). Global statistics are identical: stored as they are.
+      const auto n = static_cast<std::size_t>(tensor->numel());
+      Tensor high = tensor->clone(), low = tensor->clone();
+      group.allreduce(high.data(), n, DType::F32, ReduceOp::Max);
+      group.allreduce(low.data(), n, DType::F32, ReduceOp::Min);
+      bool same = true;
+      for (std::size_t i = 0; i < n && same; ++i) same = high.data()[i] == low.data()[i];
+      if (!same) {
+        Tensor mean = tensor->clone();
+        group.allreduce(mean.data(), n, DType::F32, ReduceOp::Sum);
+        for (std::size_t i = 0; i < n; ++i) mean.data()[i] /= static_cast<float>(group.size());
+        writer.write_tensor(name, p.global_shape, p.box, mean.data(), p.writes);
+        continue;
+      }
+    }
+    const Tensor contiguous = tensor->is_contiguous() ? Tensor() : tensor->clone();
+    writer.write_tensor(name, p.global_shape, p.box, contiguous.defined() ? contiguous.data() : tensor->data(),
+                        p.writes);
+  }
+  return writer.finish(keep);
+}
+
+CheckpointMeta restore_checkpoint(const std::string& path, Model& model, Executor& executor, Optimizer& optimizer,
+                                  const CheckpointMeta& expected) {
+  CheckpointReader reader(path, executor.world());
+  reader.verify();
+  // Is it this model? Compare layer by layer and name the first that differs.
+  const auto saved = lines(reader.string_attribute("model_fingerprint"));
+  const auto mine = lines(model_fingerprint(model));
+  for (std::size_t i = 0; i < std::max(saved.size(), mine.size()); ++i) {
+    if (i < saved.size() && i < mine.size() && saved[i] == mine[i]) continue;
+    fail_input("{}: the checkpoint is of another model ('{}'): layer {} is '{}' there but '{}' in model '{}'", path,
+               reader.string_attribute("model_name"), i + 1, i < saved.size() ? saved[i] : "(none)",
+               i < mine.size() ? mine[i] : "(none)", model.source());
+  }
+  const std::int64_t batch = reader.int_attribute("global_batch");
+  if (batch != expected.global_batch)
+    fail_input("{}: the checkpoint was trained with global batch {}, this run asks for {}; resume with --batch {}",
+               path, batch, expected.global_batch, batch);
+  const auto seed = static_cast<std::uint64_t>(reader.int_attribute("seed"));
+  if (seed != expected.seed)
+    fail_input("{}: the checkpoint was trained with seed {}, this run asks for {}; resume with --seed {}", path, seed,
+               expected.seed, seed);
+  const std::string optimizer_type = reader.string_attribute("optimizer_type");
+  if (optimizer_type != optimizer.type())
+    fail_input("{}: the checkpoint was trained with optimizer '{}', this run uses '{}'", path, optimizer_type,
+               optimizer.type());
+
+  optimizer.prepare(model.parameters());
+  const auto tensors = state_tensors(model, optimizer);
+  // Check every tensor before changing any.
+  for (const auto& [name, tensor] : tensors) {
+    if (!reader.has_tensor(name)) fail_input("{}: the checkpoint holds no tensor '{}'", path, name);
+    auto want = tensor->shape().dims();
+    if (want.empty()) want = {1};
+    const auto have = reader.tensor_shape(name);
+    if (have != want)
+      fail_input("{}: tensor '{}' has shape [{}] in the checkpoint, but the model's is [{}]", path, name,
+                 fmt::join(have, ", "), fmt::join(want, ", "));
+    if (!tensor->is_contiguous()) fail("{}: state tensor '{}' is not contiguous", path, name);
+  }
+  for (const auto& [name, tensor] : tensors) {
+    const Placement p = replicated(*tensor, executor);
+    reader.read_tensor(name, p.box, tensor->data());
+  }
+  optimizer.set_steps_taken(reader.int_attribute("optimizer_steps"));
+  CheckpointMeta meta;
+  meta.step = reader.int_attribute("step");
+  meta.epoch = reader.int_attribute("epoch");
+  meta.global_batch = batch;
+  meta.seed = seed;
+  meta.plan_text = reader.string_attribute("plan_text");
+  return meta;
+}
+
+}  // namespace tessera
