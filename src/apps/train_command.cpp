@@ -83,13 +83,14 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     command_exit_code() = kExitStopped;
     return;
   }
-  if (world->rank() == 0) {
+  if (world->rank() == 0 && summary.steps == summary.start_step) {
+    fmt::print("nothing to train: the checkpoint is at step {}, which is where this run ends\n", summary.steps);
+  } else if (world->rank() == 0) {
     fmt::print("trained {} steps{} in {:.1f} s ({:.0f} samples/s); final training loss {:.4f}\n",
                summary.steps - summary.start_step,
                summary.start_step > 0 ? fmt::format(" (steps {}..{}, resumed)", summary.start_step, summary.steps - 1)
                                       : std::string(),
                summary.seconds, summary.samples_per_second, summary.final_loss);
-    if (summary.stopped) fmt::print("stopped on request after step {}\n", summary.steps);
     if (!summary.last_checkpoint.empty()) fmt::print("checkpoint: {}\n", summary.last_checkpoint);
     if (summary.val_loss) fmt::print("validation loss: {:.4f}\n", *summary.val_loss);
     if (summary.val_accuracy) fmt::print("test accuracy: {:.2f}%\n", 100.0 * *summary.val_accuracy);
