@@ -21,6 +21,16 @@ bool parse_int(const std::string& text, std::int64_t& value) {
   return error == std::errc() && last == end && !text.empty();
 }
 
+/// Integer parameters (sizes, counts, strides) stay far from the int64 limits, so that the shape
+/// arithmetic of any layer cannot overflow (fuzzing found "padding: 4611686018427387904").
+constexpr std::int64_t kLargestInteger = 2147483647;
+
+void check_range(const std::string& context, const std::string& key, std::int64_t value) {
+  if (value > kLargestInteger || value < -kLargestInteger)
+    fail_input("{}parameter '{}' is {}, beyond what Tessera accepts (at most {} in size)", prefix(context), key, value,
+               kLargestInteger);
+}
+
 bool parse_float(const std::string& text, double& value) {
   if (text.empty()) return false;
   char* end = nullptr;
@@ -77,6 +87,7 @@ std::int64_t LayerOptions::get_int(const std::string& key) const {
   std::int64_t value = 0;
   if (!parse_int(values[0], value))
     fail_input("{}parameter '{}' must be an integer, got '{}'", prefix(context_), key, values[0]);
+  check_range(context_, key, value);
   return value;
 }
 
@@ -139,6 +150,7 @@ std::vector<std::int64_t> LayerOptions::get_int_list(const std::string& key,
     std::int64_t value = 0;
     if (!parse_int(text, value))
       fail_input("{}parameter '{}' must be an integer or a list of integers, got '{}'", prefix(context_), key, text);
+    check_range(context_, key, value);
     result.push_back(value);
   }
   return result;

@@ -46,6 +46,10 @@ Shape parse_input_shape(const YAML::Node& input, const std::string& source) {
   if (!shape || !shape.IsSequence() || shape.size() == 0 || shape.size() > 4)
     fail_input("model file '{}': 'input' needs 'shape: [C, H, W]', '[C, D, H, W]' or '[features]'", source);
   std::vector<std::int64_t> dims;
+  // At most 2^31 - 1 elements per sample, so that no shape arithmetic downstream overflows (fuzzing
+  // found "shape: [9223372036854775807, 9223372036854775807]").
+  constexpr std::int64_t kLargestSample = 2147483647;
+  std::int64_t elements = 1;
   for (const auto& d : shape) {
     std::int64_t v = 0;
     try {
@@ -54,6 +58,9 @@ Shape parse_input_shape(const YAML::Node& input, const std::string& source) {
       fail_input("model file '{}': input shape entries must be positive integers, got {}", source, describe(d));
     }
     if (v < 1) fail_input("model file '{}': input shape entries must be positive integers, got {}", source, v);
+    if (__builtin_mul_overflow(elements, v, &elements) || elements > kLargestSample)
+      fail_input("model file '{}': an input sample of more than {} elements is beyond what Tessera accepts", source,
+                 kLargestSample);
     dims.push_back(v);
   }
   if (input.IsMap())

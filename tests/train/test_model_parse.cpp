@@ -40,5 +40,20 @@ TEST(ModelParse, KeysAndNamesThatAreNotWordsAreInputErrors) {
   expect_input_error("input: {shape: [4]}\n" + kLayers + "output: [fc]\n", "unexpected YAML");
 }
 
+// Also found by fuzzing: sizes near the int64 limits overflowed the shape arithmetic (UBSan reports
+// in convolution_layer.cpp and shape.cpp).
+TEST(ModelParse, SizesBeyondWhatTesseraAcceptsAreInputErrors) {
+  expect_input_error("input: {shape: [1, 28, 28]}\nlayers:\n  - {name: c, type: conv, filters: 2, kernel: 3, "
+                     "padding: 4611686018427387904}\n  - {name: f, type: flatten}\n  - {name: l, type: linear, "
+                     "out: 10}\nloss: softmax_cross_entropy\n",
+                     "parameter 'padding' is 4611686018427387904, beyond what Tessera accepts");
+  expect_input_error("input: {shape: [1, 28, 28]}\nlayers:\n  - {name: c, type: conv, filters: 100000000000, "
+                     "kernel: [3, 3]}\n  - {name: f, type: flatten}\n  - {name: l, type: linear, out: 10}\n"
+                     "loss: softmax_cross_entropy\n",
+                     "parameter 'filters' is 100000000000");
+  expect_input_error("input: {shape: [9223372036854775807, 9223372036854775807]}\n" + kLayers,
+                     "an input sample of more than 2147483647 elements");
+}
+
 }  // namespace
 }  // namespace tessera
