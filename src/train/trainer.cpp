@@ -1,27 +1,29 @@
 #include "tessera/train/trainer.hpp"
 
 #include <chrono>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
-#include "tessera/parallel/collective_guard.hpp"
-#include "tessera/parallel/watchdog.hpp"
+#include "tessera/io/checkpoint.hpp"
 #include "tessera/io/dataset.hpp"
 #include "tessera/io/prefetch.hpp"
 #include "tessera/io/sampler.hpp"
-#include "tessera/io/checkpoint.hpp"
+#include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/watchdog.hpp"
 #include "tessera/train/checkpoint.hpp"
 
 namespace tessera {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string format_duration(double seconds) {
   const auto s = static_cast<std::int64_t>(seconds);
@@ -94,10 +96,11 @@ struct Trainer::Metrics {
   }
   void train_row(std::int64_t step, std::int64_t epoch, double loss, double accuracy, double lr, double rate,
                  double elapsed) {
-    jsonl << fmt::format(
-        R"({{"kind":"train","step":{},"epoch":{},"loss":{:.9g},"accuracy":{:.6g},"lr":{:.9g},"samples_per_s":{:.6g},"elapsed_s":{:.6g}}})",
-        step, epoch, loss, accuracy, lr, rate, elapsed)
-          << '\n';
+    jsonl
+        << fmt::format(
+               R"({{"kind":"train","step":{},"epoch":{},"loss":{:.9g},"accuracy":{:.6g},"lr":{:.9g},"samples_per_s":{:.6g},"elapsed_s":{:.6g}}})",
+               step, epoch, loss, accuracy, lr, rate, elapsed)
+        << '\n';
     csv << fmt::format("train,{},{},{:.9g},{:.6g},{:.9g},{:.6g},{:.6g}\n", step, epoch, loss, accuracy, lr, rate,
                        elapsed);
   }
@@ -106,16 +109,18 @@ struct Trainer::Metrics {
     const auto opt = [](const std::optional<double>& v) { return v ? fmt::format("{:.9g}", *v) : std::string("null"); };
     const double steps = static_cast<double>(std::max<std::int64_t>(s.steps - s.start_step, 1));
     out << fmt::format(
-        R"({{"ranks":{},"steps":{},"global_batch":{},"seconds":{:.6g},"samples_per_s":{:.6g},"step_s":{:.6g},)"
-        R"("comm_wait_s":{:.6g},"comm_share":{:.6g},"final_loss":{:.9g},"val_loss":{},"val_accuracy":{}}})",
-        ranks, s.steps, global_batch, s.seconds, s.samples_per_second, s.seconds / steps, s.comm_wait_seconds / steps,
-        s.seconds > 0 ? s.comm_wait_seconds / s.seconds : 0.0, s.final_loss, opt(s.val_loss), opt(s.val_accuracy))
+               R"({{"ranks":{},"steps":{},"global_batch":{},"seconds":{:.6g},"samples_per_s":{:.6g},"step_s":{:.6g},)"
+               R"("comm_wait_s":{:.6g},"comm_share":{:.6g},"final_loss":{:.9g},"val_loss":{},"val_accuracy":{}}})",
+               ranks, s.steps, global_batch, s.seconds, s.samples_per_second, s.seconds / steps,
+               s.comm_wait_seconds / steps, s.seconds > 0 ? s.comm_wait_seconds / s.seconds : 0.0, s.final_loss,
+               opt(s.val_loss), opt(s.val_accuracy))
         << '\n';
   }
   void eval_row(std::int64_t step, std::int64_t epoch, double loss, std::optional<double> accuracy, double elapsed) {
     const std::string acc = accuracy ? fmt::format("{:.6g}", *accuracy) : std::string("null");
-    jsonl << fmt::format(R"({{"kind":"validation","step":{},"epoch":{},"loss":{:.9g},"accuracy":{},"elapsed_s":{:.6g}}})",
-                         step, epoch, loss, acc, elapsed)
+    jsonl << fmt::format(
+                 R"({{"kind":"validation","step":{},"epoch":{},"loss":{:.9g},"accuracy":{},"elapsed_s":{:.6g}}})", step,
+                 epoch, loss, acc, elapsed)
           << '\n';
     csv << fmt::format("validation,{},{},{:.9g},{},,,{:.6g}\n", step, epoch, loss, accuracy ? acc : "", elapsed);
     jsonl.flush();
@@ -190,7 +195,8 @@ void Trainer::check() const {
 TrainSummary Trainer::run() {
   check();
   const DatasetInfo& info = train_->info();
-  EpochSampler sampler(SamplerOptions{info.size, options_.global_batch, options_.seed, options_.shuffle, /*drop_last=*/true});
+  EpochSampler sampler(
+      SamplerOptions{info.size, options_.global_batch, options_.seed, options_.shuffle, /*drop_last=*/true});
   const std::int64_t per_epoch = sampler.batches_per_epoch();
   std::int64_t total_steps = per_epoch * options_.epochs;
   if (options_.max_steps > 0) total_steps = std::min(total_steps, options_.max_steps);
@@ -270,67 +276,67 @@ TrainSummary Trainer::run() {
   std::int64_t reached = start_step;
 
   try {
-  for (std::int64_t step = start_step; step < total_steps; ++step) {
-    Batch batch;
-    {
-      const WatchdogScope scope(watch, "reading training data (waiting for the prefetched batch)");
-      batch = prefetcher.take();
+    for (std::int64_t step = start_step; step < total_steps; ++step) {
+      Batch batch;
+      {
+        const WatchdogScope scope(watch, "reading training data (waiting for the prefetched batch)");
+        batch = prefetcher.take();
+      }
+      if (step + 1 < total_steps) prefetcher.submit(request_for(step + 1));
+      if (rank == options_.fail_rank && step == options_.fail_step)
+        fail("injected failure at step {} (--inject-failure)", step);
+      if (rank == options_.hang_rank && step == options_.hang_step) {
+        const WatchdogScope scope(watch, "an injected hang (--inject-hang)");
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+      }
+      const BatchResult r = executor_.train_step(batch.inputs, batch.targets, options_.global_batch, step);
+      const double lr = schedule.lr(step);
+      optimizer_->step(params, lr);
+      if (watch) watch->heartbeat();
+      summary.final_loss = r.mean_loss();
+      summary.comm_wait_seconds += r.comm_wait_seconds;
+      ++window_steps;
+      const std::int64_t epoch = step / per_epoch;
+      if (metrics_) {
+        const double accuracy = r.correct >= 0 ? static_cast<double>(r.correct) / static_cast<double>(r.samples) : -1.0;
+        const double elapsed = seconds_since(start);
+        metrics_->train_row(step, epoch, r.mean_loss(), accuracy, lr,
+                            static_cast<double>((step + 1 - start_step) * options_.global_batch) / elapsed, elapsed);
+      }
+      const bool last = step + 1 == total_steps;
+      if ((step + 1) % options_.progress_every == 0 || last) {
+        const double window = seconds_since(window_start);
+        const double rate = static_cast<double>(window_steps * options_.global_batch) / window;
+        const double eta = static_cast<double>(total_steps - step - 1) * window / static_cast<double>(window_steps);
+        log_info("step {}/{} epoch {} loss {:.4f} lr {:.4g} {:.0f} samples/s ETA {}", step + 1, total_steps, epoch + 1,
+                 r.mean_loss(), lr, rate, format_duration(eta));
+        window_start = Clock::now();
+        window_steps = 0;
+      }
+      const bool epoch_end = (step + 1) % per_epoch == 0;
+      if ((options_.eval_every > 0 && (step + 1) % options_.eval_every == 0) ||
+          (options_.eval_every == 0 && epoch_end) || last)
+        validate(step + 1, epoch);
+      if (step == start_step && start_step > 0)
+        log_info("first step after resuming done {:.2f} s after training began", seconds_since(start));
+      reached = step + 1;
+      // A stop request (a signal) ends the run at this step boundary on every rank alike.
+      bool stop = false;
+      if (options_.stop_request != nullptr) {
+        const int flag = options_.stop_request->load() ? 1 : 0;
+        const WatchdogScope scope(watch, "stop-request allreduce (the signal check after a step)");
+        stop = executor_.world().allreduce_value(flag, ReduceOp::Max) != 0;
+      }
+      if (!options_.checkpoint_dir.empty() &&
+          ((options_.checkpoint_every > 0 && reached % options_.checkpoint_every == 0) || last || stop))
+        save(reached);
+      if (stop && !last) {
+        log_info("stop requested: stopping after step {}{}", reached,
+                 options_.checkpoint_dir.empty() ? " (no --checkpoint-dir: nothing saved)" : "");
+        summary.stopped = true;
+        break;
+      }
     }
-    if (step + 1 < total_steps) prefetcher.submit(request_for(step + 1));
-    if (rank == options_.fail_rank && step == options_.fail_step)
-      fail("injected failure at step {} (--inject-failure)", step);
-    if (rank == options_.hang_rank && step == options_.hang_step) {
-      const WatchdogScope scope(watch, "an injected hang (--inject-hang)");
-      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-    }
-    const BatchResult r = executor_.train_step(batch.inputs, batch.targets, options_.global_batch, step);
-    const double lr = schedule.lr(step);
-    optimizer_->step(params, lr);
-    if (watch) watch->heartbeat();
-    summary.final_loss = r.mean_loss();
-    summary.comm_wait_seconds += r.comm_wait_seconds;
-    ++window_steps;
-    const std::int64_t epoch = step / per_epoch;
-    if (metrics_) {
-      const double accuracy = r.correct >= 0 ? static_cast<double>(r.correct) / static_cast<double>(r.samples) : -1.0;
-      const double elapsed = seconds_since(start);
-      metrics_->train_row(step, epoch, r.mean_loss(), accuracy, lr,
-                          static_cast<double>((step + 1 - start_step) * options_.global_batch) / elapsed, elapsed);
-    }
-    const bool last = step + 1 == total_steps;
-    if ((step + 1) % options_.progress_every == 0 || last) {
-      const double window = seconds_since(window_start);
-      const double rate = static_cast<double>(window_steps * options_.global_batch) / window;
-      const double eta = static_cast<double>(total_steps - step - 1) * window / static_cast<double>(window_steps);
-      log_info("step {}/{} epoch {} loss {:.4f} lr {:.4g} {:.0f} samples/s ETA {}", step + 1, total_steps, epoch + 1,
-               r.mean_loss(), lr, rate, format_duration(eta));
-      window_start = Clock::now();
-      window_steps = 0;
-    }
-    const bool epoch_end = (step + 1) % per_epoch == 0;
-    if ((options_.eval_every > 0 && (step + 1) % options_.eval_every == 0) || (options_.eval_every == 0 && epoch_end) ||
-        last)
-      validate(step + 1, epoch);
-    if (step == start_step && start_step > 0)
-      log_info("first step after resuming done {:.2f} s after training began", seconds_since(start));
-    reached = step + 1;
-    // A stop request (a signal) ends the run at this step boundary on every rank alike.
-    bool stop = false;
-    if (options_.stop_request != nullptr) {
-      const int flag = options_.stop_request->load() ? 1 : 0;
-      const WatchdogScope scope(watch, "stop-request allreduce (the signal check after a step)");
-      stop = executor_.world().allreduce_value(flag, ReduceOp::Max) != 0;
-    }
-    if (!options_.checkpoint_dir.empty() &&
-        ((options_.checkpoint_every > 0 && reached % options_.checkpoint_every == 0) || last || stop))
-      save(reached);
-    if (stop && !last) {
-      log_info("stop requested: stopping after step {}{}", reached,
-               options_.checkpoint_dir.empty() ? " (no --checkpoint-dir: nothing saved)" : "");
-      summary.stopped = true;
-      break;
-    }
-  }
   } catch (const AgreedFailure&) {
     throw;  // every rank is throwing it at the same point
   } catch (const std::exception& e) {
