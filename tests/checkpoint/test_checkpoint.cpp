@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "training_test_util.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/io/checkpoint.hpp"
@@ -20,21 +21,12 @@
 
 namespace tessera {
 namespace {
+using testing::relative_error;
+using testing::synthetic_batch;
 namespace fs = std::filesystem;
 
 constexpr std::uint64_t kSeed = 7;
 
-/// Global batch `step` of a synthetic dataset (as in tests/invariant).
-void synthetic_batch(const Shape& sample, std::int64_t batch, std::int64_t step, Tensor& inputs, Tensor& labels) {
-  std::vector<std::int64_t> dims{batch};
-  dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
-  inputs = Tensor(Shape(dims));
-  labels = Tensor(Shape({batch}));
-  const auto stream = rng_substream(RngStream::Data, static_cast<std::uint64_t>(step));
-  for (std::int64_t i = 0; i < inputs.numel(); ++i) inputs.data()[i] = random_uniform(99, stream, static_cast<std::uint64_t>(i));
-  for (std::int64_t n = 0; n < batch; ++n)
-    labels.data()[n] = static_cast<float>(random_u64(99, stream + 1, static_cast<std::uint64_t>(n)) % 10);
-}
 
 struct Case {
   std::string model_file;
@@ -108,14 +100,6 @@ bool bit_identical(const Tensor& a, const Tensor& b) {
          std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(float)) == 0;
 }
 
-double relative_error(const Tensor& a, const Tensor& b) {
-  double diff = 0, scale = 1e-30;
-  for (std::int64_t i = 0; i < a.numel(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a.data()[i]) - b.data()[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(a.data()[i])));
-  }
-  return diff / scale;
-}
 
 /// A fresh folder shared by the ranks of `world`.
 std::string fresh_dir(Communicator& world, const std::string& what) {
