@@ -24,7 +24,24 @@ void check_batch(std::string_view loss, const Tensor& prediction, const Tensor& 
                prediction.shape().to_string(), target_numel, target.shape().to_string());
 }
 
-class SoftmaxCrossEntropy final : public Loss {
+/// A loss computed by one pass that returns the sum of the local samples' losses and, when given a
+/// gradient buffer, writes scale x d(that sum)/d(prediction) into it.
+class SummedLoss : public Loss {
+ public:
+  double forward_backward(const Tensor& prediction, const Tensor& target, Tensor& grad_prediction,
+                          const LayerContext& ctx) final {
+    const double scale = 1.0 / global_batch_of(ctx, type());
+    grad_prediction.resize(prediction.shape());
+    return run(prediction, target, grad_prediction.data(), scale);
+  }
+
+  double forward(const Tensor& prediction, const Tensor& target) final { return run(prediction, target, nullptr, 0.0); }
+
+ protected:
+  virtual double run(const Tensor& prediction, const Tensor& target, float* grad, double scale) = 0;
+};
+
+class SoftmaxCrossEntropy final : public SummedLoss {
  public:
   std::string_view type() const override { return "softmax_cross_entropy"; }
 
@@ -35,16 +52,6 @@ class SoftmaxCrossEntropy final : public Loss {
     return Shape(std::vector<std::int64_t>{});
   }
 
-  double forward_backward(const Tensor& prediction, const Tensor& target, Tensor& grad_prediction,
-                          const LayerContext& ctx) override {
-    const double scale = 1.0 / global_batch_of(ctx, type());
-    grad_prediction.resize(prediction.shape());
-    return run(prediction, target, grad_prediction.data(), scale);
-  }
-
-  double forward(const Tensor& prediction, const Tensor& target) override {
-    return run(prediction, target, nullptr, 0.0);
-  }
 
   std::int64_t correct(const Tensor& prediction, const Tensor& target) const override {
     check(prediction, target);
@@ -74,7 +81,7 @@ class SoftmaxCrossEntropy final : public Loss {
   }
 
   /// Loss sum; when `grad` is given, also (softmax - one_hot) * scale. Log-sum-exp in double.
-  double run(const Tensor& prediction, const Tensor& target, float* grad, double scale) {
+  double run(const Tensor& prediction, const Tensor& target, float* grad, double scale) override {
     check(prediction, target);
     const std::int64_t classes = prediction.dim(1);
     const float* scores = prediction.data();
@@ -99,25 +106,15 @@ class SoftmaxCrossEntropy final : public Loss {
 
 /// Per sample: the mean over its values of (prediction - target)^2, so the batch mean equals
 /// PyTorch's MSELoss (mean over every element).
-class MeanSquaredError final : public Loss {
+class MeanSquaredError final : public SummedLoss {
  public:
   std::string_view type() const override { return "mse"; }
 
   Shape target_shape(const Shape& prediction_sample_shape) const override { return prediction_sample_shape; }
 
-  double forward_backward(const Tensor& prediction, const Tensor& target, Tensor& grad_prediction,
-                          const LayerContext& ctx) override {
-    const double scale = 1.0 / global_batch_of(ctx, type());
-    grad_prediction.resize(prediction.shape());
-    return run(prediction, target, grad_prediction.data(), scale);
-  }
-
-  double forward(const Tensor& prediction, const Tensor& target) override {
-    return run(prediction, target, nullptr, 0.0);
-  }
 
  private:
-  double run(const Tensor& prediction, const Tensor& target, float* grad, double scale) {
+  double run(const Tensor& prediction, const Tensor& target, float* grad, double scale) override {
     const std::int64_t per_sample = prediction.shape().sample_numel();
     check_batch(type(), prediction, target, per_sample);
     const float* p = prediction.data();
