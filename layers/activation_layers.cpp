@@ -13,6 +13,7 @@ class LeakyReluLayer final : public Layer {
       : Layer(name, id), slope_(slope), type_(type) {}
 
   std::string_view type() const override { return type_; }
+  bool spatially_splittable() const override { return true; }
 
   Shape setup(const std::vector<Shape>& inputs) override {
     check_input_count(*this, inputs, 1);
@@ -20,9 +21,9 @@ class LeakyReluLayer final : public Layer {
     return input_shape_;
   }
 
-  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext&) override {
+  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
-    check_same_sample_shape(*this, input_shape_, input.shape());
+    check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
     output.resize(input.shape());
     const float* x = input.data();
     float* y = output.data();

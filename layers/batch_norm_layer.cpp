@@ -1,6 +1,7 @@
 // "batchnorm": per-channel normalization over the batch and spatial dimensions, with learned
-// scale (gamma) and shift (beta). With `global: true` the statistics cover the whole batch across
-// the ranks of the sample communicator, in forward and in backward. Written with Kokkos loops
+// scale (gamma) and shift (beta). The statistics always cover the whole spatial extent (the ranks
+// holding other spatial tiles of the same samples); with `global: true` they cover the whole batch
+// across the ranks of the sample communicator, in forward and in backward. Written with Kokkos loops
 // rather than oneDNN: oneDNN's batch norm cannot take statistics reduced across processes in its
 // backward pass.
 #include <cmath>
@@ -24,6 +25,7 @@ class BatchNormLayer final : public Layer {
   }
 
   std::string_view type() const override { return "batchnorm"; }
+  bool spatially_splittable() const override { return true; }
 
   Shape setup(const std::vector<Shape>& inputs) override {
     check_input_count(*this, inputs, 1);
@@ -50,7 +52,7 @@ class BatchNormLayer final : public Layer {
 
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
-    check_same_sample_shape(*this, input_shape_, input.shape());
+    check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
     output.resize(input.shape());
     const std::int64_t batch = input.dim(0), channels = channels_, inner = input.shape().sample_numel() / channels_;
     mean_.assign(static_cast<std::size_t>(channels), 0.0);
@@ -74,7 +76,7 @@ class BatchNormLayer final : public Layer {
         sums[static_cast<std::size_t>(channels + c)] = squares;
       });
       sums.back() = static_cast<double>(batch * inner);
-      if (Communicator* comm = sample_comm(ctx)) comm->allreduce(std::span<double>(sums));
+      if (Communicator* comm = statistics_comm(ctx)) comm->allreduce(std::span<double>(sums));
       const double count = sums.back();
       if (count == 0) return;  // no sample anywhere: nothing to normalize, statistics unchanged
       for (std::int64_t c = 0; c < channels; ++c) {
@@ -144,7 +146,7 @@ class BatchNormLayer final : public Layer {
     }
     // Every rank joins the reduction (also one without samples), or the others would hang.
     if (used_batch_statistics_) {
-      if (Communicator* comm = sample_comm(ctx)) comm->allreduce(std::span<double>(sums));
+      if (Communicator* comm = statistics_comm(ctx)) comm->allreduce(std::span<double>(sums));
     }
 
     Tensor* dx_tensor = grad_inputs[0];
@@ -175,7 +177,9 @@ class BatchNormLayer final : public Layer {
   }
 
  private:
-  Communicator* sample_comm(const LayerContext& ctx) const { return global_ ? ctx.sample_comm : nullptr; }
+  /// The ranks whose statistics are combined with this rank's: the other spatial tiles of the same
+  /// samples always, and with global statistics every rank holding part of the batch.
+  Communicator* statistics_comm(const LayerContext& ctx) const { return global_ ? ctx.sample_comm : ctx.spatial_comm; }
 
   double epsilon_, momentum_;
   bool global_;

@@ -22,6 +22,7 @@ class ConvolutionLayer final : public Layer {
   }
 
   std::string_view type() const override { return "conv"; }
+  bool spatially_splittable() const override { return true; }
 
   Shape setup(const std::vector<Shape>& inputs) override {
     check_input_count(*this, inputs, 1);
@@ -57,6 +58,15 @@ class ConvolutionLayer final : public Layer {
     return Shape::image(input[0], filters_, geometry_.output_size);
   }
 
+  std::pair<std::int64_t, std::int64_t> input_range(int dim, std::int64_t begin, std::int64_t end) const override {
+    // Output o reads inputs o*stride - padding ... + (kernel-1)*dilation.
+    const auto u = static_cast<std::size_t>(dim);
+    const std::int64_t reach = (geometry_.kernel[u] - 1) * geometry_.dilation[u] + 1;
+    const std::int64_t first = begin * geometry_.stride[u] - geometry_.padding[u];
+    if (end <= begin) return {first, first};
+    return {first, (end - 1) * geometry_.stride[u] - geometry_.padding[u] + reach};
+  }
+
   std::vector<Parameter*> parameters() override {
     if (bias_) return {&weights_, &bias_parameter_};
     return {&weights_};
@@ -70,36 +80,59 @@ class ConvolutionLayer final : public Layer {
 
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
-    check_same_sample_shape(*this, input_shape_, input.shape());
-    geometry_.batch = input.dim(0);
-    output.resize(Shape::image(geometry_.batch, filters_, geometry_.output_size));
-    if (geometry_.batch == 0) return;
-    backend_of(*this, ctx).convolution().forward(geometry_, input.data(), weights_.value.data(),
+    check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
+    const ConvolutionGeometry& g = geometry_for(input, ctx);
+    output.resize(Shape::image(g.batch, filters_, g.output_size));
+    if (g.batch == 0) return;
+    backend_of(*this, ctx).convolution().forward(g, input.data(), weights_.value.data(),
                                                   bias_ ? bias_parameter_.value.data() : nullptr, output.data());
   }
 
   void backward(std::span<const Tensor* const> inputs, const Tensor& output, const Tensor& grad_output,
                 std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
-    geometry_.batch = input.dim(0);
+    const ConvolutionGeometry& g = geometry_for(input, ctx);
     if (grad_inputs[0]) grad_inputs[0]->resize(input.shape());
-    if (geometry_.batch == 0) {
+    if (g.batch == 0) {
       // No samples here: this rank's share of the parameter gradients is zero.
       weights_.grad.zero();
       if (bias_) bias_parameter_.grad.zero();
       return;
     }
-    backend_of(*this, ctx).convolution().backward(geometry_, input.data(), grad_output.data(), weights_.value.data(),
+    backend_of(*this, ctx).convolution().backward(g, input.data(), grad_output.data(), weights_.value.data(),
                                                    grad_inputs[0] ? grad_inputs[0]->data() : nullptr,
                                                    weights_.grad.data(), bias_ ? bias_parameter_.grad.data() : nullptr);
   }
 
  private:
+  /// The geometry of this call: the layer's own, or on a spatial tile a convolution without
+  /// padding over the local window (which already holds the padding as zeros) that yields
+  /// exactly the tile's outputs.
+  const ConvolutionGeometry& geometry_for(const Tensor& input, const LayerContext& ctx) {
+    if (!ctx.tile) {
+      geometry_.batch = input.dim(0);
+      return geometry_;
+    }
+    tile_geometry_ = geometry_;
+    tile_geometry_.batch = input.dim(0);
+    tile_geometry_.input_size = spatial_extents(input.shape());
+    tile_geometry_.padding.assign(geometry_.padding.size(), 0);
+    tile_geometry_.output_size = ctx.tile->output_extent;
+    for (std::size_t i = 0; i < tile_geometry_.input_size.size(); ++i) {
+      const std::int64_t reach = (geometry_.kernel[i] - 1) * geometry_.dilation[i] + 1;
+      const std::int64_t out = tile_geometry_.output_size[i];
+      if (out > 0 && tile_geometry_.input_size[i] != (out - 1) * geometry_.stride[i] + reach)
+        fail_layer(*this, "spatial tile with {} outputs in dimension {} got an input window of {} (executor bug)",
+                   out, i, tile_geometry_.input_size[i]);
+    }
+    return tile_geometry_;
+  }
+
   std::int64_t filters_;
   std::vector<std::int64_t> kernel_, stride_, padding_, dilation_;
   bool bias_;
   Shape input_shape_;
-  ConvolutionGeometry geometry_;
+  ConvolutionGeometry geometry_, tile_geometry_;
   Parameter weights_, bias_parameter_;
 };
 

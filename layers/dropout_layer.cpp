@@ -18,6 +18,7 @@ class DropoutLayer final : public Layer {
   }
 
   std::string_view type() const override { return "dropout"; }
+  bool spatially_splittable() const override { return true; }
 
   Shape setup(const std::vector<Shape>& inputs) override {
     check_input_count(*this, inputs, 1);
@@ -27,7 +28,7 @@ class DropoutLayer final : public Layer {
 
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
-    check_same_sample_shape(*this, input_shape_, input.shape());
+    check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
     output.resize(input.shape());
     applied_ = ctx.training && rate_ > 0;
     if (!applied_) {
@@ -40,16 +41,43 @@ class DropoutLayer final : public Layer {
     const std::uint64_t seed = ctx.seed;
     const std::uint64_t stream = rng_substream(RngStream::Dropout, static_cast<std::uint64_t>(id()),
                                                static_cast<std::uint64_t>(ctx.step));
-    const std::uint64_t first = static_cast<std::uint64_t>(ctx.sample_offset * sample_numel);
     const float rate = static_cast<float>(rate_);
     const float keep_scale = static_cast<float>(1.0 / (1.0 - rate_));
     const float* x = input.data();
     float* y = output.data();
     float* scales = scales_.data();
-    host_for("dropout forward", count, [=](std::int64_t i) {
-      const bool keep = random_uniform(seed, stream, first + static_cast<std::uint64_t>(i)) >= rate;
-      scales[i] = keep ? keep_scale : 0.0f;
-      y[i] = x[i] * scales[i];
+    if (!ctx.tile) {
+      const std::uint64_t first = static_cast<std::uint64_t>(ctx.sample_offset * sample_numel);
+      host_for("dropout forward", count, [=](std::int64_t i) {
+        const bool keep = random_uniform(seed, stream, first + static_cast<std::uint64_t>(i)) >= rate;
+        scales[i] = keep ? keep_scale : 0.0f;
+        y[i] = x[i] * scales[i];
+      });
+      return;
+    }
+    // On a spatial tile: the global index of each local element, from the tile's position in
+    // the global N x C x (D) x H x W tensor (2-D tiles as depth 1).
+    std::int64_t local[3] = {1, 1, 1}, global[3] = {1, 1, 1}, origin[3] = {0, 0, 0};
+    const std::size_t dims = ctx.tile->output_global.size(), shift = 3 - dims;
+    for (std::size_t i = 0; i < dims; ++i) {
+      local[i + shift] = input.dim(static_cast<int>(i) + 2);
+      global[i + shift] = ctx.tile->output_global[i];
+      origin[i + shift] = ctx.tile->output_begin[i];
+    }
+    const std::int64_t channels = input.dim(1), offset = ctx.sample_offset;
+    host_for("dropout forward (tile)", input.dim(0) * channels, [=](std::int64_t plane) {
+      const std::int64_t n = plane / channels, c = plane % channels;
+      const std::int64_t global_plane = (offset + n) * channels + c;
+      std::int64_t i = plane * local[0] * local[1] * local[2];
+      for (std::int64_t d = 0; d < local[0]; ++d)
+        for (std::int64_t h = 0; h < local[1]; ++h)
+          for (std::int64_t w = 0; w < local[2]; ++w, ++i) {
+            const std::int64_t g =
+                ((global_plane * global[0] + origin[0] + d) * global[1] + origin[1] + h) * global[2] + origin[2] + w;
+            const bool keep = random_uniform(seed, stream, static_cast<std::uint64_t>(g)) >= rate;
+            scales[i] = keep ? keep_scale : 0.0f;
+            y[i] = x[i] * scales[i];
+          }
     });
   }
 

@@ -17,9 +17,9 @@ class FlattenLayer final : public Layer {
     return Shape::flat(input_shape_[0], input_shape_.sample_numel());
   }
 
-  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext&) override {
+  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
-    check_same_sample_shape(*this, input_shape_, input.shape());
+    check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
     output.resize(Shape::flat(input.dim(0), input.shape().sample_numel()));
     output.copy_from(input.reshape(output.shape()));
   }

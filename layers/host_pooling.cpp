@@ -16,30 +16,39 @@ namespace {
 struct Box {
   std::int64_t planes;
   std::int64_t in[3], out[3], kernel[3], stride[3], padding[3];
+  /// Tiles: global position of local input/output element 0, global input extent.
+  std::int64_t in_origin[3], limit[3], out_origin[3];
   std::int64_t in_plane() const { return in[0] * in[1] * in[2]; }
   std::int64_t out_plane() const { return out[0] * out[1] * out[2]; }
 };
 
 Box box_of(const PoolingGeometry& g) {
-  Box b{g.batch * g.channels, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {0, 0, 0}};
+  Box b{g.batch * g.channels, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {0, 0, 0},
+        {0, 0, 0},            {1, 1, 1}, {0, 0, 0}};
   const std::size_t shift = 3 - g.input_size.size();
+  const bool tile = !g.input_origin.empty();
   for (std::size_t i = 0; i < g.input_size.size(); ++i) {
     b.in[i + shift] = g.input_size[i];
     b.out[i + shift] = g.output_size[i];
     b.kernel[i + shift] = g.kernel[i];
     b.stride[i + shift] = g.stride[i];
     b.padding[i + shift] = g.padding[i];
+    b.in_origin[i + shift] = tile ? g.input_origin[i] : 0;
+    b.limit[i + shift] = tile ? g.global_input_size[i] : g.input_size[i];
+    b.out_origin[i + shift] = tile ? g.output_origin[i] : 0;
   }
   return b;
 }
 
-/// The input range [begin, end) a window covers in one dimension, clipped to the input.
+/// The local input range [begin, end) a window covers in one dimension: the window of global
+/// output position out_origin + out_index, clipped to the global input, in local coordinates.
 struct Span {
   std::int64_t begin, end;
 };
 inline Span window(const Box& b, int dim, std::int64_t out_index) {
-  const std::int64_t start = out_index * b.stride[dim] - b.padding[dim];
-  return {std::max<std::int64_t>(start, 0), std::min(start + b.kernel[dim], b.in[dim])};
+  const std::int64_t start = (b.out_origin[dim] + out_index) * b.stride[dim] - b.padding[dim];
+  return {std::max<std::int64_t>(start, 0) - b.in_origin[dim],
+          std::min(start + b.kernel[dim], b.limit[dim]) - b.in_origin[dim]};
 }
 
 /// Calls body(output_index, d_span, h_span, w_span) for every output element of one plane.

@@ -61,7 +61,14 @@ void check_input_count(const Layer& layer, const std::vector<Shape>& inputs, int
     if (shape.rank() < 2) fail_layer(layer, "input shape {} has no dimension besides the batch", shape.to_string());
 }
 
-void check_same_sample_shape(const Layer& layer, const Shape& expected, const Shape& input) {
+void check_same_sample_shape(const Layer& layer, const Shape& expected, const Shape& input,
+                             const LayerContext& ctx) {
+  if (ctx.tile) {
+    if (input.rank() != expected.rank() || input.rank() < 3 || input[1] != expected[1] ||
+        ctx.tile->window_begin.size() != static_cast<std::size_t>(input.rank() - 2))
+      fail_layer(layer, "was set up for input {} but got the tile {}", expected.to_string(), input.to_string());
+    return;
+  }
   if (input.rank() != expected.rank() || input.with(0, 0) != expected.with(0, 0))
     fail_layer(layer, "was set up for input {} (any batch) but got {}", expected.to_string(), input.to_string());
 }

@@ -28,8 +28,10 @@ std::string shapes_to_string(const std::vector<Shape>& shapes);
 /// Checks the count of inputs (arity -1: two or more) and that every shape has a batch dimension.
 void check_input_count(const Layer& layer, const std::vector<Shape>& inputs, int arity);
 
-/// Throws unless `input` matches what setup saw, apart from the batch extent.
-void check_same_sample_shape(const Layer& layer, const Shape& expected, const Shape& input);
+/// Throws unless `input` matches what setup saw, apart from the batch extent (and, on a spatial
+/// tile, apart from the spatial extents, which the tile gives).
+void check_same_sample_shape(const Layer& layer, const Shape& expected, const Shape& input,
+                             const LayerContext& ctx);
 
 /// Checks a kernel-like per-spatial-dimension option against the input's spatial rank; a single
 /// value is repeated.

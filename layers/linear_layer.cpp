@@ -40,7 +40,7 @@ class LinearLayer final : public Layer {
 
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
-    check_same_sample_shape(*this, input_shape_, input.shape());
+    check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
     geometry_.batch = input.dim(0);
     output.resize(Shape::flat(geometry_.batch, out_features_));
     if (geometry_.batch == 0) return;

@@ -12,6 +12,7 @@ class AddLayer final : public Layer {
   AddLayer(const std::string& name, int id) : Layer(name, id) {}
 
   std::string_view type() const override { return "add"; }
+  bool spatially_splittable() const override { return true; }
   int arity() const override { return -1; }
 
   Shape setup(const std::vector<Shape>& inputs) override {
@@ -22,9 +23,9 @@ class AddLayer final : public Layer {
     return inputs[0];
   }
 
-  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext&) override {
+  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     for (const Tensor* input : inputs) {
-      check_same_sample_shape(*this, input_shape_, input->shape());
+      check_same_sample_shape(*this, input_shape_, input->shape(), ctx);
       if (input->dim(0) != inputs[0]->dim(0))
         fail_layer(*this, "inputs have different batch extents: {} and {}", inputs[0]->shape().to_string(),
                    input->shape().to_string());
@@ -57,6 +58,7 @@ class ConcatLayer final : public Layer {
   ConcatLayer(const std::string& name, int id) : Layer(name, id) {}
 
   std::string_view type() const override { return "concat"; }
+  bool spatially_splittable() const override { return true; }
   int arity() const override { return -1; }
 
   Shape setup(const std::vector<Shape>& inputs) override {
@@ -72,10 +74,10 @@ class ConcatLayer final : public Layer {
     return inputs[0].with(1, channels);
   }
 
-  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext&) override {
+  void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const std::int64_t batch = inputs[0]->dim(0);
     for (std::size_t k = 0; k < inputs.size(); ++k) {
-      check_same_sample_shape(*this, input_shapes_[k], inputs[k]->shape());
+      check_same_sample_shape(*this, input_shapes_[k], inputs[k]->shape(), ctx);
       if (inputs[k]->dim(0) != batch)
         fail_layer(*this, "inputs have different batch extents: {} and {}", inputs[0]->shape().to_string(),
                    inputs[k]->shape().to_string());

@@ -20,6 +20,7 @@ class PoolingLayer final : public Layer {
   }
 
   std::string_view type() const override { return mode_ == PoolingMode::Max ? "maxpool" : "avgpool"; }
+  bool spatially_splittable() const override { return true; }
 
   Shape setup(const std::vector<Shape>& inputs) override {
     check_input_count(*this, inputs, 1);
@@ -50,15 +51,32 @@ class PoolingLayer final : public Layer {
     return Shape::image(input[0], input[1], geometry_.output_size);
   }
 
+  std::pair<std::int64_t, std::int64_t> input_range(int dim, std::int64_t begin, std::int64_t end) const override {
+    const auto u = static_cast<std::size_t>(dim);
+    const std::int64_t first = begin * geometry_.stride[u] - geometry_.padding[u];
+    if (end <= begin) return {first, first};
+    return {first, (end - 1) * geometry_.stride[u] - geometry_.padding[u] + geometry_.kernel[u]};
+  }
+
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
-    check_same_sample_shape(*this, input_shape_, input.shape());
-    geometry_.batch = input.dim(0);
-    output.resize(Shape::image(geometry_.batch, geometry_.channels, geometry_.output_size));
-    if (geometry_.batch == 0) return;
+    check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
+    call_ = geometry_;
+    call_.batch = input.dim(0);
+    if (ctx.tile) {
+      // On a tile: windows in global coordinates, clipped to the global input, read from the
+      // local window that starts at tile->window_begin.
+      call_.input_size = spatial_extents(input.shape());
+      call_.output_size = ctx.tile->output_extent;
+      call_.input_origin = ctx.tile->window_begin;
+      call_.global_input_size = ctx.tile->input_global;
+      call_.output_origin = ctx.tile->output_begin;
+    }
+    output.resize(Shape::image(call_.batch, call_.channels, call_.output_size));
+    if (call_.batch == 0) return;
     auto& kernels = backend_of(*this, ctx).pooling();
-    workspace_.resize(kernels.workspace_bytes(geometry_));
-    kernels.forward(geometry_, input.data(), output.data(), workspace_.empty() ? nullptr : workspace_.data());
+    workspace_.resize(kernels.workspace_bytes(call_));
+    kernels.forward(call_, input.data(), output.data(), workspace_.empty() ? nullptr : workspace_.data());
   }
 
   void backward(std::span<const Tensor* const> inputs, const Tensor& output, const Tensor& grad_output,
@@ -66,9 +84,8 @@ class PoolingLayer final : public Layer {
     if (!grad_inputs[0]) return;
     const Tensor& input = *inputs[0];
     grad_inputs[0]->resize(input.shape());
-    geometry_.batch = input.dim(0);
-    if (geometry_.batch == 0) return;
-    backend_of(*this, ctx).pooling().backward(geometry_, grad_output.data(),
+    if (call_.batch == 0) return;
+    backend_of(*this, ctx).pooling().backward(call_, grad_output.data(),
                                               workspace_.empty() ? nullptr : workspace_.data(),
                                               grad_inputs[0]->data());
   }
@@ -78,6 +95,8 @@ class PoolingLayer final : public Layer {
   std::vector<std::int64_t> kernel_, stride_, padding_;
   Shape input_shape_;
   PoolingGeometry geometry_;
+  /// The geometry of the last forward call (whole samples or a tile); backward reuses it.
+  PoolingGeometry call_;
   /// Where forward's maxima were, for backward (opaque; sized by the backend).
   std::vector<std::byte> workspace_;
 };

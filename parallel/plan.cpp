@@ -138,6 +138,10 @@ const LayerSplit& Plan::split_for(const std::string& layer) const {
   return it == layers_.end() ? default_ : it->second;
 }
 
+namespace {
+constexpr const char* kSpatialNames[3] = {"D", "H", "W"};
+}  // namespace
+
 void Plan::validate(int job_ranks, const std::vector<PlanLayerInfo>& layers) const {
   if (ranks_ != job_ranks)
     fail_input("plan '{}' is for {} ranks but the job has {} ranks", source_, ranks_, job_ranks);
@@ -169,29 +173,36 @@ void Plan::validate(int job_ranks, const std::vector<PlanLayerInfo>& layers) con
         fail_input("plan '{}', {}: 'spatial' has {} entries but the layer has {} spatial dimensions", source_, who,
                    split.spatial.size(), spatial_dims);
     }
+    const Shape& in = layer->input;
     for (std::size_t i = 0; i < split.spatial.size() && spatial_dims > 0; ++i) {
       // Spatial dimensions follow N and C; a D/H/W list on a 2-D layer starts with D = 1.
       const int dim = out.rank() - static_cast<int>(split.spatial.size()) + static_cast<int>(i);
-      if (dim >= 2 && split.spatial[i] > out[dim])
-        fail_input("plan '{}', {}: {} parts along spatial dimension {} but the output {} has only {} there",
-                   source_, who, split.spatial[i], i, out.to_string(), out[dim]);
+      if (dim < 2 || split.spatial[i] == 1) continue;
+      if (split.spatial[i] > out[dim])
+        fail_input("plan '{}', {}: {} parts along spatial dimension {} but the output {} has only {} there, so a "
+                   "rank would get an empty block",
+                   source_, who, split.spatial[i], kSpatialNames[spatial_dims == 3 ? i : i + 1], out.to_string(),
+                   out[dim]);
+      if (in.rank() == out.rank() && split.spatial[i] > in[dim])
+        fail_input("plan '{}', {}: {} parts along spatial dimension {} but the input {} has only {} there, so a "
+                   "rank would get an empty block",
+                   source_, who, split.spatial[i], kSpatialNames[spatial_dims == 3 ? i : i + 1], in.to_string(),
+                   in[dim]);
     }
+    if (split.spatial_product() > 1 && !layer->spatially_splittable)
+      fail_input("plan '{}', {}: a {} layer cannot be split spatially (it needs whole samples); split it by sample "
+                 "and let the executor redistribute its input",
+                 source_, who, layer->type);
     if (split.filter > 1 && (out.rank() < 2 || split.filter > out[1]))
       fail_input("plan '{}', {}: {} filter parts but the layer has {} output channels/features", source_, who,
                  split.filter, out.rank() < 2 ? 0 : out[1]);
-    const Shape& in = layer->input;
     if (split.channel > 1 && in.rank() >= 2 && split.channel > in[1])
       fail_input("plan '{}', {}: {} channel parts but the layer has {} input channels/features", source_, who,
                  split.channel, in[1]);
-    if (!split.sample_only()) {
-      std::string kinds;
-      if (split.spatial_product() > 1) kinds += "spatial";
-      if (split.channel > 1) kinds += std::string(kinds.empty() ? "" : ", ") + "channel";
-      if (split.filter > 1) kinds += std::string(kinds.empty() ? "" : ", ") + "filter";
-      fail_input("plan '{}', {}: {} splits are not supported yet (this build runs sample-parallel plans only); "
-                 "use {{sample: {}}} for this layer",
-                 source_, who, kinds, ranks_);
-    }
+    if (split.channel > 1 || split.filter > 1)
+      fail_input("plan '{}', {}: channel and filter (model-parallel) splits are not supported yet (this build runs "
+                 "sample and spatial splits); use sample and spatial parts for this layer",
+                 source_, who);
   };
   for (const auto& l : layers) {
     auto it = layers_.find(l.name);

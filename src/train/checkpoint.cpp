@@ -27,7 +27,7 @@ Placement replicated(const Tensor& tensor, Executor& executor) {
   if (p.global_shape.empty()) p.global_shape = {1};  // a scalar is stored as [1]
   p.box.begin.assign(p.global_shape.size(), 0);
   p.box.extent = p.global_shape;
-  p.writes = executor.sample_comm().rank() == 0;
+  p.writes = executor.world().rank() == 0;
   return p;
 }
 
@@ -85,7 +85,7 @@ std::string save_checkpoint(const std::string& dir, Model& model, Executor& exec
   writer.set_attribute("optimizer_type", std::string(optimizer.type()));
   writer.set_attribute("optimizer_steps", optimizer.steps_taken());
   writer.set_attribute("ranks", static_cast<std::int64_t>(executor.world().size()));
-  Communicator& group = executor.sample_comm();
+  Communicator& group = executor.world();
   for (auto& [name, tensor] : state_tensors(model, optimizer)) {
     const Placement p = replicated(*tensor, executor);
     const bool buffer = name.rfind("buffer/", 0) == 0;

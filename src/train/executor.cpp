@@ -1,57 +1,330 @@
 #include "tessera/train/executor.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
 #include "tessera/parallel/watchdog.hpp"
-#include "tessera/tensor/distribution.hpp"
 
 namespace tessera {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Axes of every layer's processor grid (row-major: W varies fastest, samples slowest).
+constexpr int kSampleAxis = 0, kFilterAxis = 1, kChannelAxis = 2, kFirstSpatialAxis = 3;
+constexpr const char* kSpatialNames[3] = {"D", "H", "W"};
+
 void add_into(Tensor& target, const Tensor& source) {
   float* t = target.data();
   const float* s = source.data();
   const std::int64_t n = target.numel();
   for (std::int64_t i = 0; i < n; ++i) t[i] += s[i];
 }
+
+std::vector<int> coords_of(const std::vector<int>& grid, int rank) {
+  std::vector<int> coords(grid.size());
+  for (std::size_t i = grid.size(); i-- > 0;) {
+    coords[i] = rank % grid[i];
+    rank /= grid[i];
+  }
+  return coords;
+}
+
+int rank_of(const std::vector<int>& grid, const std::vector<int>& coords) {
+  int rank = 0;
+  for (std::size_t i = 0; i < grid.size(); ++i) rank = rank * grid[i] + coords[i];
+  return rank;
+}
+
+/// The split with its spatial parts as three entries (D, H, W); 2-D layers have D = 1.
+LayerSplit normalised(LayerSplit split) {
+  while (split.spatial.size() < 3) split.spatial.insert(split.spatial.begin(), 1);
+  return split;
+}
+
+/// Grid axis of spatial dimension `j` of a tensor with `dims` spatial dimensions.
+int spatial_axis(int j, int dims) { return kFirstSpatialAxis + (3 - dims) + j; }
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
 }  // namespace
 
 Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator> world, ExecutorOptions options)
     : model_(model), world_(std::move(world)), options_(options), reducer_(options.reducer) {
   collectively(*world_, [&] { plan.validate(world_->size(), model_.plan_info(options_.global_batch)); });
-  // Sample-parallel plans: a 1-D grid whose one axis splits the samples.
-  grid_ = std::make_shared<ProcGrid>(world_, std::vector<int>{world_->size()});
+  exchange_comm_ = world_->duplicate();
   backend_ = make_host_backend();
-  outputs_.resize(model_.nodes().size());
-  grads_.resize(model_.nodes().size());
-  // Register gradients in the order backward produces them (last layer first). Every weight is
-  // replicated over the sample group.
   auto& nodes = model_.nodes();
-  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it)
-    for (auto* p : it->layer->parameters()) reducer_.add(p->grad, sample_comm());
+  const std::size_t n = nodes.size();
+  outputs_.resize(n);
+  grads_.resize(n);
+  windows_.resize(n);
+  window_grads_.resize(n);
+  placement_.resize(n);
+
+  bool found_input = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    Placement& p = placement_[i];
+    p.split = normalised(plan.split_for(nodes[i].layer->name()));
+    p.grid = {p.split.sample, p.split.filter, p.split.channel, p.split.spatial[0], p.split.spatial[1],
+              p.split.spatial[2]};
+    p.tiled = p.split.spatial_product() > 1;
+    windows_[i].resize(nodes[i].inputs.size());
+    window_grads_[i].resize(nodes[i].inputs.size());
+    if (!found_input && std::find(nodes[i].inputs.begin(), nodes[i].inputs.end(), Model::kModelInput) !=
+                            nodes[i].inputs.end()) {
+      input_node_ = i;
+      found_input = true;
+    }
+  }
+  collectively(*world_, [&] {
+    const auto out = static_cast<std::size_t>(model_.output_node());
+    if (!placement_[out].split.sample_only())
+      fail_input("plan: the output layer '{}' must be split by sample only (the loss is computed per sample), "
+                 "got {}",
+                 nodes[out].layer->name(), plan.split_for(nodes[out].layer->name()).to_string());
+    check_halos();
+  });
+
+  // Communicators (created collectively, in the same order on every rank) and tiles.
+  const int me = world_->rank();
+  for (std::size_t i = 0; i < n; ++i) {
+    Placement& p = placement_[i];
+    p.sample_comm = group(p.grid, {kSampleAxis, kFirstSpatialAxis, kFirstSpatialAxis + 1, kFirstSpatialAxis + 2});
+    p.spatial_comm = group(p.grid, {kFirstSpatialAxis, kFirstSpatialAxis + 1, kFirstSpatialAxis + 2});
+    if (!p.tiled) continue;
+    const Shape& out = nodes[i].output;
+    const Box box = output_box(i, me, 1);
+    const Box window = input_box(i, 0, me, 1);
+    const int first = nodes[i].inputs.front();
+    const Shape& in = first == Model::kModelInput ? model_.input_shape(1)
+                                                  : nodes[static_cast<std::size_t>(first)].output;
+    for (int d = 2; d < out.rank(); ++d) {
+      const auto u = static_cast<std::size_t>(d);
+      p.tile.input_global.push_back(in[d]);
+      p.tile.window_begin.push_back(window.begin[u]);
+      p.tile.output_global.push_back(out[d]);
+      p.tile.output_begin.push_back(box.begin[u]);
+      p.tile.output_extent.push_back(box.extent[u]);
+    }
+  }
+
+  // Register gradients in the order backward produces them (last layer first). Every weight is
+  // replicated over its layer's sample and spatial ranks.
+  for (std::size_t k = n; k-- > 0;)
+    for (auto* param : nodes[k].layer->parameters())
+      reducer_.add(param->grad, placement_[k].sample_comm ? *placement_[k].sample_comm : *world_);
   reducer_.build();
 }
 
 Executor::~Executor() = default;
 
-Communicator& Executor::sample_comm() { return grid_->sub_comm({0}); }
-
-std::pair<std::int64_t, std::int64_t> Executor::local_samples(std::int64_t batch_size) const {
-  const int parts = grid_->shape()[0];
-  const int coord = grid_->coords()[0];
-  return {block_begin(batch_size, parts, coord), block_begin(batch_size, parts, coord + 1)};
+Communicator* Executor::group(const std::vector<int>& grid, const std::vector<int>& axes) {
+  // The partition of all ranks into groups, the same vector on every rank: the key of the cache,
+  // so that every rank creates the same communicators in the same order.
+  const int size = world_->size();
+  std::vector<int> colors(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    std::vector<int> c = coords_of(grid, r);
+    for (int a : axes) c[static_cast<std::size_t>(a)] = 0;
+    colors[static_cast<std::size_t>(r)] = rank_of(grid, c);
+  }
+  const int me = world_->rank();
+  if (std::count(colors.begin(), colors.end(), colors[static_cast<std::size_t>(me)]) == 1) return nullptr;
+  auto& slot = groups_[colors];
+  if (!slot) slot = world_->split(colors[static_cast<std::size_t>(me)], me);
+  return slot.get();
 }
 
-LayerContext Executor::context(const Tensor& inputs, std::int64_t batch_size, std::int64_t step, bool training) {
-  const auto [begin, end] = local_samples(batch_size);
-  TESSERA_CHECK(inputs.dim(0) == end - begin, "Executor: {} local samples given, the plan gives this rank {}",
-                inputs.dim(0), end - begin);
+Box Executor::output_box(std::size_t node, int rank, std::int64_t batch) const {
+  const Placement& p = placement_[node];
+  const Shape& shape = model_.nodes()[node].output;
+  const std::vector<int> c = coords_of(p.grid, rank);
+  Box box;
+  box.begin.assign(static_cast<std::size_t>(shape.rank()), 0);
+  box.extent = shape.dims();
+  box.begin[0] = block_begin(batch, p.split.sample, c[kSampleAxis]);
+  box.extent[0] = block_extent(batch, p.split.sample, c[kSampleAxis]);
+  if (p.tiled) {
+    const int dims = shape.rank() - 2;
+    for (int j = 0; j < dims; ++j) {
+      const auto u = static_cast<std::size_t>(j + 2);
+      const int axis = spatial_axis(j, dims);
+      const int parts = p.grid[static_cast<std::size_t>(axis)];
+      box.begin[u] = block_begin(shape[j + 2], parts, c[static_cast<std::size_t>(axis)]);
+      box.extent[u] = block_extent(shape[j + 2], parts, c[static_cast<std::size_t>(axis)]);
+    }
+  }
+  return box;
+}
+
+Box Executor::input_box(std::size_t node, std::size_t input, int rank, std::int64_t batch) const {
+  const auto& nodes = model_.nodes();
+  const int producer = nodes[node].inputs[input];
+  const Shape shape = producer == Model::kModelInput ? model_.input_shape(batch)
+                                                     : nodes[static_cast<std::size_t>(producer)].output.with(0, batch);
+  const Box out = output_box(node, rank, batch);
+  Box box;
+  box.begin.assign(static_cast<std::size_t>(shape.rank()), 0);
+  box.extent = shape.dims();
+  box.begin[0] = out.begin[0];
+  box.extent[0] = out.extent[0];
+  if (placement_[node].tiled) {
+    // Every spatial dimension of a tiled layer reads exactly its window, padding included (as
+    // zeros), so the layer computes without padding of its own.
+    for (int j = 0; j < shape.rank() - 2; ++j) {
+      const auto u = static_cast<std::size_t>(j + 2);
+      const auto [first, last] = nodes[node].layer->input_range(j, out.begin[u], out.begin[u] + out.extent[u]);
+      box.begin[u] = first;
+      box.extent[u] = last - first;
+    }
+  }
+  return box;
+}
+
+Box Executor::data_box(int rank, std::int64_t batch) const {
+  // The input layer's own blocks of the model's input (its halos come by exchange).
+  const Placement& p = placement_[input_node_];
+  const Shape shape = model_.input_shape(batch);
+  const std::vector<int> c = coords_of(p.grid, rank);
+  Box box;
+  box.begin.assign(static_cast<std::size_t>(shape.rank()), 0);
+  box.extent = shape.dims();
+  box.begin[0] = block_begin(batch, p.split.sample, c[kSampleAxis]);
+  box.extent[0] = block_extent(batch, p.split.sample, c[kSampleAxis]);
+  if (p.tiled) {
+    const int dims = shape.rank() - 2;
+    for (int j = 0; j < dims; ++j) {
+      const auto u = static_cast<std::size_t>(j + 2);
+      const int axis = spatial_axis(j, dims);
+      const int parts = p.grid[static_cast<std::size_t>(axis)];
+      box.begin[u] = block_begin(shape[j + 2], parts, c[static_cast<std::size_t>(axis)]);
+      box.extent[u] = block_extent(shape[j + 2], parts, c[static_cast<std::size_t>(axis)]);
+    }
+  }
+  return box;
+}
+
+void Executor::check_halos() const {
+  // A tiled layer reads halos from its direct neighbours only: each window must lie within the
+  // blocks of the neighbouring ranks (of the layer's own split of its input) and the padding.
+  const auto& nodes = model_.nodes();
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const Placement& p = placement_[i];
+    if (!p.tiled) continue;
+    const int producer = nodes[i].inputs.front();
+    const Shape in = producer == Model::kModelInput ? model_.input_shape(1)
+                                                    : nodes[static_cast<std::size_t>(producer)].output;
+    const int dims = in.rank() - 2;
+    for (int rank = 0; rank < world_->size(); ++rank) {
+      const std::vector<int> c = coords_of(p.grid, rank);
+      const Box window = input_box(i, 0, rank, 1);
+      for (int j = 0; j < dims; ++j) {
+        const int axis = spatial_axis(j, dims);
+        const int parts = p.grid[static_cast<std::size_t>(axis)];
+        if (parts == 1) continue;
+        const int coord = c[static_cast<std::size_t>(axis)];
+        const std::int64_t extent = in[j + 2];
+        const std::int64_t own_begin = block_begin(extent, parts, coord), own_end = block_begin(extent, parts, coord + 1);
+        const std::int64_t lo = std::max<std::int64_t>(window.begin[static_cast<std::size_t>(j + 2)], 0);
+        const std::int64_t hi = std::min(window.begin[static_cast<std::size_t>(j + 2)] +
+                                             window.extent[static_cast<std::size_t>(j + 2)],
+                                         extent);
+        const std::int64_t reach_lo = coord > 0 ? block_begin(extent, parts, coord - 1) : 0;
+        const std::int64_t reach_hi = coord + 1 < parts ? block_begin(extent, parts, coord + 2) : extent;
+        if (lo < reach_lo || hi > reach_hi) {
+          const std::int64_t thinnest = block_extent(extent, parts, parts - 1) < block_extent(extent, parts, 0)
+                                            ? block_extent(extent, parts, parts - 1)
+                                            : block_extent(extent, parts, 0);
+          fail_input("layer '{}' ({}): spatial dimension {} of its input ({} positions) is cut into {} blocks as thin "
+                     "as {}, but the block [{}, {}) of rank {} needs input positions [{}, {}), beyond its neighbours' "
+                     "blocks: the halo is wider than a block; use fewer parts along {}",
+                     nodes[i].layer->name(), nodes[i].layer->type(), kSpatialNames[3 - dims + j], extent, parts,
+                     thinnest, own_begin, own_end, rank, lo, hi, kSpatialNames[3 - dims + j]);
+        }
+      }
+    }
+  }
+}
+
+std::pair<std::int64_t, std::int64_t> Executor::local_samples(std::int64_t batch_size) const {
+  const Box box = data_box(world_->rank(), batch_size);
+  return {box.begin[0], box.begin[0] + box.extent[0]};
+}
+
+Box Executor::input_sample_box() const {
+  Box box = data_box(world_->rank(), 1);
+  box.begin.erase(box.begin.begin());
+  box.extent.erase(box.extent.begin());
+  return box;
+}
+
+Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targets) {
+  auto it = exchanges_.find(batch);
+  if (it != exchanges_.end()) return it->second;
+  // Every rank derives every rank's boxes (pure code), so building needs no communication.
+  const auto& nodes = model_.nodes();
+  const int size = world_->size();
+  Exchanges ex;
+  ex.inputs.resize(nodes.size());
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    ex.inputs[i].resize(nodes[i].inputs.size());
+    for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
+      const int producer = nodes[i].inputs[a];
+      const Shape global = producer == Model::kModelInput ? model_.input_shape(batch)
+                                                          : nodes[static_cast<std::size_t>(producer)].output.with(0, batch);
+      std::vector<Box> held, needed;
+      for (int r = 0; r < size; ++r) {
+        held.push_back(producer == Model::kModelInput ? data_box(r, batch)
+                                                      : output_box(static_cast<std::size_t>(producer), r, batch));
+        needed.push_back(input_box(i, a, r, batch));
+      }
+      // Same split as the producer: a halo exchange with the neighbours; otherwise a redistribution.
+      const bool same = producer == Model::kModelInput
+                            ? true
+                            : placement_[static_cast<std::size_t>(producer)].split == placement_[i].split;
+      auto exchange = std::make_unique<TileExchange>(
+          *exchange_comm_, global, std::move(held), std::move(needed),
+          same ? TileExchange::Transport::PointToPoint : TileExchange::Transport::AllToAllV);
+      if (!exchange->is_identity()) ex.inputs[i][a] = std::move(exchange);
+    }
+  }
+  // Targets: read with the input layer's samples, needed with the output layer's.
+  const auto out = static_cast<std::size_t>(model_.output_node());
+  Shape target_shape = targets.shape().with(0, batch);
+  std::vector<Box> held, needed;
+  for (int r = 0; r < size; ++r) {
+    Box h = data_box(r, batch), o = output_box(out, r, batch);
+    Box th, tn;
+    th.begin.assign(static_cast<std::size_t>(target_shape.rank()), 0);
+    th.extent = target_shape.dims();
+    tn = th;
+    th.begin[0] = h.begin[0];
+    th.extent[0] = h.extent[0];
+    tn.begin[0] = o.begin[0];
+    tn.extent[0] = o.extent[0];
+    held.push_back(th);
+    needed.push_back(tn);
+  }
+  auto exchange = std::make_unique<TileExchange>(*exchange_comm_, target_shape, std::move(held), std::move(needed),
+                                                 TileExchange::Transport::AllToAllV);
+  if (!exchange->is_identity()) ex.targets = std::move(exchange);
+  return exchanges_.emplace(batch, std::move(ex)).first->second;
+}
+
+LayerContext Executor::context(std::size_t node, std::int64_t batch_size, std::int64_t step, bool training) {
+  const Placement& p = placement_[node];
   LayerContext ctx;
   ctx.backend = backend_.get();
-  ctx.sample_comm = grid_->size() > 1 ? &sample_comm() : nullptr;
-  ctx.sample_offset = begin;
+  ctx.sample_comm = p.sample_comm;
+  ctx.spatial_comm = p.spatial_comm;
+  ctx.tile = p.tiled ? &p.tile : nullptr;
+  ctx.sample_offset = block_begin(batch_size, p.split.sample, coords_of(p.grid, world_->rank())[kSampleAxis]);
   ctx.global_batch = batch_size;
   ctx.seed = options_.seed;
   ctx.step = step;
@@ -59,14 +332,35 @@ LayerContext Executor::context(const Tensor& inputs, std::int64_t batch_size, st
   return ctx;
 }
 
-void Executor::forward(const Tensor& inputs, LayerContext& ctx) {
+void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_size, std::int64_t step,
+                       bool training) {
+  const auto [begin, end] = local_samples(batch_size);
+  TESSERA_CHECK(inputs.dim(0) == end - begin, "Executor: {} local samples given, the plan gives this rank {}",
+                inputs.dim(0), end - begin);
   auto& nodes = model_.nodes();
   std::vector<const Tensor*> in;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     in.clear();
-    for (int j : nodes[i].inputs) in.push_back(j == Model::kModelInput ? &inputs : &outputs_[static_cast<std::size_t>(j)]);
+    for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
+      const int j = nodes[i].inputs[a];
+      const Tensor* source = j == Model::kModelInput ? &inputs : &outputs_[static_cast<std::size_t>(j)];
+      if (TileExchange* exchange = ex.inputs[i][a].get()) {
+        const auto start = Clock::now();
+        exchange->forward(*source, windows_[i][a]);
+        exchange_seconds_ += seconds_since(start);
+        source = &windows_[i][a];
+      }
+      in.push_back(source);
+    }
+    LayerContext ctx = context(i, batch_size, step, training);
     nodes[i].layer->forward(in, outputs_[i], ctx);
   }
+}
+
+const Tensor& Executor::output_targets(const Tensor& targets, Exchanges& ex) {
+  if (!ex.targets) return targets;
+  ex.targets->forward(targets, targets_);
+  return targets_;
 }
 
 void Executor::set_watchdog(Watchdog* watchdog) {
@@ -89,15 +383,17 @@ BatchResult Executor::reduce(double loss_sum, std::int64_t correct, std::int64_t
 
 BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, std::int64_t batch_size,
                                  std::int64_t step) {
-  const auto [begin, end] = local_samples(batch_size);
-  const WatchdogScope step_scope(watchdog_, "forward/backward (global batch-norm statistics are allreduced there)");
-  LayerContext ctx = context(inputs, batch_size, step, /*training=*/true);
-  forward(inputs, ctx);
+  const WatchdogScope step_scope(watchdog_, "forward/backward (halo exchanges and batch-norm statistics are there)");
+  exchange_seconds_ = 0;
+  Exchanges& ex = exchanges(batch_size, targets);
+  forward(inputs, ex, batch_size, step, /*training=*/true);
 
   auto& nodes = model_.nodes();
   const auto out = static_cast<std::size_t>(model_.output_node());
-  const double loss_sum = model_.loss().forward_backward(outputs_[out], targets, grads_[out], ctx);
-  const std::int64_t correct = model_.loss().correct(outputs_[out], targets);
+  const Tensor& local_targets = output_targets(targets, ex);
+  LayerContext loss_ctx = context(out, batch_size, step, /*training=*/true);
+  const double loss_sum = model_.loss().forward_backward(outputs_[out], local_targets, grads_[out], loss_ctx);
+  const std::int64_t correct = model_.loss().correct(outputs_[out], local_targets);
 
   // Backward in reverse order. A node's output gradient is complete once every consumer ran
   // (consumers come later in the list); the first writer overwrites, later ones accumulate.
@@ -113,9 +409,12 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
     extra.assign(node.inputs.size(), Tensor());
     for (std::size_t a = 0; a < node.inputs.size(); ++a) {
       const int j = node.inputs[a];
-      in.push_back(j == Model::kModelInput ? &inputs : &outputs_[static_cast<std::size_t>(j)]);
+      const bool exchanged = ex.inputs[k][a] != nullptr;
+      in.push_back(exchanged ? &windows_[k][a] : j == Model::kModelInput ? &inputs : &outputs_[static_cast<std::size_t>(j)]);
       if (j == Model::kModelInput) {
         grad_in.push_back(nullptr);
+      } else if (exchanged) {
+        grad_in.push_back(&window_grads_[k][a]);
       } else if (!has_grad[static_cast<std::size_t>(j)]) {
         grad_in.push_back(&grads_[static_cast<std::size_t>(j)]);
       } else {
@@ -123,20 +422,29 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
       }
     }
     if (!has_grad[k]) fail("Executor: layer '{}' got no gradient", node.layer->name());
+    LayerContext ctx = context(k, batch_size, step, /*training=*/true);
     node.layer->backward(in, outputs_[k], grads_[k], grad_in, ctx);
+    for (auto* p : node.layer->parameters()) reducer_.ready(p->grad);
     for (std::size_t a = 0; a < node.inputs.size(); ++a) {
       const int j = node.inputs[a];
       if (j == Model::kModelInput) continue;
-      if (has_grad[static_cast<std::size_t>(j)] && grad_in[a] == &extra[a])
-        add_into(grads_[static_cast<std::size_t>(j)], extra[a]);
-      has_grad[static_cast<std::size_t>(j)] = true;
+      const auto uj = static_cast<std::size_t>(j);
+      if (TileExchange* exchange = ex.inputs[k][a].get()) {
+        // Halo gradients go back to their owners and are summed there.
+        const auto start = Clock::now();
+        exchange->reverse(window_grads_[k][a], grads_[uj], /*accumulate=*/has_grad[uj]);
+        exchange_seconds_ += seconds_since(start);
+      } else if (has_grad[uj] && grad_in[a] == &extra[a]) {
+        add_into(grads_[uj], extra[a]);
+      }
+      has_grad[uj] = true;
     }
-    for (auto* p : node.layer->parameters()) reducer_.ready(p->grad);
   }
-  const auto wait_start = std::chrono::steady_clock::now();
+  const auto wait_start = Clock::now();
   reducer_.finish();
-  BatchResult result = reduce(loss_sum, correct, end - begin, "loss allreduce");
-  result.comm_wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+  BatchResult result = reduce(loss_sum, correct, outputs_[out].dim(0), "loss allreduce");
+  result.comm_wait_seconds = seconds_since(wait_start);
+  result.exchange_seconds = exchange_seconds_;
   if (!std::isfinite(result.loss_sum)) {
     // The loss is reduced, so every rank sees the same value and stops at the same step.
     const int rank = world_->rank();
@@ -149,23 +457,28 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
 }
 
 BatchResult Executor::evaluate(const Tensor& inputs, const Tensor& targets, std::int64_t batch_size) {
-  const auto [begin, end] = local_samples(batch_size);
-  LayerContext ctx = context(inputs, batch_size, /*step=*/0, /*training=*/false);
-  forward(inputs, ctx);
+  exchange_seconds_ = 0;
+  Exchanges& ex = exchanges(batch_size, targets);
+  forward(inputs, ex, batch_size, /*step=*/0, /*training=*/false);
   const auto out = static_cast<std::size_t>(model_.output_node());
-  const double loss_sum = end > begin ? model_.loss().forward(outputs_[out], targets) : 0.0;
-  const std::int64_t correct = end > begin ? model_.loss().correct(outputs_[out], targets) : 0;
-  return reduce(loss_sum, correct, end - begin, "validation (loss allreduce)");
+  const Tensor& local_targets = output_targets(targets, ex);
+  const std::int64_t local = outputs_[out].dim(0);
+  const double loss_sum = local > 0 ? model_.loss().forward(outputs_[out], local_targets) : 0.0;
+  const std::int64_t correct = local > 0 ? model_.loss().correct(outputs_[out], local_targets) : 0;
+  BatchResult result = reduce(loss_sum, correct, local, "validation (loss allreduce)");
+  result.exchange_seconds = exchange_seconds_;
+  return result;
 }
 
 void Executor::average_buffers() {
-  if (grid_->size() == 1) return;
-  Communicator& group = sample_comm();
+  if (world_->size() == 1) return;
   const WatchdogScope scope(watchdog_, "averaging batch-norm statistics over the ranks");
-  const float scale = 1.0f / static_cast<float>(group.size());
+  // Ranks holding tiles of the same samples have equal statistics, and every sample group has
+  // as many ranks, so the average over all ranks is the average over the sample groups.
+  const float scale = 1.0f / static_cast<float>(world_->size());
   for (auto& node : model_.nodes())
     for (Tensor* buffer : node.layer->buffers()) {
-      group.allreduce(buffer->data(), static_cast<std::size_t>(buffer->numel()), DType::F32, ReduceOp::Sum);
+      world_->allreduce(buffer->data(), static_cast<std::size_t>(buffer->numel()), DType::F32, ReduceOp::Sum);
       float* b = buffer->data();
       for (std::int64_t i = 0; i < buffer->numel(); ++i) b[i] *= scale;
     }
@@ -175,7 +488,21 @@ std::int64_t Executor::activation_bytes() const {
   std::int64_t bytes = 0;
   for (const auto& t : outputs_) bytes += t.allocated_bytes();
   for (const auto& t : grads_) bytes += t.allocated_bytes();
+  for (const auto& node : windows_)
+    for (const auto& t : node) bytes += t.allocated_bytes();
+  for (const auto& node : window_grads_)
+    for (const auto& t : node) bytes += t.allocated_bytes();
   return bytes;
+}
+
+std::int64_t Executor::exchange_elements_per_step(std::int64_t batch_size) {
+  auto it = exchanges_.find(batch_size);
+  if (it == exchanges_.end()) return 0;
+  std::int64_t elements = 0;
+  for (const auto& node : it->second.inputs)
+    for (const auto& exchange : node)
+      if (exchange) elements += exchange->send_elements() + exchange->recv_elements();  // forward + reverse
+  return elements;
 }
 
 }  // namespace tessera

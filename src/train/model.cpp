@@ -219,13 +219,16 @@ std::int64_t Model::parameter_count() {
   return count;
 }
 
+Shape Model::input_shape(std::int64_t batch) const { return with_batch(sample_shape_, batch); }
+
 std::vector<PlanLayerInfo> Model::plan_info(std::int64_t global_batch) const {
   std::vector<PlanLayerInfo> info;
   for (const auto& n : nodes_) {
     const int first = n.inputs.front();
     const Shape input = first == kModelInput ? with_batch(sample_shape_, global_batch)
                                              : nodes_[static_cast<std::size_t>(first)].output.with(0, global_batch);
-    info.push_back({n.layer->name(), std::string(n.layer->type()), n.output.with(0, global_batch), input});
+    info.push_back({n.layer->name(), std::string(n.layer->type()), n.output.with(0, global_batch), input,
+                    n.layer->spatially_splittable()});
   }
   return info;
 }

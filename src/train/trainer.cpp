@@ -149,7 +149,7 @@ Trainer::~Trainer() = default;
 BatchResult Trainer::evaluate(Dataset& data) {
   executor_.average_buffers();
   const std::int64_t n = data.info().size;
-  const Box box = whole_sample_box(data.info().sample_shape);
+  const Box box = executor_.input_sample_box();
   BatchResult total;
   double loss_sum = 0;
   std::int64_t correct = 0, samples = 0;
@@ -203,7 +203,7 @@ TrainSummary Trainer::run() {
   ScheduleConfig schedule_config = options_.schedule;
   if (schedule_config.total_steps == 0) schedule_config.total_steps = total_steps;
   const LrSchedule schedule(schedule_config, options_.global_batch);
-  const Box box = whole_sample_box(info.sample_shape);
+  const Box box = executor_.input_sample_box();
   const auto params = model_.parameters();
   const int rank = executor_.world().rank();
 

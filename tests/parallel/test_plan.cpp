@@ -195,9 +195,9 @@ TEST(PlanParseErrors, MissingRanks) {
 
 std::vector<PlanLayerInfo> small_cnn(std::int64_t batch = 32) {
   return {
-      {"conv1", "convolution", Shape::image(batch, 8, {28, 28}), Shape::image(batch, 1, {28, 28})},
-      {"pool1", "pooling", Shape::image(batch, 8, {14, 14}), Shape::image(batch, 8, {28, 28})},
-      {"fc1", "linear", Shape::flat(batch, 10), Shape::flat(batch, 1568)},
+      {"conv1", "conv", Shape::image(batch, 8, {28, 28}), Shape::image(batch, 1, {28, 28}), true},
+      {"pool1", "maxpool", Shape::image(batch, 8, {14, 14}), Shape::image(batch, 8, {28, 28}), true},
+      {"fc1", "linear", Shape::flat(batch, 10), Shape::flat(batch, 1568), false},
   };
 }
 
@@ -251,29 +251,44 @@ TEST(PlanValidate, SpatialListLengthMismatch) {
       {"conv3d", "convolution", Shape::image(8, 4, {16, 16, 16}), Shape::image(8, 1, {16, 16, 16})}};
   expect_validate_error("ranks: 4\nlayers:\n  conv3d: {spatial: [2, 2]}\n", 4, volume,
                         {"'spatial' has 2 entries but the layer has 3 spatial dimensions"});
-  // A 2-D layer accepts D/H/W written with D = 1 (then stops at "not supported yet").
-  expect_validate_error("ranks: 4\nlayers:\n  conv1: {spatial: [1, 2, 2]}\n", 4, small_cnn(),
-                        {"layer 'conv1': spatial splits are not supported yet"});
+  // A 2-D layer accepts D/H/W written with D = 1.
+  EXPECT_NO_THROW(Plan::parse("ranks: 4\nlayers:\n  conv1: {spatial: [1, 2, 2]}\n  pool1: {spatial: [2, 2]}\n",
+                              "v.yaml")
+                      .validate(4, small_cnn()));
+}
+
+TEST(PlanValidate, SpatialAndSampleSplitsCombine) {
+  EXPECT_NO_THROW(Plan::parse("ranks: 4\nlayers:\n  conv1: {sample: 2, spatial: [2, 1]}\n  pool1: {sample: 2, "
+                              "spatial: [1, 2]}\n",
+                              "v.yaml")
+                      .validate(4, small_cnn()));
+}
+
+TEST(PlanValidate, SpatialSplitsOnlyWhereTheLayerTakesThem) {
+  std::vector<PlanLayerInfo> layers = small_cnn();
+  layers.push_back({"flatten", "flatten", Shape::flat(32, 1568), Shape::image(32, 8, {14, 14}), false});
+  layers.back().output = Shape::image(32, 8, {14, 14});  // pretend it kept its image shape
+  expect_validate_error("ranks: 2\nlayers:\n  flatten: {sample: 1, spatial: [2, 1]}\n", 2, layers,
+                        {"layer 'flatten'", "a flatten layer cannot be split spatially"});
 }
 
 TEST(PlanValidate, ModelParallelSplitsAreRefusedByName) {
-  expect_validate_error("ranks: 4\nlayers:\n  conv1: {sample: 1, spatial: [2, 2]}\n", 4, small_cnn(),
-                        {"layer 'conv1': spatial splits are not supported yet", "use {sample: 4} for this layer"});
   expect_validate_error("ranks: 4\nlayers:\n  fc1: {sample: 2, filter: 2}\n", 4, small_cnn(),
-                        {"layer 'fc1': filter splits are not supported yet"});
+                        {"layer 'fc1': channel and filter (model-parallel) splits are not supported yet"});
   expect_validate_error("ranks: 4\nlayers:\n  pool1: {sample: 2, channel: 2}\n", 4, small_cnn(),
-                        {"layer 'pool1': channel splits are not supported yet"});
-  expect_validate_error("ranks: 8\nlayers:\n  pool1: {sample: 1, channel: 2, spatial: [2, 2]}\n", 8, small_cnn(),
-                        {"layer 'pool1': spatial, channel splits are not supported yet"});
+                        {"layer 'pool1': channel and filter (model-parallel) splits are not supported yet"});
   expect_validate_error("ranks: 4\ndefault: {sample: 2, filter: 2}\n", 4, small_cnn(),
-                        {"layer 'conv1' (default split): filter splits are not supported yet"});
+                        {"layer 'conv1' (default split): channel and filter"});
 }
 
 TEST(PlanValidate, SplitsLargerThanTheTensorAreExplained) {
   std::vector<PlanLayerInfo> layers = small_cnn();
   layers[2].input = Shape::flat(32, 6);  // fc1 takes 6 features
   expect_validate_error("ranks: 32\nlayers:\n  conv1: {spatial: [1, 32]}\n", 32, layers,
-                        {"layer 'conv1'", "32 parts along spatial dimension 1 but the output [32, 8, 28, 28] has only 28"});
+                        {"layer 'conv1'", "32 parts along spatial dimension W but the output [32, 8, 28, 28] has only 28",
+                         "empty block"});
+  expect_validate_error("ranks: 16\nlayers:\n  pool1: {spatial: [16, 1]}\n", 16, layers,
+                        {"layer 'pool1'", "16 parts along spatial dimension H but the output [32, 8, 14, 14]"});
   expect_validate_error("ranks: 16\nlayers:\n  fc1: {sample: 1, filter: 16}\n", 16, layers,
                         {"layer 'fc1'", "16 filter parts but the layer has 10 output channels/features"});
   expect_validate_error("ranks: 8\nlayers:\n  fc1: {sample: 1, channel: 8}\n", 8, layers,

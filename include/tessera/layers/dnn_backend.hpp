@@ -44,6 +44,12 @@ struct PoolingGeometry {
   std::vector<std::int64_t> stride;
   std::vector<std::int64_t> padding;  ///< on both sides
   std::vector<std::int64_t> output_size;
+  /// A spatial tile (all empty: whole samples): the global position of local input element 0,
+  /// the global input extents (windows are clipped to them) and the global position of local
+  /// output element 0. The local input must cover every window's part inside the global input.
+  std::vector<std::int64_t> input_origin;
+  std::vector<std::int64_t> global_input_size;
+  std::vector<std::int64_t> output_origin;
 
   auto operator<=>(const PoolingGeometry&) const = default;
   std::string to_string() const;

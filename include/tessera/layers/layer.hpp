@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tessera/layers/options.hpp"
@@ -19,12 +20,30 @@ namespace tessera {
 class Communicator;
 class DnnBackend;
 
+/// Where this rank's tile of a spatially split layer lies, in global coordinates, one entry per
+/// spatial dimension (D, H, W or H, W). The local input covers the global input positions
+/// [window_begin, window_begin + local extent): its own block plus the halos its outputs read,
+/// and, at the global boundary, positions outside the input (zeros: the layer's padding). The
+/// layer computes the outputs [output_begin, output_begin + output_extent).
+struct SpatialTile {
+  std::vector<std::int64_t> input_global;   ///< global input extents
+  std::vector<std::int64_t> window_begin;   ///< global position of local input element 0 (may be < 0)
+  std::vector<std::int64_t> output_global;  ///< global output extents
+  std::vector<std::int64_t> output_begin;
+  std::vector<std::int64_t> output_extent;
+};
+
 /// What the executor hands a layer on every call.
 struct LayerContext {
   DnnBackend* backend = nullptr;
-  /// Ranks that hold other samples of the same batch (for global batch-norm statistics);
-  /// nullptr when this rank holds the whole batch.
+  /// Ranks that hold other samples or other spatial tiles of the same batch and channels (for
+  /// global batch-norm statistics); nullptr when this rank holds all of it.
   Communicator* sample_comm = nullptr;
+  /// Ranks that hold the other spatial tiles of this rank's samples (batch-norm statistics always
+  /// cover the whole spatial extent); nullptr when the layer is not split spatially.
+  Communicator* spatial_comm = nullptr;
+  /// Set when the layer runs on a spatial tile (see SpatialTile); nullptr: whole samples.
+  const SpatialTile* tile = nullptr;
   /// Global position (within the batch) of this rank's first sample.
   std::int64_t sample_offset = 0;
   /// Samples in the whole batch, over all ranks.
@@ -62,6 +81,16 @@ class Layer {
   /// creates the parameters. Throws InputError naming the layer when the shapes do not fit.
   virtual Shape setup(const std::vector<Shape>& inputs) = 0;
   virtual std::vector<Parameter*> parameters() { return {}; }
+  /// Whether the layer can run on spatial tiles (SpatialTile): convolution, pooling, batch norm
+  /// and the element-wise layers can; flatten and linear cannot.
+  virtual bool spatially_splittable() const { return false; }
+  /// The input positions [first, last) along spatial dimension `dim` (0 = the first spatial
+  /// dimension) that outputs [begin, end) read; may reach outside the input (padding). Point-wise
+  /// layers read exactly their own positions.
+  virtual std::pair<std::int64_t, std::int64_t> input_range(int dim, std::int64_t begin, std::int64_t end) const {
+    return {begin, end};
+  }
+
   /// Non-trainable state that evaluation and checkpoints need (batch-norm running statistics).
   virtual std::vector<Tensor*> buffers() { return {}; }
   /// Fills parameters from the counter-based RNG keyed by (seed, this layer's id, global index).

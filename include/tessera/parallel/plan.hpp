@@ -38,6 +38,8 @@ struct PlanLayerInfo {
   std::string type;
   Shape output;  ///< global output shape, dimension 0 = global batch
   Shape input;   ///< global shape of the (first) input; empty when unknown
+  /// Whether the layer can run on spatial tiles (convolution, pooling, batch norm, element-wise).
+  bool spatially_splittable = false;
 };
 
 class Plan {
@@ -55,8 +57,9 @@ class Plan {
   const std::map<std::string, LayerSplit>& layer_splits() const { return layers_; }
 
   /// Checks the plan against a job and a model: the rank count, every named layer exists, every
-  /// split's product is the rank count and fits the layer's shape, and (until those land) that
-  /// only sample splits are asked for. Throws InputError with one clear message.
+  /// split's product is the rank count and fits the layer's shape (no empty blocks), spatial
+  /// splits only on layers that can take them, and (until model parallelism lands) no channel or
+  /// filter splits. Throws InputError with one clear message.
   void validate(int job_ranks, const std::vector<PlanLayerInfo>& layers) const;
 
   std::string to_yaml() const;

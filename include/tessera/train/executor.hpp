@@ -1,17 +1,29 @@
 #pragma once
 // Runs a model under a plan: each rank computes its tile of every layer, and the executor does
-// the communication the plan implies. With sample-parallel plans that is: a rank holds a block of
-// the batch's samples; batch-norm layers asking for global statistics reduce over the sample
-// group; gradients are summed over each weight's replica group by the GradReducer, bucket by
-// bucket while backward continues.
+// the communication the plan implies.
+//
+// Every layer has its own processor grid [sample, filter, channel, D, H, W] over all ranks (from
+// its plan entry) and so its own tile of each tensor. Wherever a layer needs a different part of
+// its input than the producing layer holds — halos for a spatially split convolution or pooling,
+// or a whole different layout (spatial -> sample before the first linear layer, or between two
+// spatial splits) — one mechanism moves it: a TileExchange from the producer's tiles to the
+// boxes this layer reads (point to point with the neighbours for halos, one alltoallv for
+// redistributions). Backward runs the same exchange in reverse, summing halo gradients into
+// their owners. Layers see only local tensors and a LayerContext (SpatialTile, communicators for
+// batch-norm statistics). Weight gradients are summed over each weight's replica group by the
+// GradReducer, bucket by bucket while backward continues.
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "tessera/layers/dnn_backend.hpp"
+#include "tessera/layers/layer.hpp"
 #include "tessera/parallel/grad_reducer.hpp"
 #include "tessera/parallel/plan.hpp"
-#include "tessera/tensor/proc_grid.hpp"
+#include "tessera/parallel/tile_exchange.hpp"
+#include "tessera/tensor/distribution.hpp"
 #include "tessera/train/model.hpp"
 
 namespace tessera {
@@ -30,6 +42,9 @@ struct BatchResult {
   /// Seconds this rank waited for communication that backward could not hide (gradient
   /// reductions still running after backward, and the loss reduction).
   double comm_wait_seconds = 0;
+  /// Seconds this rank spent in halo exchanges and redistributions (forward and backward),
+  /// packing and waiting included: the exchange time the step exposes.
+  double exchange_seconds = 0;
   double mean_loss() const { return samples ? loss_sum / static_cast<double>(samples) : 0.0; }
 };
 
@@ -39,45 +54,87 @@ class Executor {
   Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator> world, ExecutorOptions options);
   ~Executor();
 
-  /// The samples [begin, end) of a batch of `batch_size` that this rank holds.
+  /// The samples [begin, end) of a batch of `batch_size` whose inputs this rank reads (the input
+  /// layer's sample block); train_step and evaluate take the inputs and targets of these samples.
   std::pair<std::int64_t, std::int64_t> local_samples(std::int64_t batch_size) const;
+  /// The part of each sample this rank reads: a box over C, (D), H, W (the whole sample unless
+  /// the input layer is split spatially).
+  Box input_sample_box() const;
 
-  /// Forward, loss, backward and gradient reduction for one batch (this rank's samples of it).
+  /// Forward, loss, backward and gradient reduction for one batch. `inputs`: this rank's samples
+  /// (local_samples) restricted to input_sample_box(); `targets`: the same samples' targets.
   /// `step` keys the dropout masks. Gradients are left in the model's parameters, reduced.
   BatchResult train_step(const Tensor& inputs, const Tensor& targets, std::int64_t batch_size, std::int64_t step);
   /// Forward and loss only (inference mode), summed over all ranks.
   BatchResult evaluate(const Tensor& inputs, const Tensor& targets, std::int64_t batch_size);
 
-  /// Averages the layers' non-trainable state (batch-norm running statistics) over the sample
-  /// group, so that every rank evaluates the same model. With local batch-norm statistics each
-  /// rank's running averages differ; with global ones this changes nothing but rounding.
+  /// Averages the layers' non-trainable state (batch-norm running statistics) over the ranks, so
+  /// that every rank evaluates the same model. With local batch-norm statistics each sample
+  /// group's running averages differ; with global ones this changes nothing but rounding.
   void average_buffers();
 
   Communicator& world() { return *world_; }
-  Communicator& sample_comm();
-  ProcGrid& grid() { return *grid_; }
   const GradReducer& reducer() const { return reducer_; }
   /// Names the blocking points of a step (gradient and loss allreduces) to `watchdog` (null: none).
   void set_watchdog(Watchdog* watchdog);
   Watchdog* watchdog() const { return watchdog_; }
-  /// Bytes of activations, their gradients and workspace this rank holds after a step.
+  /// Bytes of activations, their gradients, halo windows and workspace this rank holds after a step.
   std::int64_t activation_bytes() const;
+  /// Elements this rank sends per training step in halo exchanges and redistributions (forward
+  /// and backward) for a batch of `batch_size`.
+  std::int64_t exchange_elements_per_step(std::int64_t batch_size);
 
  private:
-  /// The context of a call on this rank's `inputs` of a batch of `batch_size` samples.
-  LayerContext context(const Tensor& inputs, std::int64_t batch_size, std::int64_t step, bool training);
-  void forward(const Tensor& inputs, LayerContext& ctx);
+  /// Where one layer runs on this rank.
+  struct Placement {
+    LayerSplit split;            ///< spatial normalised to three entries (D, H, W)
+    std::vector<int> grid;       ///< [sample, filter, channel, D, H, W]
+    bool tiled = false;          ///< split spatially: runs on SpatialTiles
+    SpatialTile tile;            ///< this rank's tile (when tiled)
+    Communicator* sample_comm = nullptr;   ///< replica group of the weights: sample x spatial
+    Communicator* spatial_comm = nullptr;  ///< spatial tiles of the same samples
+  };
+  /// The exchanges of one batch size: per node and input (null: the producer's tile is exactly
+  /// what the layer reads), and the targets' move from the input layer's samples to the output's.
+  struct Exchanges {
+    std::vector<std::vector<std::unique_ptr<TileExchange>>> inputs;
+    std::unique_ptr<TileExchange> targets;
+  };
+
+  /// The tile of node `node`'s output that `rank` computes, for a batch of `batch`.
+  Box output_box(std::size_t node, int rank, std::int64_t batch) const;
+  /// The box of input `input` of node `node` that `rank` reads (its tile plus halos).
+  Box input_box(std::size_t node, std::size_t input, int rank, std::int64_t batch) const;
+  /// The tile of the model's input that `rank` reads from the data.
+  Box data_box(int rank, std::int64_t batch) const;
+  /// The communicator of the ranks that differ from this one only along `axes` of `grid`.
+  Communicator* group(const std::vector<int>& grid, const std::vector<int>& axes);
+  void check_halos() const;
+  Exchanges& exchanges(std::int64_t batch, const Tensor& targets);
+  LayerContext context(std::size_t node, std::int64_t batch_size, std::int64_t step, bool training);
+  void forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_size, std::int64_t step, bool training);
   BatchResult reduce(double loss_sum, std::int64_t correct, std::int64_t samples, const char* label);
+  /// This rank's targets for the output layer's samples.
+  const Tensor& output_targets(const Tensor& targets, Exchanges& ex);
 
   Model& model_;
   std::shared_ptr<Communicator> world_;
-  std::shared_ptr<ProcGrid> grid_;
+  /// A duplicate of the world for exchanges, so their messages never meet anything else.
+  std::unique_ptr<Communicator> exchange_comm_;
   ExecutorOptions options_;
   std::unique_ptr<DnnBackend> backend_;
   GradReducer reducer_;
+  std::vector<Placement> placement_;
+  /// The node that reads the model's input (decides which tile of the data each rank reads).
+  std::size_t input_node_ = 0;
+  std::map<std::vector<int>, std::unique_ptr<Communicator>> groups_;
+  std::map<std::int64_t, Exchanges> exchanges_;
   std::vector<Tensor> outputs_;
   std::vector<Tensor> grads_;
-  Tensor grad_scratch_;
+  /// Per node and input: the box the layer reads (when exchanged) and its gradient.
+  std::vector<std::vector<Tensor>> windows_, window_grads_;
+  Tensor targets_;
+  double exchange_seconds_ = 0;
   Watchdog* watchdog_ = nullptr;
 };
 

@@ -40,6 +40,8 @@ class Model {
   const std::string& source() const { return source_; }
   /// One sample's shape (no batch dimension).
   const Shape& sample_shape() const { return sample_shape_; }
+  /// The model's input for a batch of `batch` samples: batch x sample_shape().
+  Shape input_shape(std::int64_t batch) const;
   /// Per-sample shape of the targets the loss expects ({} for class labels).
   const Shape& target_shape() const { return target_shape_; }
   std::vector<ModelNode>& nodes() { return nodes_; }

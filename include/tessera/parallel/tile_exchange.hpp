@@ -1,0 +1,127 @@
+#pragma once
+// One mechanism for halo exchange and redistribution. A global row-major float32 tensor is held in
+// tiles: rank r holds box `held[r]` as a dense local tensor. Each rank wants box `needed[r]`, which
+// may overlap other ranks' needed boxes and may reach outside the global tensor (zero padding).
+//   - halo exchange: needed = held grown by the halo; the messages go to the neighbours whose held
+//     boxes touch the halo (faces, edges and corners fall out of the box intersections);
+//   - redistribution: needed = the tile of another distribution (D-split to H-split, spatial to
+//     sample split), every rank may talk to every other;
+//   - replication: every rank needs everything (an allgather).
+// Every rank knows every box, so the plan (who sends which sub-box to whom) is computed locally,
+// with no communication. Forward gathers needed tiles from their holders; reverse is its adjoint
+// (gradients over needed boxes are summed into their holders, in a fixed order).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tessera/core/communicator.hpp"
+#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/shape.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera {
+
+class TileExchange {
+ public:
+  enum class Transport {
+    PointToPoint,  ///< isend/irecv to and from the ranks with non-empty intersections only
+    AllToAllV,     ///< the same plan executed as exactly one alltoallv on the communicator
+  };
+
+  /// `held.size() == needed.size() == comm.size()`; boxes have the rank of `global` (1 to 6).
+  /// Held boxes lie inside `global` and are disjoint, except that identical boxes may repeat
+  /// (replicas): forward then takes each element from one replica: the receiver itself when it is one,
+  /// else replica `k % count` for the k-th rank (in rank order) outside the group, so the load is
+  /// spread over the replicas. Empty held boxes hold nothing. Every element of every needed box that
+  /// lies inside `global` must be held by someone. The checks cover every rank's boxes, so every rank
+  /// throws the same error. `tag` separates concurrent exchanges on one communicator. `comm` must
+  /// outlive the exchange.
+  TileExchange(Communicator& comm, Shape global, std::vector<Box> held, std::vector<Box> needed,
+               Transport transport = Transport::PointToPoint, int tag = 0);
+  ~TileExchange();
+  TileExchange(const TileExchange&) = delete;
+  TileExchange& operator=(const TileExchange&) = delete;
+
+  /// True when every rank needs exactly the box it holds: forward/reverse are plain copies, no messages.
+  bool is_identity() const { return identity_; }
+  /// True when some held boxes repeat (forward only).
+  bool has_replicas() const { return has_replicas_; }
+  Transport transport() const { return transport_; }
+  const Shape& global_shape() const { return global_; }
+  /// This rank's boxes.
+  const Box& held_box() const;
+  const Box& needed_box() const;
+
+  /// Forward (gather): `needed_out` is resized to needed_box().extent and filled: elements inside the
+  /// global tensor from their holders, elements outside with `fill`. `held_in` has extents
+  /// held_box().extent (any empty tensor when that box is empty). start posts the receives, packs and
+  /// posts the sends (with AllToAllV: runs the alltoallv) and copies the local overlap; `held_in` may
+  /// change after start. finish waits and unpacks into `needed_out`, which must stay alive until then.
+  void start_forward(const Tensor& held_in, Tensor& needed_out, float fill = 0.0f);
+  void finish_forward();
+  void forward(const Tensor& held_in, Tensor& needed_out, float fill = 0.0f);
+
+  /// Reverse (the adjoint, for gradients): each element of `needed_in` (extents needed_box().extent)
+  /// that lies inside the global tensor is summed into its holder; elements outside are dropped.
+  /// `held_out` is resized to held_box().extent and overwritten, or added to when `accumulate` (then it
+  /// must already have that shape). Contributions are summed in ascending source rank (this rank's own
+  /// in its place), onto zero or onto the accumulated value, so results are reproducible and equal
+  /// for both transports. Refused when held boxes have replicas. `needed_in` (its local part is summed
+  /// in finish) and `held_out` must stay alive and unchanged until finish_reverse.
+  void start_reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate = false);
+  void finish_reverse();
+  void reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate = false);
+
+  /// Elements this rank sends to other ranks per forward (reverse receives as many).
+  std::int64_t send_elements() const;
+  /// Elements this rank receives from other ranks per forward (reverse sends as many).
+  std::int64_t recv_elements() const;
+  /// Number of other ranks this rank exchanges messages with.
+  int peers() const;
+
+ private:
+  /// One message: a sub-box (global coordinates) to or from `peer`, packed at `offset` in a buffer.
+  struct Transfer {
+    int peer = -1;
+    Box region;
+    std::int64_t offset = 0;
+    std::int64_t count = 0;
+  };
+  enum class Pending { None, Forward, Reverse };
+
+  void plan();
+  void post_receives(std::vector<Transfer>& transfers, std::vector<float>& buffer);
+  void post_sends(const std::vector<Transfer>& transfers, const std::vector<float>& buffer);
+  void wait_all();
+
+  Communicator& comm_;
+  Shape global_;
+  std::vector<Box> held_;
+  std::vector<Box> needed_;
+  Transport transport_;
+  int tag_;
+  int me_;
+  bool identity_ = true;
+  bool has_replicas_ = false;
+
+  // The plan for this rank, transfers sorted by peer (at most one per peer and direction).
+  /// Sub-boxes of this rank's held box that other ranks need (forward sends, reverse receives).
+  std::vector<Transfer> outgoing_;
+  /// Sub-boxes of this rank's needed box held by other ranks (forward receives, reverse sends).
+  std::vector<Transfer> incoming_;
+  /// The part of the needed box this rank takes from its own held box (may be empty).
+  Box local_;
+  /// Parts of the needed box outside the global tensor (filled with `fill` by forward).
+  std::vector<Box> outside_;
+  /// Per-peer counts and displacements for AllToAllV (empty for PointToPoint).
+  std::vector<std::int64_t> outgoing_counts_, outgoing_displs_, incoming_counts_, incoming_displs_;
+
+  // Buffers and state reused between calls.
+  std::vector<float> outgoing_buffer_, incoming_buffer_;
+  std::vector<std::unique_ptr<CommRequest>> requests_;
+  Pending pending_ = Pending::None;
+  Tensor target_;  ///< shares memory with the tensor being written (needed_out / held_out)
+  Tensor source_;  ///< reverse: shares memory with needed_in (its local part is summed in finish)
+};
+
+}  // namespace tessera

@@ -1,0 +1,445 @@
+#include "tessera/parallel/tile_exchange.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+namespace {
+
+constexpr int kMaxRank = 6;
+
+std::string box_string(const Box& box) {
+  std::string out = "[";
+  for (std::size_t d = 0; d < box.begin.size(); ++d) {
+    if (d > 0) out += ", ";
+    out += fmt::format("{}:{}", box.begin[d], box.begin[d] + box.extent[d]);
+  }
+  return out + ")";
+}
+
+/// The intersection of two boxes (extent 0 in some dimension when they do not meet).
+Box intersect(const Box& a, const Box& b) {
+  Box out;
+  out.begin.resize(a.begin.size());
+  out.extent.resize(a.begin.size());
+  for (std::size_t d = 0; d < a.begin.size(); ++d) {
+    const std::int64_t begin = std::max(a.begin[d], b.begin[d]);
+    const std::int64_t end = std::min(a.begin[d] + a.extent[d], b.begin[d] + b.extent[d]);
+    out.begin[d] = begin;
+    out.extent[d] = std::max<std::int64_t>(end - begin, 0);
+  }
+  return out;
+}
+
+Box whole(const Shape& shape) {
+  return Box{std::vector<std::int64_t>(static_cast<std::size_t>(shape.rank()), 0), shape.dims()};
+}
+
+bool inside(const Box& box, const Shape& global) {
+  for (int d = 0; d < global.rank(); ++d) {
+    const auto i = static_cast<std::size_t>(d);
+    if (box.begin[i] < 0 || box.begin[i] + box.extent[i] > global[d]) return false;
+  }
+  return true;
+}
+
+/// Walks `region` (global coordinates) inside two dense row-major arrays that cover the boxes `src`
+/// and `dst`, calling fn(src_offset, dst_offset, length) once per contiguous run. Trailing dimensions
+/// that all three boxes span completely merge into one run, so a whole-tile copy is a single run.
+template <typename RunFn>
+void for_each_run(const Box& region, const Box& src, const Box& dst, RunFn fn) {
+  if (region.numel() == 0) return;
+  const int rank = static_cast<int>(region.extent.size());
+  std::array<std::int64_t, kMaxRank> src_stride{}, dst_stride{}, count{};
+  std::int64_t s = 0, t = 0, src_step = 1, dst_step = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    const auto i = static_cast<std::size_t>(d);
+    src_stride[i] = src_step;
+    dst_stride[i] = dst_step;
+    s += (region.begin[i] - src.begin[i]) * src_step;
+    t += (region.begin[i] - dst.begin[i]) * dst_step;
+    src_step *= src.extent[i];
+    dst_step *= dst.extent[i];
+  }
+  // Dimensions [outer, rank) form one contiguous run.
+  int outer = rank - 1;
+  std::int64_t run = region.extent[static_cast<std::size_t>(outer)];
+  while (outer > 0) {
+    const auto i = static_cast<std::size_t>(outer);
+    if (region.extent[i] != src.extent[i] || region.extent[i] != dst.extent[i]) break;
+    --outer;
+    run *= region.extent[static_cast<std::size_t>(outer)];
+  }
+  // The innermost outer dimension is a plain loop; an odometer walks the dimensions before it.
+  const int last = outer - 1;  // -1: the whole region is one run
+  const auto l = static_cast<std::size_t>(std::max(last, 0));
+  const std::int64_t rows = last >= 0 ? region.extent[l] : 1;
+  const std::int64_t src_row = last >= 0 ? src_stride[l] : 0, dst_row = last >= 0 ? dst_stride[l] : 0;
+  while (true) {
+    for (std::int64_t j = 0; j < rows; ++j) fn(s + j * src_row, t + j * dst_row, run);
+    int d = last - 1;
+    for (; d >= 0; --d) {
+      const auto i = static_cast<std::size_t>(d);
+      s += src_stride[i];
+      t += dst_stride[i];
+      if (++count[i] < region.extent[i]) break;
+      s -= src_stride[i] * region.extent[i];
+      t -= dst_stride[i] * region.extent[i];
+      count[i] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+void copy_region(const Box& region, const float* src, const Box& src_box, float* dst, const Box& dst_box) {
+  for_each_run(region, src_box, dst_box, [&](std::int64_t s, std::int64_t t, std::int64_t n) {
+    if (n <= 4) {  // halo strips of the innermost dimension: runs of one or two elements
+      for (std::int64_t k = 0; k < n; ++k) dst[t + k] = src[s + k];
+    } else {
+      std::memcpy(dst + t, src + s, static_cast<std::size_t>(n) * sizeof(float));
+    }
+  });
+}
+
+void add_region(const Box& region, const float* src, const Box& src_box, float* dst, const Box& dst_box) {
+  for_each_run(region, src_box, dst_box, [&](std::int64_t s, std::int64_t t, std::int64_t n) {
+    const float* from = src + s;
+    float* to = dst + t;
+    for (std::int64_t k = 0; k < n; ++k) to[k] += from[k];
+  });
+}
+
+void fill_region(const Box& region, float* dst, const Box& dst_box, float value) {
+  for_each_run(region, dst_box, dst_box,
+               [&](std::int64_t, std::int64_t t, std::int64_t n) { std::fill_n(dst + t, n, value); });
+}
+
+/// Checks that `tensor` is a dense tile of `box` (an empty box accepts any empty tensor).
+void check_tile(const Tensor& tensor, const Box& box, const char* what) {
+  if (box.numel() == 0 && tensor.numel() == 0) return;
+  TESSERA_CHECK(tensor.shape().dims() == box.extent, "TileExchange: {} has shape {}, expected the extents of box {}",
+                what, tensor.shape().to_string(), box_string(box));
+  TESSERA_CHECK(tensor.is_contiguous(), "TileExchange: {} is not contiguous", what);
+}
+
+}  // namespace
+
+TileExchange::TileExchange(Communicator& comm, Shape global, std::vector<Box> held, std::vector<Box> needed,
+                           Transport transport, int tag)
+    : comm_(comm),
+      global_(std::move(global)),
+      held_(std::move(held)),
+      needed_(std::move(needed)),
+      transport_(transport),
+      tag_(tag),
+      me_(comm.rank()) {
+  const int p = comm_.size();
+  const int rank = global_.rank();
+  TESSERA_CHECK(rank >= 1 && rank <= kMaxRank, "TileExchange: global shape {} must have 1 to {} dimensions",
+                global_.to_string(), kMaxRank);
+  TESSERA_CHECK(static_cast<int>(held_.size()) == p && static_cast<int>(needed_.size()) == p,
+                "TileExchange: {} held and {} needed boxes for {} ranks of {}", held_.size(), needed_.size(), p,
+                comm_.name());
+  auto check_box = [&](const Box& box, int r, const char* what) {
+    TESSERA_CHECK(static_cast<int>(box.begin.size()) == rank && static_cast<int>(box.extent.size()) == rank,
+                  "TileExchange: rank {}'s {} box has {} begins and {} extents for global shape {}", r, what,
+                  box.begin.size(), box.extent.size(), global_.to_string());
+    for (auto e : box.extent)
+      TESSERA_CHECK(e >= 0, "TileExchange: rank {}'s {} box {} has a negative extent", r, what, box_string(box));
+  };
+  for (int r = 0; r < p; ++r) {
+    const Box& h = held_[static_cast<std::size_t>(r)];
+    const Box& n = needed_[static_cast<std::size_t>(r)];
+    check_box(h, r, "held");
+    check_box(n, r, "needed");
+    TESSERA_CHECK(inside(h, global_), "TileExchange: rank {}'s held box {} is not inside the global shape {}", r,
+                  box_string(h), global_.to_string());
+    if (!(h == n)) identity_ = false;
+  }
+  plan();
+}
+
+TileExchange::~TileExchange() = default;  // requests still in flight complete in their destructors
+
+const Box& TileExchange::held_box() const {
+  return held_[static_cast<std::size_t>(me_)];
+}
+const Box& TileExchange::needed_box() const {
+  return needed_[static_cast<std::size_t>(me_)];
+}
+
+void TileExchange::plan() {
+  const int p = comm_.size();
+  const Box domain = whole(global_);
+
+  // Replica groups: ranks with identical non-empty held boxes, each group's ranks ascending.
+  std::vector<int> order;
+  for (int r = 0; r < p; ++r)
+    if (held_[static_cast<std::size_t>(r)].numel() > 0) order.push_back(r);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    const Box& x = held_[static_cast<std::size_t>(a)];
+    const Box& y = held_[static_cast<std::size_t>(b)];
+    return std::tie(x.begin, x.extent) < std::tie(y.begin, y.extent);
+  });
+  std::vector<std::vector<int>> groups;
+  std::vector<int> group_of(static_cast<std::size_t>(p), -1);
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const int r = order[k];
+    if (k == 0 || !(held_[static_cast<std::size_t>(r)] == held_[static_cast<std::size_t>(order[k - 1])]))
+      groups.emplace_back();
+    groups.back().push_back(r);
+    group_of[static_cast<std::size_t>(r)] = static_cast<int>(groups.size()) - 1;
+    if (groups.back().size() > 1) has_replicas_ = true;
+  }
+  auto box_of = [&](std::size_t g) -> const Box& { return held_[static_cast<std::size_t>(groups[g].front())]; };
+  // The replica of group g that serves `receiver`: the receiver itself when it is one; else the
+  // replicas are dealt out round robin over the other ranks in rank order (k-th non-member gets
+  // replica k % count), so that every replica serves about as many receivers.
+  auto holder = [&](std::size_t g, int receiver) {
+    if (group_of[static_cast<std::size_t>(receiver)] == static_cast<int>(g)) return receiver;
+    const auto& members = groups[g];
+    const auto members_before = std::lower_bound(members.begin(), members.end(), receiver) - members.begin();
+    return members[static_cast<std::size_t>(receiver - members_before) % members.size()];
+  };
+
+  // Distinct held boxes must be disjoint.
+  for (std::size_t a = 0; a < groups.size(); ++a)
+    for (std::size_t b = a + 1; b < groups.size(); ++b)
+      TESSERA_CHECK(intersect(box_of(a), box_of(b)).numel() == 0,
+                    "TileExchange: held boxes {} (rank {}) and {} (rank {}) overlap without being identical",
+                    box_string(box_of(a)), groups[a].front(), box_string(box_of(b)), groups[b].front());
+
+  // Every in-domain element of every needed box is held: the groups are disjoint, so the volumes of
+  // their intersections with the clipped needed box must add up to its volume.
+  for (int q = 0; q < p; ++q) {
+    const Box& need = needed_[static_cast<std::size_t>(q)];
+    const Box clipped = intersect(need, domain);
+    std::int64_t covered = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g) covered += intersect(box_of(g), clipped).numel();
+    TESSERA_CHECK(covered == clipped.numel(),
+                  "TileExchange over {}: rank {} needs box {} of global shape {}, but {} of its {} elements inside "
+                  "the global tensor are held by no rank",
+                  comm_.name(), q, box_string(need), global_.to_string(), clipped.numel() - covered, clipped.numel());
+  }
+
+  // This rank's transfers.
+  const Box& mine = held_box();
+  const Box& need = needed_box();
+  const Box clipped = intersect(need, domain);
+  const int my_group = group_of[static_cast<std::size_t>(me_)];
+  if (my_group >= 0) {
+    for (int q = 0; q < p; ++q) {
+      if (q == me_ || holder(static_cast<std::size_t>(my_group), q) != me_) continue;
+      Box region = intersect(mine, intersect(needed_[static_cast<std::size_t>(q)], domain));
+      if (region.numel() > 0) outgoing_.push_back({q, std::move(region)});
+    }
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const int from = holder(g, me_);
+    if (from == me_) continue;
+    Box region = intersect(box_of(g), clipped);
+    if (region.numel() > 0) incoming_.push_back({from, std::move(region)});
+  }
+  std::sort(incoming_.begin(), incoming_.end(), [](const Transfer& a, const Transfer& b) { return a.peer < b.peer; });
+  local_ = intersect(mine, clipped);  // empty when this rank holds nothing
+
+  // Parts of the needed box outside the domain: for each dimension d, the slabs below and above the
+  // clipped box in d, restricted to the clipped range in the dimensions before d.
+  if (need.numel() > 0) {
+    if (clipped.numel() == 0) {
+      outside_.push_back(need);
+    } else {
+      for (std::size_t d = 0; d < need.begin.size(); ++d) {
+        Box below = need, above = need;
+        for (std::size_t e = 0; e < d; ++e) {
+          below.begin[e] = above.begin[e] = clipped.begin[e];
+          below.extent[e] = above.extent[e] = clipped.extent[e];
+        }
+        below.extent[d] = clipped.begin[d] - need.begin[d];
+        above.begin[d] = clipped.begin[d] + clipped.extent[d];
+        above.extent[d] = need.begin[d] + need.extent[d] - above.begin[d];
+        if (below.numel() > 0) outside_.push_back(below);
+        if (above.numel() > 0) outside_.push_back(above);
+      }
+    }
+  }
+
+  // Buffer layouts: transfers back to back in peer order.
+  for (auto* transfers : {&outgoing_, &incoming_}) {
+    std::int64_t offset = 0;
+    for (auto& t : *transfers) {
+      t.count = t.region.numel();
+      t.offset = offset;
+      offset += t.count;
+    }
+  }
+  if (transport_ == Transport::AllToAllV) {
+    const auto n = static_cast<std::size_t>(p);
+    outgoing_counts_.assign(n, 0);
+    outgoing_displs_.assign(n, 0);
+    incoming_counts_.assign(n, 0);
+    incoming_displs_.assign(n, 0);
+    for (const auto& t : outgoing_) {
+      outgoing_counts_[static_cast<std::size_t>(t.peer)] = t.count;
+      outgoing_displs_[static_cast<std::size_t>(t.peer)] = t.offset;
+    }
+    for (const auto& t : incoming_) {
+      incoming_counts_[static_cast<std::size_t>(t.peer)] = t.count;
+      incoming_displs_[static_cast<std::size_t>(t.peer)] = t.offset;
+    }
+  }
+}
+
+std::int64_t TileExchange::send_elements() const {
+  return outgoing_.empty() ? 0 : outgoing_.back().offset + outgoing_.back().count;
+}
+
+std::int64_t TileExchange::recv_elements() const {
+  return incoming_.empty() ? 0 : incoming_.back().offset + incoming_.back().count;
+}
+
+int TileExchange::peers() const {
+  std::vector<int> ranks;
+  for (const auto& t : outgoing_) ranks.push_back(t.peer);
+  for (const auto& t : incoming_) ranks.push_back(t.peer);
+  std::sort(ranks.begin(), ranks.end());
+  return static_cast<int>(std::unique(ranks.begin(), ranks.end()) - ranks.begin());
+}
+
+void TileExchange::post_receives(std::vector<Transfer>& transfers, std::vector<float>& buffer) {
+  if (transport_ != Transport::PointToPoint) return;
+  for (const auto& t : transfers)
+    requests_.push_back(
+        comm_.irecv(buffer.data() + t.offset, static_cast<std::size_t>(t.count), DType::F32, t.peer, tag_));
+}
+
+void TileExchange::post_sends(const std::vector<Transfer>& transfers, const std::vector<float>& buffer) {
+  if (transport_ != Transport::PointToPoint) return;
+  for (const auto& t : transfers)
+    requests_.push_back(
+        comm_.isend(buffer.data() + t.offset, static_cast<std::size_t>(t.count), DType::F32, t.peer, tag_));
+}
+
+void TileExchange::wait_all() {
+  for (auto& request : requests_) request->wait();
+  requests_.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+void TileExchange::start_forward(const Tensor& held_in, Tensor& needed_out, float fill) {
+  TESSERA_CHECK(pending_ == Pending::None, "TileExchange::start_forward while another exchange is in flight");
+  TESSERA_CHECK(&held_in != &needed_out, "TileExchange::forward: held_in and needed_out are the same tensor");
+  const Box& mine = held_box();
+  const Box& need = needed_box();
+  check_tile(held_in, mine, "forward's held_in");
+  needed_out.resize(Shape(need.extent, global_.kinds()));
+  TESSERA_CHECK(needed_out.numel() == 0 || held_in.numel() == 0 || needed_out.data() != held_in.data(),
+                "TileExchange::forward: held_in and needed_out share memory");
+  target_ = needed_out;
+  pending_ = Pending::Forward;
+
+  incoming_buffer_.resize(static_cast<std::size_t>(recv_elements()));
+  outgoing_buffer_.resize(static_cast<std::size_t>(send_elements()));
+  post_receives(incoming_, incoming_buffer_);
+  for (const auto& t : outgoing_)
+    copy_region(t.region, held_in.data(), mine, outgoing_buffer_.data() + t.offset, t.region);
+  post_sends(outgoing_, outgoing_buffer_);
+
+  // While messages fly: the local overlap and the padding outside the global tensor.
+  copy_region(local_, held_in.data(), mine, needed_out.data(), need);
+  for (const auto& slab : outside_) fill_region(slab, needed_out.data(), need, fill);
+
+  // The Communicator has no nonblocking alltoallv: the collective runs here, finish only unpacks.
+  if (transport_ == Transport::AllToAllV)
+    comm_.alltoallv(outgoing_buffer_.data(), outgoing_counts_, outgoing_displs_, incoming_buffer_.data(),
+                    incoming_counts_, incoming_displs_, DType::F32);
+}
+
+void TileExchange::finish_forward() {
+  TESSERA_CHECK(pending_ == Pending::Forward, "TileExchange::finish_forward without start_forward");
+  wait_all();
+  const Box& need = needed_box();
+  for (const auto& t : incoming_)
+    copy_region(t.region, incoming_buffer_.data() + t.offset, t.region, target_.data(), need);
+  target_ = Tensor();
+  pending_ = Pending::None;
+}
+
+void TileExchange::forward(const Tensor& held_in, Tensor& needed_out, float fill) {
+  start_forward(held_in, needed_out, fill);
+  finish_forward();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reverse: the same transfers with the directions swapped, received sums added in source order.
+
+void TileExchange::start_reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate) {
+  TESSERA_CHECK(!has_replicas_,
+                "TileExchange::reverse over {}: held boxes have replicas (their sum would need a reduction "
+                "over each replica group)",
+                comm_.name());
+  TESSERA_CHECK(pending_ == Pending::None, "TileExchange::start_reverse while another exchange is in flight");
+  TESSERA_CHECK(&needed_in != &held_out, "TileExchange::reverse: needed_in and held_out are the same tensor");
+  const Box& mine = held_box();
+  const Box& need = needed_box();
+  check_tile(needed_in, need, "reverse's needed_in");
+  if (accumulate) {
+    check_tile(held_out, mine, "reverse's accumulated held_out");
+    if (held_out.numel() == 0) held_out.resize(Shape(mine.extent, global_.kinds()));
+  } else {
+    held_out.resize(Shape(mine.extent, global_.kinds()));
+    held_out.zero();
+  }
+  TESSERA_CHECK(needed_in.numel() == 0 || held_out.numel() == 0 || needed_in.data() != held_out.data(),
+                "TileExchange::reverse: needed_in and held_out share memory");
+  target_ = held_out;
+  source_ = needed_in;
+  pending_ = Pending::Reverse;
+
+  outgoing_buffer_.resize(static_cast<std::size_t>(send_elements()));
+  incoming_buffer_.resize(static_cast<std::size_t>(recv_elements()));
+  post_receives(outgoing_, outgoing_buffer_);
+  for (const auto& t : incoming_)
+    copy_region(t.region, needed_in.data(), need, incoming_buffer_.data() + t.offset, t.region);
+  post_sends(incoming_, incoming_buffer_);
+  if (transport_ == Transport::AllToAllV)
+    comm_.alltoallv(incoming_buffer_.data(), incoming_counts_, incoming_displs_, outgoing_buffer_.data(),
+                    outgoing_counts_, outgoing_displs_, DType::F32);
+}
+
+void TileExchange::finish_reverse() {
+  TESSERA_CHECK(pending_ == Pending::Reverse, "TileExchange::finish_reverse without start_reverse");
+  wait_all();
+  const Box& mine = held_box();
+  // Ascending source rank, this rank's own contribution in its place: outgoing_ is sorted by peer.
+  bool local_done = false;
+  auto add_local = [&] {
+    add_region(local_, source_.data(), needed_box(), target_.data(), mine);
+    local_done = true;
+  };
+  for (const auto& t : outgoing_) {
+    if (!local_done && t.peer > me_) add_local();
+    add_region(t.region, outgoing_buffer_.data() + t.offset, t.region, target_.data(), mine);
+  }
+  if (!local_done) add_local();
+  target_ = Tensor();
+  source_ = Tensor();
+  pending_ = Pending::None;
+}
+
+void TileExchange::reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate) {
+  start_reverse(needed_in, held_out, accumulate);
+  finish_reverse();
+}
+
+}  // namespace tessera
