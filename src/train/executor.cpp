@@ -16,6 +16,7 @@ using Clock = std::chrono::steady_clock;
 // Axes of every layer's processor grid (row-major: W varies fastest, samples slowest).
 constexpr int kSampleAxis = 0, kFilterAxis = 1, kChannelAxis = 2, kFirstSpatialAxis = 3;
 constexpr const char* kSpatialNames[3] = {"D", "H", "W"};
+constexpr std::size_t kKeep = static_cast<std::size_t>(-1);
 
 void add_into(Tensor& target, const Tensor& source) {
   float* t = target.data();
@@ -294,6 +295,20 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
       if (!exchange->is_identity()) ex.inputs[i][a] = std::move(exchange);
     }
   }
+  // Outputs read only through exchanges are released after their last consumer's exchange.
+  const auto output = static_cast<std::size_t>(model_.output_node());
+  ex.release.assign(nodes.size(), kKeep);
+  std::vector<bool> copied_by_all(nodes.size(), true);
+  for (std::size_t i = 0; i < nodes.size(); ++i)
+    for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
+      const int j = nodes[i].inputs[a];
+      if (j == Model::kModelInput) continue;
+      const auto uj = static_cast<std::size_t>(j);
+      copied_by_all[uj] = copied_by_all[uj] && ex.inputs[i][a] != nullptr;
+      ex.release[uj] = i;  // the last consumer (consumers come later in the list)
+    }
+  for (std::size_t j = 0; j < nodes.size(); ++j)
+    if (!copied_by_all[j] || j == output) ex.release[j] = kKeep;
   // Targets: read with the input layer's samples, needed with the output layer's.
   const auto out = static_cast<std::size_t>(model_.output_node());
   Shape target_shape = targets.shape().with(0, batch);
@@ -352,8 +367,15 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
       }
       in.push_back(source);
     }
+    // A producer whose every consumer has copied what it reads is not needed any more (backward
+    // reads the copies): release it, so a split layer holds its tile once, not twice.
+    for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
+      const int j = nodes[i].inputs[a];
+      if (j != Model::kModelInput && ex.release[static_cast<std::size_t>(j)] == i) outputs_[static_cast<std::size_t>(j)] = Tensor();
+    }
     LayerContext ctx = context(i, batch_size, step, training);
     nodes[i].layer->forward(in, outputs_[i], ctx);
+    peak_bytes_ = std::max(peak_bytes_, current_bytes());
   }
 }
 
@@ -385,6 +407,7 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
                                  std::int64_t step) {
   const WatchdogScope step_scope(watchdog_, "forward/backward (halo exchanges and batch-norm statistics are there)");
   exchange_seconds_ = 0;
+  peak_bytes_ = 0;
   Exchanges& ex = exchanges(batch_size, targets);
   forward(inputs, ex, batch_size, step, /*training=*/true);
 
@@ -424,6 +447,7 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
     if (!has_grad[k]) fail("Executor: layer '{}' got no gradient", node.layer->name());
     LayerContext ctx = context(k, batch_size, step, /*training=*/true);
     node.layer->backward(in, outputs_[k], grads_[k], grad_in, ctx);
+    peak_bytes_ = std::max(peak_bytes_, current_bytes());
     for (auto* p : node.layer->parameters()) reducer_.ready(p->grad);
     for (std::size_t a = 0; a < node.inputs.size(); ++a) {
       const int j = node.inputs[a];
@@ -434,6 +458,8 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
         const auto start = Clock::now();
         exchange->reverse(window_grads_[k][a], grads_[uj], /*accumulate=*/has_grad[uj]);
         exchange_seconds_ += seconds_since(start);
+        peak_bytes_ = std::max(peak_bytes_, current_bytes());
+        window_grads_[k][a] = Tensor();
       } else if (has_grad[uj] && grad_in[a] == &extra[a]) {
         add_into(grads_[uj], extra[a]);
       }
@@ -484,7 +510,9 @@ void Executor::average_buffers() {
     }
 }
 
-std::int64_t Executor::activation_bytes() const {
+std::int64_t Executor::activation_bytes() const { return std::max(peak_bytes_, current_bytes()); }
+
+std::int64_t Executor::current_bytes() const {
   std::int64_t bytes = 0;
   for (const auto& t : outputs_) bytes += t.allocated_bytes();
   for (const auto& t : grads_) bytes += t.allocated_bytes();

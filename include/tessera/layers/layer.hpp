@@ -99,7 +99,9 @@ class Layer {
   /// Resizes `output` (its batch extent follows the input's) and computes it.
   virtual void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) = 0;
   /// Writes the input gradients (a nullptr entry: not needed) and the parameters' gradients
-  /// (overwritten, not accumulated). Uses what forward saved.
+  /// (overwritten, not accumulated). Uses the inputs and what forward saved, never `output`: the
+  /// executor releases an output once every consumer holds a copy of what it reads (spatial
+  /// plans), so `output` may be empty here.
   virtual void backward(std::span<const Tensor* const> inputs, const Tensor& output,
                         const Tensor& grad_output, std::span<Tensor* const> grad_inputs,
                         LayerContext& ctx) = 0;

@@ -78,7 +78,8 @@ class Executor {
   /// Names the blocking points of a step (gradient and loss allreduces) to `watchdog` (null: none).
   void set_watchdog(Watchdog* watchdog);
   Watchdog* watchdog() const { return watchdog_; }
-  /// Bytes of activations, their gradients, halo windows and workspace this rank holds after a step.
+  /// The most bytes of activations, their gradients and halo windows this rank held at once
+  /// during the last training step.
   std::int64_t activation_bytes() const;
   /// Elements this rank sends per training step in halo exchanges and redistributions (forward
   /// and backward) for a batch of `batch_size`.
@@ -99,6 +100,9 @@ class Executor {
   struct Exchanges {
     std::vector<std::vector<std::unique_ptr<TileExchange>>> inputs;
     std::unique_ptr<TileExchange> targets;
+    /// Per node: the consumer after whose exchange its output is released (every consumer reads
+    /// a copy), or -1: kept.
+    std::vector<std::size_t> release;
   };
 
   /// The tile of node `node`'s output that `rank` computes, for a batch of `batch`.
@@ -110,6 +114,7 @@ class Executor {
   /// The communicator of the ranks that differ from this one only along `axes` of `grid`.
   Communicator* group(const std::vector<int>& grid, const std::vector<int>& axes);
   void check_halos() const;
+  std::int64_t current_bytes() const;
   Exchanges& exchanges(std::int64_t batch, const Tensor& targets);
   LayerContext context(std::size_t node, std::int64_t batch_size, std::int64_t step, bool training);
   void forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_size, std::int64_t step, bool training);
@@ -135,6 +140,7 @@ class Executor {
   std::vector<std::vector<Tensor>> windows_, window_grads_;
   Tensor targets_;
   double exchange_seconds_ = 0;
+  std::int64_t peak_bytes_ = 0;
   Watchdog* watchdog_ = nullptr;
 };
 

@@ -1,0 +1,411 @@
+// The one invariant for spatial (domain) parallelism: every layer type that can be split
+// spatially, in 2-D and 3-D, split over one, two and three dimensions with uneven blocks, mixed
+// with sample splits and with redistributions between different splits, computes what one rank
+// computes: the same loss, the same gradients of every parameter (which depend on every layer's
+// outputs and input gradients downstream of it) and the same weights after several steps.
+// Each rank computes the 1-rank reference itself on a communicator of its own.
+//
+// Also: the tile each rank reads is exactly its box of the input, and plans whose blocks are
+// empty or thinner than a layer's halo are refused on every rank with a message naming the layer.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "training_test_util.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/mpi_communicator.hpp"
+#include "tessera/train/executor.hpp"
+#include "tessera/train/optimizer.hpp"
+
+namespace tessera {
+namespace {
+using testing::relative_error;
+using testing::synthetic_batch;
+
+/// The part of a global batch a rank reads: samples [begin, end) restricted to `box` (over C, (D), H, W).
+Tensor local_tile(const Tensor& global, std::int64_t begin, std::int64_t end, const Box& box) {
+  std::vector<std::int64_t> dims{end - begin};
+  dims.insert(dims.end(), box.extent.begin(), box.extent.end());
+  Tensor tile{Shape(dims)};
+  const int rank = global.rank();
+  std::vector<std::int64_t> index(static_cast<std::size_t>(rank), 0), source(static_cast<std::size_t>(rank));
+  for (std::int64_t i = 0; i < tile.numel(); ++i) {
+    std::int64_t rest = i;
+    for (int d = rank; d-- > 0;) {
+      index[static_cast<std::size_t>(d)] = rest % dims[static_cast<std::size_t>(d)];
+      rest /= dims[static_cast<std::size_t>(d)];
+    }
+    source[0] = begin + index[0];
+    for (int d = 1; d < rank; ++d)
+      source[static_cast<std::size_t>(d)] = box.begin[static_cast<std::size_t>(d - 1)] + index[static_cast<std::size_t>(d)];
+    tile.data()[i] = global.at(source);
+  }
+  return tile;
+}
+
+struct TrainingRun {
+  std::vector<double> losses;
+  std::vector<Tensor> first_gradients;  ///< every parameter's gradient after the first step
+  std::vector<Tensor> weights;          ///< after the last step
+  std::int64_t activation_bytes = 0;
+};
+
+TrainingRun train(const std::string& model_text, const Plan& plan, std::shared_ptr<Communicator> comm, std::int64_t batch,
+          int steps) {
+  Model model = Model::parse(model_text, "spatial_test_model");
+  model.init_parameters(11);
+  ExecutorOptions options;
+  options.global_batch = batch;
+  options.seed = 11;
+  options.reducer.bucket_bytes = 4 << 10;  // several buckets
+  Executor executor(model, plan, comm, options);
+  OptimizerConfig sgd;
+  sgd.momentum = 0.9;
+  auto optimizer = create_optimizer(sgd);
+  const auto params = model.parameters();
+  TrainingRun run;
+  Tensor inputs, labels;
+  for (int step = 0; step < steps; ++step) {
+    synthetic_batch(model.sample_shape(), batch, step, inputs, labels);
+    const auto [begin, end] = executor.local_samples(batch);
+    const Tensor local_inputs = local_tile(inputs, begin, end, executor.input_sample_box());
+    const Tensor local_labels = labels.slice(begin, end).clone();
+    const BatchResult r = executor.train_step(local_inputs, local_labels, batch, step);
+    EXPECT_EQ(r.samples, batch);
+    run.losses.push_back(r.mean_loss());
+    if (step == 0)
+      for (auto* p : params) run.first_gradients.push_back(p->grad.clone());
+    optimizer->step(params, 0.05);
+  }
+  for (auto* p : params) run.weights.push_back(p->value.clone());
+  run.activation_bytes = executor.activation_bytes();
+  return run;
+}
+
+/// Runs `model_text` under `plan_text` on every rank of the job and under one rank, and compares.
+void expect_same_as_one_rank(const std::string& model_text, const std::string& plan_text, std::int64_t batch,
+                             int steps = 3) {
+  auto world = MpiCommunicator::world();
+  SCOPED_TRACE(plan_text);
+  std::shared_ptr<Communicator> self = world->split(world->rank(), 0);
+  const TrainingRun reference = train(model_text, Plan::sample_parallel(1), self, batch, steps);
+  const TrainingRun parallel = train(model_text, Plan::parse(plan_text, "spatial_test_plan"), world, batch, steps);
+  ASSERT_EQ(reference.losses.size(), parallel.losses.size());
+  for (std::size_t s = 0; s < reference.losses.size(); ++s) {
+    EXPECT_TRUE(std::isfinite(reference.losses[s]));
+    EXPECT_NEAR(parallel.losses[s], reference.losses[s], 1e-5 * std::fabs(reference.losses[s])) << "step " << s;
+  }
+  EXPECT_NE(reference.losses.front(), reference.losses.back());
+  ASSERT_EQ(reference.first_gradients.size(), parallel.first_gradients.size());
+  for (std::size_t i = 0; i < reference.first_gradients.size(); ++i) {
+    EXPECT_GT(relative_error(reference.first_gradients[i], Tensor(reference.first_gradients[i].shape())), 0.5)
+        << "parameter " << i << " has a zero gradient: the comparison would prove nothing";
+    EXPECT_LT(relative_error(reference.first_gradients[i], parallel.first_gradients[i]), 1e-5)
+        << "gradient of parameter " << i;
+    EXPECT_LT(relative_error(reference.weights[i], parallel.weights[i]), 1e-5) << "parameter " << i;
+  }
+}
+
+int ranks() { return MpiCommunicator::world()->size(); }
+
+/// Parts over two dimensions for this job: 1 x 1, 1 x 2, 3 x 1, 2 x 2.
+std::string two_dims() {
+  switch (ranks()) {
+    case 2: return "[1, 2]";
+    case 3: return "[3, 1]";
+    case 4: return "[2, 2]";
+    default: return fmt::format("[{}, 1]", ranks());
+  }
+}
+
+/// Parts over three dimensions: all three are split at 4 ranks only where possible.
+std::string three_dims() {
+  switch (ranks()) {
+    case 2: return "[1, 1, 2]";
+    case 3: return "[1, 3, 1]";
+    case 4: return "[2, 1, 2]";
+    default: return fmt::format("[{}, 1, 1]", ranks());
+  }
+}
+
+/// A plan that splits the named layers with `split` and everything else by sample.
+std::string plan_for(const std::vector<std::string>& layers, const std::string& split) {
+  std::string text = fmt::format("ranks: {}\ndefault: {{sample: {}}}\nlayers:\n", ranks(), ranks());
+  for (const auto& l : layers) text += fmt::format("  {}: {}\n", l, split);
+  return text;
+}
+
+// One layer under test between a 1x1 convolution (whose weight gradient carries the tested layer's
+// input gradient) and a linear classifier.
+std::string model_around(const std::string& input, const std::string& layer_under_test, int channels = 3,
+                         bool pre_bias = true) {
+  return fmt::format(R"(
+input: {{shape: {}}}
+layers:
+  - {{name: pre, type: conv, filters: {}, kernel: 1, bias: {}}}
+  - {}
+  - {{name: flatten, type: flatten}}
+  - {{name: fc, type: linear, out: 10}}
+loss: softmax_cross_entropy
+)",
+                     input, channels, pre_bias, layer_under_test);
+}
+
+std::string one_dim_split(int dims) {
+  // The last spatial dimension over every rank; uneven for 3 ranks with extent 7.
+  return dims == 2 ? fmt::format("{{sample: 1, spatial: [1, {}]}}", ranks())
+                   : fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
+}
+
+TEST(SpatialInvariant, Conv2dSplitAlongOneDimension) {
+  expect_same_as_one_rank(model_around("[2, 6, 7]", "{name: t, type: conv, filters: 4, kernel: 3, padding: 1}"),
+                          plan_for({"pre", "t"}, one_dim_split(2)), 5);
+}
+
+TEST(SpatialInvariant, Conv2dStrideDilationAsymmetricKernelTwoDimensions) {
+  expect_same_as_one_rank(
+      model_around("[2, 9, 11]", "{name: t, type: conv, filters: 4, kernel: [3, 2], stride: 2, padding: [2, 1], "
+                                 "dilation: [2, 1]}"),
+      plan_for({"pre", "t"}, fmt::format("{{sample: 1, spatial: {}}}", two_dims())), 4);
+}
+
+TEST(SpatialInvariant, Conv2dManyChannelsBlockedLayout) {
+  expect_same_as_one_rank(model_around("[2, 8, 8]", "{name: t, type: conv, filters: 8, kernel: 3, padding: 1}", 8),
+                          plan_for({"pre", "t"}, fmt::format("{{sample: 1, spatial: {}}}", two_dims())), 4);
+}
+
+TEST(SpatialInvariant, Conv3dThreeDimensions) {
+  expect_same_as_one_rank(
+      model_around("[1, 6, 5, 7]", "{name: t, type: conv, filters: 3, kernel: 3, padding: 1, stride: [1, 2, 1]}"),
+      plan_for({"pre", "t"}, fmt::format("{{sample: 1, spatial: {}}}", three_dims())), 4);
+}
+
+TEST(SpatialInvariant, Conv3dWithSampleSplit) {
+  // Sample x spatial: at 4 ranks two sample groups of two spatial tiles each.
+  const std::string split = ranks() == 4 ? "{sample: 2, spatial: [2, 1, 1]}"
+                                         : fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
+  expect_same_as_one_rank(model_around("[2, 6, 4, 4]", "{name: t, type: conv, filters: 3, kernel: 3, padding: 1}"),
+                          plan_for({"pre", "t"}, split), 5);
+}
+
+TEST(SpatialInvariant, MaxPoolOverlappingPadded) {
+  expect_same_as_one_rank(model_around("[2, 9, 8]", "{name: t, type: maxpool, kernel: 3, stride: 2, padding: 1}"),
+                          plan_for({"pre", "t"}, fmt::format("{{sample: 1, spatial: {}}}", two_dims())), 4);
+}
+
+TEST(SpatialInvariant, MaxPool3d) {
+  expect_same_as_one_rank(model_around("[1, 8, 6, 6]", "{name: t, type: maxpool, kernel: 2}"),
+                          plan_for({"pre", "t"}, fmt::format("{{sample: 1, spatial: {}}}", three_dims())), 4);
+}
+
+TEST(SpatialInvariant, AvgPoolPaddedExcludesPadding) {
+  expect_same_as_one_rank(model_around("[2, 7, 7]", "{name: t, type: avgpool, kernel: 3, stride: 2, padding: 1}"),
+                          plan_for({"pre", "t"}, one_dim_split(2)), 4);
+}
+
+TEST(SpatialInvariant, AvgPool3d) {
+  expect_same_as_one_rank(model_around("[1, 8, 6, 4]", "{name: t, type: avgpool, kernel: 2}"),
+                          plan_for({"pre", "t"}, one_dim_split(3)), 4);
+}
+
+TEST(SpatialInvariant, BatchNormLocalStatisticsCoverTheWholeSpatialExtent) {
+  // sample: 1, so "local" statistics are over the whole batch: the same as one rank's.
+  expect_same_as_one_rank(model_around("[2, 6, 7]", "{name: t, type: batchnorm}", 3, false),
+                          plan_for({"pre", "t"}, fmt::format("{{sample: 1, spatial: {}}}", two_dims())), 4);
+}
+
+TEST(SpatialInvariant, BatchNormGlobalWithSampleSplit3d) {
+  const std::string split = ranks() == 4 ? "{sample: 2, spatial: [1, 2, 1]}"
+                                         : fmt::format("{{sample: 1, spatial: [1, {}, 1]}}", ranks());
+  expect_same_as_one_rank(model_around("[1, 4, 6, 5]", "{name: t, type: batchnorm, global: true}", 3, false),
+                          plan_for({"pre", "t"}, split), 6);
+}
+
+TEST(SpatialInvariant, ElementWiseLayers) {
+  const std::string model = R"(
+input: {shape: [2, 6, 7]}
+layers:
+  - {name: pre, type: conv, filters: 3, kernel: 1}
+  - {name: leaky, type: leaky_relu, slope: 0.1}
+  - {name: drop, type: dropout, rate: 0.3}
+  - {name: relu, type: relu}
+  - {name: flatten, type: flatten}
+  - {name: fc, type: linear, out: 10}
+loss: softmax_cross_entropy
+)";
+  expect_same_as_one_rank(model, plan_for({"pre", "leaky", "drop", "relu"},
+                                          fmt::format("{{sample: 1, spatial: {}}}", two_dims())),
+                          5);
+}
+
+TEST(SpatialInvariant, ResidualAddAndConcatWithHalos) {
+  const std::string model = R"(
+input: {shape: [2, 8, 7]}
+layers:
+  - {name: stem, type: conv, filters: 4, kernel: 3, padding: 1}
+  - {name: a, type: conv, filters: 4, kernel: 3, padding: 1}
+  - {name: sum, type: add, inputs: [a, stem]}
+  - {name: b, type: conv, filters: 2, kernel: 1, inputs: sum}
+  - {name: cat, type: concat, inputs: [b, stem]}
+  - {name: pool, type: maxpool, kernel: 2}
+  - {name: flatten, type: flatten}
+  - {name: fc, type: linear, out: 10}
+loss: softmax_cross_entropy
+)";
+  expect_same_as_one_rank(model, plan_for({"stem", "a", "sum", "b", "cat", "pool"},
+                                          fmt::format("{{sample: 1, spatial: {}}}", two_dims())),
+                          4);
+}
+
+TEST(SpatialInvariant, RedistributionBetweenDifferentSplits) {
+  // D-split, then H-split, then sample x W, then sample only: every boundary redistributes.
+  const std::string model = R"(
+input: {shape: [1, 8, 6, 6]}
+layers:
+  - {name: c1, type: conv, filters: 3, kernel: 3, padding: 1}
+  - {name: r1, type: relu}
+  - {name: c2, type: conv, filters: 3, kernel: 3, padding: 1}
+  - {name: p2, type: maxpool, kernel: 2}
+  - {name: c3, type: conv, filters: 2, kernel: 3, padding: 1}
+  - {name: flatten, type: flatten}
+  - {name: fc, type: linear, out: 10}
+loss: softmax_cross_entropy
+)";
+  const int p = ranks();
+  std::string plan = fmt::format("ranks: {}\ndefault: {{sample: {}}}\nlayers:\n", p, p);
+  plan += fmt::format("  c1: {{sample: 1, spatial: [{}, 1, 1]}}\n", p);
+  plan += fmt::format("  r1: {{sample: 1, spatial: [1, {}, 1]}}\n", p);
+  plan += fmt::format("  c2: {{sample: 1, spatial: [1, {}, 1]}}\n", p);
+  plan += p % 2 == 0 ? fmt::format("  p2: {{sample: 2, spatial: [1, 1, {}]}}\n", p / 2)
+                     : fmt::format("  p2: {{sample: 1, spatial: [1, 1, {}]}}\n", p);
+  plan += fmt::format("  c3: {{sample: 1, spatial: {}}}\n", three_dims());
+  expect_same_as_one_rank(model, plan, 4);
+}
+
+TEST(SpatialInvariant, CosmoFlowStyleModelOverSeveralSteps) {
+  const std::string model = R"(
+input: {shape: [1, 16, 16, 16]}
+layers:
+  - {name: conv1, type: conv, filters: 4, kernel: 3, padding: 1}
+  - {name: act1, type: leaky_relu, slope: 0.01}
+  - {name: pool1, type: maxpool, kernel: 2}
+  - {name: conv2, type: conv, filters: 8, kernel: 3, padding: 1}
+  - {name: act2, type: leaky_relu, slope: 0.01}
+  - {name: pool2, type: maxpool, kernel: 2}
+  - {name: flatten, type: flatten}
+  - {name: fc1, type: linear, out: 16}
+  - {name: act3, type: leaky_relu, slope: 0.01}
+  - {name: fc2, type: linear, out: 10}
+loss: softmax_cross_entropy
+)";
+  expect_same_as_one_rank(model, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"},
+                                          fmt::format("{{sample: 1, spatial: {}}}", three_dims())),
+                          4, 5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// What each rank reads, and memory
+
+TEST(SpatialTiles, EachRankReadsExactlyItsBoxAndTheTilesCoverTheInput) {
+  auto world = MpiCommunicator::world();
+  Model model = Model::parse(model_around("[1, 7, 6, 5]", "{name: t, type: conv, filters: 2, kernel: 3, padding: 1}"),
+                             "m");
+  ExecutorOptions options;
+  options.global_batch = 4;
+  Executor executor(model, Plan::parse(plan_for({"pre", "t"}, fmt::format("{{sample: 1, spatial: {}}}", three_dims())),
+                                       "p"),
+                    world, options);
+  const Box box = executor.input_sample_box();
+  const auto [begin, end] = executor.local_samples(4);
+  EXPECT_EQ(begin, 0);
+  EXPECT_EQ(end, 4);
+  ASSERT_EQ(box.extent.size(), 4u);
+  EXPECT_EQ(box.extent[0], 1);
+  // The boxes of all ranks are disjoint and cover the sample exactly.
+  const std::int64_t mine = box.numel();
+  EXPECT_EQ(world->allreduce_value(mine), 7 * 6 * 5);
+  if (world->size() > 1) {
+    EXPECT_LT(mine, 7 * 6 * 5);
+  }
+}
+
+TEST(SpatialTiles, ActivationMemoryShrinksWithTheSplit) {
+  const std::string model = model_around("[1, 16, 16, 16]", "{name: t, type: conv, filters: 8, kernel: 3, padding: 1}");
+  auto world = MpiCommunicator::world();
+  std::shared_ptr<Communicator> self = world->split(world->rank(), 0);
+  const TrainingRun one = train(model, Plan::sample_parallel(1), self, 12, 1);
+  const TrainingRun split = train(model, Plan::parse(plan_for({"pre", "t"}, fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}",
+                                                                             ranks())),
+                                             "p"),
+                          world, 12, 1);
+  // The spatial layers dominate; halos and the (replicated) classifier add a little.
+  EXPECT_LT(static_cast<double>(split.activation_bytes), 1.35 * static_cast<double>(one.activation_bytes) / ranks() + 4096)
+      << "one rank " << one.activation_bytes << " bytes, split " << split.activation_bytes;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plans that cannot work
+
+/// Builds an executor for the plan; returns the InputError's message, or "" when accepted.
+std::string refusal(const std::string& model_text, const std::string& plan_text, std::int64_t batch) {
+  auto world = MpiCommunicator::world();
+  Model model = Model::parse(model_text, "m");
+  ExecutorOptions options;
+  options.global_batch = batch;
+  try {
+    Executor executor(model, Plan::parse(plan_text, "bad_plan.yaml"), world, options);
+  } catch (const AgreedFailure& e) {
+    // Every rank throws, with the same message and the exit code of bad input.
+    EXPECT_EQ(e.exit_code(), 2) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+void expect_message(const std::string& message, const std::vector<std::string>& needles) {
+  for (const auto& needle : needles) EXPECT_NE(message.find(needle), std::string::npos) << message;
+}
+
+TEST(SpatialPlans, BlockThinnerThanTheHaloIsRefusedOnEveryRank) {
+  // Width = ranks, split over every rank: blocks of 1, but a 5-wide kernel reads 2 positions on
+  // each side: refused from 3 ranks on (with 1 or 2 ranks the neighbours hold the whole input).
+  const int p = ranks();
+  const std::string message =
+      refusal(model_around(fmt::format("[1, 4, {}]", p), "{name: wide, type: conv, filters: 2, kernel: 5, padding: 2}"),
+              plan_for({"pre", "wide"}, fmt::format("{{sample: 1, spatial: [1, {}]}}", p)), 4);
+  if (p <= 2) {
+    // With two blocks, own block and neighbour are the whole input: any halo fits.
+    EXPECT_EQ(message, "");
+  } else if (MpiCommunicator::world()->rank() == 0) {  // the other ranks say "see rank 0"
+    expect_message(message, {"layer 'wide' (conv)", "spatial dimension W", "as thin as 1", "halo is wider than a block",
+                             "use fewer parts along W"});
+  }
+  // Blocks of 2 hold the halo of 2: accepted at any rank count.
+  EXPECT_EQ(refusal(model_around(fmt::format("[1, 4, {}]", 2 * p),
+                                 "{name: wide, type: conv, filters: 2, kernel: 5, padding: 2}"),
+                    plan_for({"pre", "wide"}, fmt::format("{{sample: 1, spatial: [1, {}]}}", p)), 4),
+            "");
+}
+
+TEST(SpatialPlans, EmptyBlockIsRefusedOnEveryRank) {
+  // Height 1 cut into `ranks` parts leaves ranks without a block.
+  const int p = ranks();
+  const std::string message =
+      refusal(model_around("[1, 1, 8]", "{name: flat, type: conv, filters: 2, kernel: 1}"),
+              fmt::format("ranks: {}\ndefault: {{sample: {}}}\nlayers:\n  flat: {{sample: 1, spatial: [{}, 1]}}\n", p,
+                          p, p),
+              4);
+  if (p == 1) {
+    EXPECT_EQ(message, "");
+  } else if (MpiCommunicator::world()->rank() == 0) {
+    expect_message(message, {"layer 'flat'", "spatial dimension H", "empty block"});
+  }
+}
+
+}  // namespace
+}  // namespace tessera
