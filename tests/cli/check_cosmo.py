@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Checks files written by `tessera generate cosmo` (h5py and numpy only).
 
-    check_cosmo.py same A.h5 B.h5          every dataset and attribute identical (e.g. 1 vs 3 ranks)
+    check_cosmo.py same A.h5 B.h5 [A2.h5 B2.h5 ...]
+                                           every dataset and attribute identical (e.g. 1 vs 3 ranks)
     check_cosmo.py layout FILE --samples N --size S --channels C [--lognormal 0|1] [--split train]
                                            shapes, dtypes, attributes, finite values, targets in [-1, 1]
     check_cosmo.py spectrum FILE           the measured power spectrum of each Gaussian field
@@ -148,8 +149,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="check", required=True)
     s = sub.add_parser("same")
-    s.add_argument("a")
-    s.add_argument("b")
+    s.add_argument("files", nargs="+", help="pairs of files")
     l = sub.add_parser("layout")
     l.add_argument("file")
     l.add_argument("--samples", type=int, required=True)
@@ -161,7 +161,10 @@ def main():
     p.add_argument("file")
     args = parser.parse_args()
     if args.check == "same":
-        same(args.a, args.b)
+        if len(args.files) % 2 != 0:
+            parser.error("same: give pairs of files")
+        for a, b in zip(args.files[0::2], args.files[1::2]):
+            same(a, b)
     elif args.check == "layout":
         layout(args.file, args.samples, args.size, args.channels, args.lognormal, args.split)
     else:
