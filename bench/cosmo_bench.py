@@ -1,0 +1,119 @@
+#!/usr/bin/python3
+"""CosmoFlow (3-D CNN) training step: spatial against sample parallelism and against PyTorch,
+side by side in one run, interleaved so all see the same machine. Prints two tables.
+
+    /usr/bin/python3 bench/cosmo_bench.py [--build build] [--repeats 1] [--steps 3]
+
+1. models/cosmoflow_128.yaml (128^3 volumes), global batch --batch-128 (default 2): one rank
+   against two ranks splitting the first three conv blocks along D (plans/cosmoflow_spatial2.yaml),
+   two ranks splitting by sample, and four ranks over D x H (oversubscribed on a 2-core machine:
+   its times say nothing about speed, only the exchange share). Columns: step time, speed-up over
+   one rank, peak activation memory per rank (activations, their gradients, halo windows), and
+   the time spent in halo exchanges and redistributions: all of it exposed, none hidden behind
+   compute (the executor runs them between layers), so it is the exposed halo time.
+2. models/cosmoflow.yaml (64^3), global batch 4, 2 processes x 1 thread: Tessera (spatial and
+   sample plans) against PyTorch 1.13 DDP over gloo on the same model and batch.
+
+Every configuration is one process per rank with 1 thread (OMP_NUM_THREADS=1), on in-memory data.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def last_json(text):
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError("no JSON result in:\n" + text)
+
+
+def run(command):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if result.returncode != 0:
+        sys.exit(f"failed ({result.returncode}): {' '.join(command)}\n{result.stdout}")
+    return last_json(result.stdout)
+
+
+def tessera(build, model, procs, plan, batch, steps):
+    mpi = ["mpirun", "-n", str(procs), "--bind-to", "none", "--oversubscribe", "-x", "OMP_NUM_THREADS=1"]
+    if os.geteuid() == 0:
+        mpi.append("--allow-run-as-root")
+    command = mpi + [os.path.join(build, "bin", "bench_train"), "--model", os.path.join(ROOT, "models", model),
+                     "--batch", str(batch), "--steps", str(steps), "--warmup", "1", "--threads", "1", "--lr", "0.0001"]
+    if plan:
+        command += ["--plan", os.path.join(ROOT, "plans", plan)]
+    return run(command)
+
+
+def pytorch(procs, batch, steps, size):
+    return run(["/usr/bin/python3", os.path.join(HERE, "peer_pytorch_cosmo.py"), "--procs", str(procs), "--threads", "1",
+                "--steps", str(steps), "--warmup", "1", "--batch", str(batch), "--size", str(size), "--windows", "1"])
+
+
+def median(results, key):
+    return statistics.median(r[key] for r in results)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch-128", type=int, default=2)
+    parser.add_argument("--skip-128", action="store_true", help="only the 64^3 comparison with PyTorch")
+    args = parser.parse_args()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        sys.exit("the peer needs Debian's PyTorch: apt-get install python3-torch (run with /usr/bin/python3)")
+
+    if not args.skip_128:
+        configs = [("1 rank", 1, None), ("2 ranks, spatial D", 2, "cosmoflow_spatial2.yaml"),
+                   ("2 ranks, sample", 2, None), ("4 ranks, spatial DxH (oversubscribed)", 4, "cosmoflow_spatial4.yaml")]
+        results = {name: [] for name, _, _ in configs}
+        for _ in range(args.repeats):
+            for name, procs, plan in configs:
+                results[name].append(tessera(args.build, "cosmoflow_128.yaml", procs, plan, args.batch_128, args.steps))
+        base = median(results["1 rank"], "step_ms")
+        print(f"CosmoFlow 128^3, global batch {args.batch_128}, {args.steps} timed steps, median of {args.repeats}; "
+              "1 thread per rank")
+        print(f"{'plan':>38} | {'step ms':>8} | {'speed-up':>8} | {'activation MiB/rank':>19} | "
+              f"{'exchange ms':>11} | {'exposed exchange':>16} | {'exchanged MiB/rank':>18}")
+        print("-" * 136)
+        for name, _, _ in configs:
+            r = results[name]
+            step = median(r, "step_ms")
+            exchange = median(r, "exchange_ms")
+            print(f"{name:>38} | {step:>8.0f} | {base / step:>7.2f}x | {median(r, 'activation_mib'):>19.0f} | "
+                  f"{exchange:>11.1f} | {100 * exchange / step:>15.1f}% | {median(r, 'exchanged_mib'):>18.1f}")
+        print()
+
+    configs = [("Tessera 2 ranks, spatial D", lambda: tessera(args.build, "cosmoflow.yaml", 2, "cosmoflow_spatial2.yaml", 4,
+                                                               args.steps * 3)),
+               ("Tessera 2 ranks, sample", lambda: tessera(args.build, "cosmoflow.yaml", 2, None, 4, args.steps * 3)),
+               ("PyTorch DDP (gloo) 2 processes", lambda: pytorch(2, 4, args.steps * 3, 64))]
+    results = {name: [] for name, _ in configs}
+    for _ in range(args.repeats):
+        for name, fn in configs:
+            results[name].append(fn())
+    peer = median(results["PyTorch DDP (gloo) 2 processes"], "samples_per_s")
+    print(f"CosmoFlow 64^3, global batch 4, 2 x 1 thread, {args.steps * 3} timed steps, median of {args.repeats}")
+    print(f"{'run':>32} | {'samples/s':>9} | {'vs PyTorch':>10} | {'peak RSS MiB/proc':>17}")
+    print("-" * 80)
+    for name, _ in configs:
+        r = results[name]
+        rate = median(r, "samples_per_s")
+        print(f"{name:>32} | {rate:>9.2f} | {rate / peer:>9.2f}x | {max(x['peak_rss_mib'] for x in r):>17.0f}")
+
+
+if __name__ == "__main__":
+    main()
