@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
   std::function<void(tessera::Communicator&)> command;
   auto train = tessera::add_train_command(app);
   auto job = tessera::add_job_command(app);
+  auto generate = tessera::add_generate_command(app);
 
   auto* convert = app.add_subcommand("convert", "Convert a dataset to Tessera's HDF5 layout");
   convert->require_subcommand(1);
@@ -110,7 +111,6 @@ int main(int argc, char** argv) {
       {"plan", "Write a plan file for a model, rank count and machine",
        "the planner (cost model and search) is later work; write a plan file by hand (see plans/)"},
       {"calibrate", "Measure this machine for the planner", "machine calibration comes with the planner"},
-      {"generate", "Generate synthetic datasets", "synthetic data generators (e.g. cosmology volumes) are later work"},
   };
   for (const auto& l : later) {
     auto* sub = app.add_subcommand(l.name, std::string(l.help) + " (not built yet)");
@@ -131,12 +131,15 @@ int main(int argc, char** argv) {
     if (rank == 0) code = app.exit(e);
     else code = e.get_exit_code();
     MPI_Finalize();
-    return code;
+    // --help exits 0; a malformed command line is bad input like any other: exit code 2 (CLI11's
+    // own codes, 104 for a value that does not convert, 106 for a missing option, ..., say less).
+    return code == 0 ? 0 : 2;
   }
   if (verbose) tessera::set_log_level(tessera::LogLevel::Debug);
   if (!command) {
     if (app.got_subcommand("train")) command = train;
     else if (app.got_subcommand("job")) command = job;
+    else if (app.got_subcommand("generate")) command = generate;
     else if (fmnist->parsed())
       command = [&](tessera::Communicator& comm) { tessera::convert_fashion_mnist(source, output, comm); };
   }
