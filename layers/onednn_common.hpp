@@ -22,6 +22,9 @@ struct Context {
   void record(const std::string& what, const dnnl::primitive_desc_base& descriptor) {
     implementations.push_back(what + ": " + descriptor.impl_info_str());
   }
+  void record(const std::string& what, const std::string& implementation) {
+    implementations.push_back(what + ": " + implementation);
+  }
 };
 
 using Dims = dnnl::memory::dims;
@@ -77,7 +80,21 @@ class Operand {
   std::optional<dnnl::reorder> reorder_;
 };
 
-std::unique_ptr<ConvolutionKernels> make_convolution_kernels(Context& context, HostConvolutionLayout layout);
+/// How 3-D (5-D tensor) backward-weights is computed. oneDNN 2.6 has no jit kernel for it on
+/// AVX2 (it falls back to im2col + gemm); the decomposed forms run 2-D jit kernels instead:
+/// PerDepth one 2-D problem per kernel depth position kd over the (sample, output depth) pairs,
+/// Folded one 2-D problem with the kd positions folded into the input channels (for few channels).
+enum class BackwardWeights3d {
+  /// Decomposed when oneDNN's own 3-D primitive is not a jit one, the problem has 2^20 or more
+  /// multiply-adds and the 2-D kernels are jit ones (Folded below 8 input channels).
+  Automatic,
+  Direct,     ///< always oneDNN's own 3-D primitive
+  PerDepth,   ///< always per kd (tests)
+  Folded,     ///< always folded (tests)
+};
+
+std::unique_ptr<ConvolutionKernels> make_convolution_kernels(Context& context, HostConvolutionLayout layout,
+                                                             BackwardWeights3d backward_weights_3d = BackwardWeights3d::Automatic);
 std::unique_ptr<PoolingKernels> make_pooling_kernels(Context& context);
 std::unique_ptr<LinearKernels> make_linear_kernels(Context& context);
 
