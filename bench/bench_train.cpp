@@ -28,7 +28,8 @@ double forward_flops(tessera::Model& model, std::int64_t batch) {
     const auto type = node.layer->type();
     if (type != "conv" && type != "linear") continue;
     const auto params = node.layer->parameters();
-    const double weights = static_cast<double>(params.at(0)->value.numel());
+    double weights = 1;  // the whole weight tensor, also when this rank holds a block of it
+    for (auto d : params.at(0)->whole_shape()) weights *= static_cast<double>(d);
     const double outputs_per_filter = static_cast<double>(node.output.sample_numel()) / static_cast<double>(node.output[1]);
     flops += 2.0 * static_cast<double>(batch) * weights * outputs_per_filter;
   }
@@ -64,6 +65,7 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return code;
     }
+    try {
     tessera::LayersRuntime runtime(threads);
     tessera::Model model = tessera::Model::load(model_file);
     model.init_parameters(1);
@@ -126,6 +128,11 @@ int main(int argc, char** argv) {
           "\"gflops\": %.2f, \"activation_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
           world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps,
           1e3 * comm_wait / steps, 1e3 * exchange / steps, exchanged_mib, gflops, activation_mib, peak_mib);
+    } catch (const tessera::Error& e) {
+      // Bad model or plan: every rank fails together (collectively); rank 0 says why.
+      if (world->rank() == 0) std::fprintf(stderr, "bench_train: %s\n", e.what());
+      code = 2;
+    }
   }
   MPI_Finalize();
   return code;

@@ -14,6 +14,17 @@ class LeakyReluLayer final : public Layer {
 
   std::string_view type() const override { return type_; }
   bool spatially_splittable() const override { return true; }
+  bool filter_splittable() const override { return true; }
+
+  void set_model_split(const ModelSplit& split) override {
+    if (split == model_split_) return;
+    Layer::set_model_split(split);
+    // Point-wise: this rank's block of the channels (features) in, the same block out.
+    const std::int64_t channels = input_shape_[1];
+    if (split.filter_parts > channels)
+      fail_layer(*this, "cannot cut {} channels into {} filter parts", channels, split.filter_parts);
+    input_shape_ = input_shape_.with(1, block_extent(channels, split.filter_parts, split.filter_coord));
+  }
 
   Shape setup(const std::vector<Shape>& inputs) override {
     check_input_count(*this, inputs, 1);

@@ -43,6 +43,34 @@ class BatchNormLayer final : public Layer {
   std::vector<Parameter*> parameters() override { return {&gamma_, &beta_}; }
   std::vector<Tensor*> buffers() override { return {&running_mean_, &running_variance_}; }
 
+  bool filter_splittable() const override { return true; }
+
+  void set_model_split(const ModelSplit& split) override {
+    if (split == model_split_) return;
+    Layer::set_model_split(split);
+    // This rank's block of the channels: statistics per channel need no other channels, and the
+    // executor's statistics communicators hold the ranks with the same block.
+    if (split.filter_parts > channels_)
+      fail_layer(*this, "cannot cut {} channels into {} filter parts", channels_, split.filter_parts);
+    const Box box{{block_begin(channels_, split.filter_parts, split.filter_coord)},
+                  {block_extent(channels_, split.filter_parts, split.filter_coord)}};
+    shard_parameter(gamma_, box);
+    shard_parameter(beta_, box);
+    Parameter mean{"", running_mean_, running_mean_, false}, variance{"", running_variance_, running_variance_, false};
+    shard_parameter(mean, box);
+    shard_parameter(variance, box);
+    running_mean_ = mean.value;
+    running_variance_ = variance.value;
+    channels_ = box.extent[0];
+    input_shape_ = input_shape_.with(1, channels_);
+  }
+
+  Box buffer_box(std::size_t index, std::vector<std::int64_t>& global_shape) override {
+    if (!gamma_.sharded()) return Layer::buffer_box(index, global_shape);
+    global_shape = gamma_.global_shape;
+    return gamma_.box;
+  }
+
   void init_parameters(std::uint64_t) override {
     gamma_.value.fill(1.0f);
     beta_.value.zero();

@@ -67,14 +67,48 @@ class ConvolutionLayer final : public Layer {
     return {first, (end - 1) * geometry_.stride[u] - geometry_.padding[u] + reach};
   }
 
+  bool model_splittable() const override { return true; }
+
+  void set_model_split(const ModelSplit& split) override {
+    if (split == model_split_) return;  // a second executor on the same model
+    TESSERA_CHECK(model_split_.none(), "{}: split twice, differently", describe(*this));
+    const std::int64_t channels = geometry_.in_channels;
+    if (split.filter_parts > filters_ || split.channel_parts > channels)
+      fail_layer(*this, "cannot cut {} filters into {} filter parts and {} input channels into {} channel parts",
+                 filters_, split.filter_parts, channels, split.channel_parts);
+    model_split_ = split;
+    if (split.none()) return;
+    const std::int64_t fb = block_begin(filters_, split.filter_parts, split.filter_coord);
+    const std::int64_t fe = block_extent(filters_, split.filter_parts, split.filter_coord);
+    const std::int64_t cb = block_begin(channels, split.channel_parts, split.channel_coord);
+    const std::int64_t ce = block_extent(channels, split.channel_parts, split.channel_coord);
+    Box box{{fb, cb}, {fe, ce}};
+    for (auto k : geometry_.kernel) {
+      box.begin.push_back(0);
+      box.extent.push_back(k);
+    }
+    shard_parameter(weights_, box);
+    if (bias_) {
+      shard_parameter(bias_parameter_, Box{{fb}, {fe}});
+      bias_parameter_.replicated_over_channels = split.channel_parts > 1;
+    }
+    geometry_.in_channels = ce;
+    geometry_.out_channels = fe;
+    geometry_.bias = adds_bias();
+    input_shape_ = input_shape_.with(1, ce);
+  }
+
   std::vector<Parameter*> parameters() override {
     if (bias_) return {&weights_, &bias_parameter_};
     return {&weights_};
   }
 
   void init_parameters(std::uint64_t seed) override {
-    const std::int64_t fan_in = weights_.value.numel() / filters_;
-    he_uniform_init(weights_.value, seed, id(), 0, fan_in);
+    // fan_in: the whole layer's input channels times the kernel, whatever block this rank holds.
+    std::int64_t fan_in = 1;
+    for (auto d : weights_.whole_shape()) fan_in *= d;
+    fan_in /= filters_;
+    he_uniform_init(weights_, seed, id(), 0, fan_in);
     if (bias_) bias_parameter_.value.zero();
   }
 
@@ -82,7 +116,7 @@ class ConvolutionLayer final : public Layer {
     const Tensor& input = *inputs[0];
     check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
     const ConvolutionGeometry& g = geometry_for(input, ctx);
-    output.resize(Shape::image(g.batch, filters_, g.output_size));
+    output.resize(Shape::image(g.batch, geometry_.out_channels, g.output_size));
     if (g.batch == 0) return;
     backend_of(*this, ctx).convolution().forward(g, input.data(), weights_.value.data(),
                                                   bias_ ? bias_parameter_.value.data() : nullptr, output.data());
@@ -101,7 +135,8 @@ class ConvolutionLayer final : public Layer {
     }
     backend_of(*this, ctx).convolution().backward(g, input.data(), grad_output.data(), weights_.value.data(),
                                                    grad_inputs[0] ? grad_inputs[0]->data() : nullptr,
-                                                   weights_.grad.data(), bias_ ? bias_parameter_.grad.data() : nullptr);
+                                                   weights_.grad.data(), adds_bias() ? bias_parameter_.grad.data() : nullptr);
+    if (bias_ && !adds_bias()) bias_parameter_.grad.zero();  // the bias is channel block 0's
   }
 
  private:
@@ -127,6 +162,9 @@ class ConvolutionLayer final : public Layer {
     }
     return tile_geometry_;
   }
+
+  /// Of a channel-split layer's partial sums only channel block 0's adds the bias.
+  bool adds_bias() const { return bias_ && model_split_.channel_coord == 0; }
 
   std::int64_t filters_;
   std::vector<std::int64_t> kernel_, stride_, padding_, dilation_;

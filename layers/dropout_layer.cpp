@@ -19,6 +19,18 @@ class DropoutLayer final : public Layer {
 
   std::string_view type() const override { return "dropout"; }
   bool spatially_splittable() const override { return true; }
+  bool filter_splittable() const override { return true; }
+
+  void set_model_split(const ModelSplit& split) override {
+    if (split == model_split_) return;
+    Layer::set_model_split(split);
+    // This rank's block of the channels (features); the masks stay keyed by global index.
+    global_channels_ = input_shape_[1];
+    if (split.filter_parts > global_channels_)
+      fail_layer(*this, "cannot cut {} channels into {} filter parts", global_channels_, split.filter_parts);
+    channel_offset_ = block_begin(global_channels_, split.filter_parts, split.filter_coord);
+    input_shape_ = input_shape_.with(1, block_extent(global_channels_, split.filter_parts, split.filter_coord));
+  }
 
   Shape setup(const std::vector<Shape>& inputs) override {
     check_input_count(*this, inputs, 1);
@@ -46,7 +58,7 @@ class DropoutLayer final : public Layer {
     const float* x = input.data();
     float* y = output.data();
     float* scales = scales_.data();
-    if (!ctx.tile) {
+    if (!ctx.tile && model_split_.none()) {
       const std::uint64_t first = static_cast<std::uint64_t>(ctx.sample_offset * sample_numel);
       host_for("dropout forward", count, [=](std::int64_t i) {
         const bool keep = random_uniform(seed, stream, first + static_cast<std::uint64_t>(i)) >= rate;
@@ -55,19 +67,22 @@ class DropoutLayer final : public Layer {
       });
       return;
     }
-    // On a spatial tile: the global index of each local element, from the tile's position in
-    // the global N x C x (D) x H x W tensor (2-D tiles as depth 1).
+    // On a spatial tile or a block of the channels: the global index of each local element, from
+    // the tile's position in the global N x C x (D) x H x W tensor (2-D tiles as depth 1, features
+    // as 0-D samples).
     std::int64_t local[3] = {1, 1, 1}, global[3] = {1, 1, 1}, origin[3] = {0, 0, 0};
-    const std::size_t dims = ctx.tile->output_global.size(), shift = 3 - dims;
+    const std::size_t dims = static_cast<std::size_t>(input.rank() - 2), shift = 3 - dims;
     for (std::size_t i = 0; i < dims; ++i) {
       local[i + shift] = input.dim(static_cast<int>(i) + 2);
-      global[i + shift] = ctx.tile->output_global[i];
-      origin[i + shift] = ctx.tile->output_begin[i];
+      global[i + shift] = ctx.tile ? ctx.tile->output_global[i] : local[i + shift];
+      origin[i + shift] = ctx.tile ? ctx.tile->output_begin[i] : 0;
     }
     const std::int64_t channels = input.dim(1), offset = ctx.sample_offset;
+    const std::int64_t global_channels = model_split_.none() ? channels : global_channels_;
+    const std::int64_t channel_offset = model_split_.none() ? 0 : channel_offset_;
     host_for("dropout forward (tile)", input.dim(0) * channels, [=](std::int64_t plane) {
       const std::int64_t n = plane / channels, c = plane % channels;
-      const std::int64_t global_plane = (offset + n) * channels + c;
+      const std::int64_t global_plane = (offset + n) * global_channels + channel_offset + c;
       std::int64_t i = plane * local[0] * local[1] * local[2];
       for (std::int64_t d = 0; d < local[0]; ++d)
         for (std::int64_t h = 0; h < local[1]; ++h)
@@ -98,6 +113,7 @@ class DropoutLayer final : public Layer {
  private:
   double rate_;
   Shape input_shape_;
+  std::int64_t global_channels_ = 0, channel_offset_ = 0;
   bool applied_ = false;
   std::vector<float> scales_;
 };

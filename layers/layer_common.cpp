@@ -96,6 +96,71 @@ void he_uniform_init(Tensor& tensor, std::uint64_t seed, int layer_id, int param
     values[i] = (2.0f * random_uniform(seed, stream, static_cast<std::uint64_t>(i)) - 1.0f) * bound;
 }
 
+std::int64_t global_index(const std::vector<std::int64_t>& global, const Box& box, std::int64_t local) {
+  std::int64_t index = 0, stride = 1;
+  for (std::size_t d = global.size(); d-- > 0;) {
+    const std::int64_t i = local % box.extent[d];
+    local /= box.extent[d];
+    index += (box.begin[d] + i) * stride;
+    stride *= global[d];
+  }
+  return index;
+}
+
+void he_uniform_init(Parameter& parameter, std::uint64_t seed, int layer_id, int parameter_index, std::int64_t fan_in) {
+  if (!parameter.sharded()) {
+    he_uniform_init(parameter.value, seed, layer_id, parameter_index, fan_in);
+    return;
+  }
+  const float bound = static_cast<float>(std::sqrt(6.0 / static_cast<double>(std::max<std::int64_t>(fan_in, 1))));
+  const std::uint64_t stream = rng_substream(RngStream::WeightInit, static_cast<std::uint64_t>(layer_id),
+                                             static_cast<std::uint64_t>(parameter_index));
+  float* values = parameter.value.data();
+  for (std::int64_t i = 0; i < parameter.value.numel(); ++i) {
+    const auto g = static_cast<std::uint64_t>(global_index(parameter.global_shape, parameter.box, i));
+    values[i] = (2.0f * random_uniform(seed, stream, g) - 1.0f) * bound;
+  }
+}
+
+void shard_parameter(Parameter& parameter, const Box& box) {
+  TESSERA_CHECK(!parameter.sharded(), "parameter '{}' is sharded twice", parameter.name);
+  const std::vector<std::int64_t> global = parameter.value.shape().dims();
+  TESSERA_CHECK(box.begin.size() == global.size() && box.extent.size() == global.size(),
+                "parameter '{}': block of rank {} for a tensor of rank {}", parameter.name, box.begin.size(),
+                global.size());
+  Tensor block{Shape(box.extent)};
+  const Tensor whole = parameter.value.is_contiguous() ? parameter.value : parameter.value.clone();
+  for (std::int64_t i = 0; i < block.numel(); ++i) block.data()[i] = whole.data()[global_index(global, box, i)];
+  parameter.value = std::move(block);
+  parameter.grad = Tensor(Shape(box.extent));
+  parameter.global_shape = global;
+  parameter.box = box;
+}
+
+Box Parameter::whole_box() const {
+  if (sharded()) return box;
+  Box b;
+  b.extent = value.shape().dims();
+  b.begin.assign(b.extent.size(), 0);
+  return b;
+}
+
+Box Layer::buffer_box(std::size_t index, std::vector<std::int64_t>& global_shape) {
+  const Tensor& buffer = *buffers().at(index);
+  global_shape = buffer.shape().dims();
+  Box box;
+  box.extent = global_shape;
+  box.begin.assign(global_shape.size(), 0);
+  return box;
+}
+
+void Layer::set_model_split(const ModelSplit& split) {
+  if (split.channel_parts > 1 || (split.filter_parts > 1 && !filter_splittable()))
+    fail_layer(*this, "cannot be split by filter or channel (only conv and linear layers can, and point-wise layers "
+               "by filter); got {} filter and {} channel parts", split.filter_parts, split.channel_parts);
+  model_split_ = split;
+}
+
 std::vector<std::int64_t> spatial_extents(const Shape& shape) {
   return std::vector<std::int64_t>(shape.dims().begin() + 2, shape.dims().end());
 }

@@ -45,6 +45,17 @@ DnnBackend& backend_of(const Layer& layer, const LayerContext& context);
 /// of the tensor gets the same values.
 void he_uniform_init(Tensor& tensor, std::uint64_t seed, int layer_id, int parameter_index, std::int64_t fan_in);
 
+/// The same over this rank's block of a (possibly sharded) parameter: each element draws by its
+/// index in the whole tensor.
+void he_uniform_init(Parameter& parameter, std::uint64_t seed, int layer_id, int parameter_index, std::int64_t fan_in);
+
+/// Shrinks `parameter` to the block `box` of its current (whole) value: the value keeps the
+/// block's elements, the gradient becomes a zero tensor of the block's shape.
+void shard_parameter(Parameter& parameter, const Box& box);
+
+/// Global flat (row-major) index in a tensor of `global` extents of element `local` of `box`.
+std::int64_t global_index(const std::vector<std::int64_t>& global, const Box& box, std::int64_t local);
+
 /// Spatial extents (dims 2...) of an image shape.
 std::vector<std::int64_t> spatial_extents(const Shape& shape);
 

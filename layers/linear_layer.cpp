@@ -28,13 +28,41 @@ class LinearLayer final : public Layer {
     return Shape::flat(input[0], out_features_);
   }
 
+  bool model_splittable() const override { return true; }
+
+  void set_model_split(const ModelSplit& split) override {
+    if (split == model_split_) return;  // a second executor on the same model
+    TESSERA_CHECK(model_split_.none(), "{}: split twice, differently", describe(*this));
+    const std::int64_t in = geometry_.in_features;
+    if (split.filter_parts > out_features_ || split.channel_parts > in)
+      fail_layer(*this, "cannot cut {} output features into {} filter parts and {} input features into {} channel parts",
+                 out_features_, split.filter_parts, in, split.channel_parts);
+    model_split_ = split;
+    if (split.none()) return;
+    const std::int64_t fb = block_begin(out_features_, split.filter_parts, split.filter_coord);
+    const std::int64_t fe = block_extent(out_features_, split.filter_parts, split.filter_coord);
+    const std::int64_t cb = block_begin(in, split.channel_parts, split.channel_coord);
+    const std::int64_t ce = block_extent(in, split.channel_parts, split.channel_coord);
+    shard_parameter(weights_, Box{{fb, cb}, {fe, ce}});
+    if (bias_) {
+      shard_parameter(bias_parameter_, Box{{fb}, {fe}});
+      bias_parameter_.replicated_over_channels = split.channel_parts > 1;
+    }
+    geometry_.in_features = ce;
+    geometry_.out_features = fe;
+    geometry_.bias = adds_bias();
+    input_shape_ = Shape::flat(input_shape_[0], ce);
+  }
+
   std::vector<Parameter*> parameters() override {
     if (bias_) return {&weights_, &bias_parameter_};
     return {&weights_};
   }
 
   void init_parameters(std::uint64_t seed) override {
-    he_uniform_init(weights_.value, seed, id(), 0, geometry_.in_features);
+    // fan_in: the whole layer's input features, whatever block this rank holds.
+    const std::int64_t fan_in = weights_.sharded() ? weights_.global_shape[1] : geometry_.in_features;
+    he_uniform_init(weights_, seed, id(), 0, fan_in);
     if (bias_) bias_parameter_.value.zero();
   }
 
@@ -42,10 +70,10 @@ class LinearLayer final : public Layer {
     const Tensor& input = *inputs[0];
     check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
     geometry_.batch = input.dim(0);
-    output.resize(Shape::flat(geometry_.batch, out_features_));
+    output.resize(Shape::flat(geometry_.batch, geometry_.out_features));
     if (geometry_.batch == 0) return;
     backend_of(*this, ctx).linear().forward(geometry_, input.data(), weights_.value.data(),
-                                             bias_ ? bias_parameter_.value.data() : nullptr, output.data());
+                                             adds_bias() ? bias_parameter_.value.data() : nullptr, output.data());
   }
 
   void backward(std::span<const Tensor* const> inputs, const Tensor&, const Tensor& grad_output,
@@ -61,10 +89,14 @@ class LinearLayer final : public Layer {
     auto& kernels = backend_of(*this, ctx).linear();
     if (grad_inputs[0]) kernels.backward_data(geometry_, grad_output.data(), weights_.value.data(), grad_inputs[0]->data());
     kernels.backward_weights(geometry_, input.data(), grad_output.data(), weights_.grad.data(),
-                             bias_ ? bias_parameter_.grad.data() : nullptr);
+                             adds_bias() ? bias_parameter_.grad.data() : nullptr);
+    if (bias_ && !adds_bias()) bias_parameter_.grad.zero();  // the bias is channel block 0's
   }
 
  private:
+  /// Of a channel-split layer's partial sums only channel block 0's adds the bias.
+  bool adds_bias() const { return bias_ && model_split_.channel_coord == 0; }
+
   std::int64_t out_features_;
   bool bias_;
   Shape input_shape_;

@@ -21,6 +21,18 @@ class PoolingLayer final : public Layer {
 
   std::string_view type() const override { return mode_ == PoolingMode::Max ? "maxpool" : "avgpool"; }
   bool spatially_splittable() const override { return true; }
+  bool filter_splittable() const override { return true; }
+
+  void set_model_split(const ModelSplit& split) override {
+    if (split == model_split_) return;
+    Layer::set_model_split(split);
+    // Per channel: this rank pools its block of the channels.
+    const std::int64_t channels = input_shape_[1];
+    if (split.filter_parts > channels)
+      fail_layer(*this, "cannot cut {} channels into {} filter parts", channels, split.filter_parts);
+    geometry_.channels = block_extent(channels, split.filter_parts, split.filter_coord);
+    input_shape_ = input_shape_.with(1, geometry_.channels);
+  }
 
   Shape setup(const std::vector<Shape>& inputs) override {
     check_input_count(*this, inputs, 1);

@@ -193,16 +193,31 @@ void Plan::validate(int job_ranks, const std::vector<PlanLayerInfo>& layers) con
       fail_input("plan '{}', {}: a {} layer cannot be split spatially (it needs whole samples); split it by sample "
                  "and let the executor redistribute its input",
                  source_, who, layer->type);
+    if ((split.channel > 1 && !layer->model_splittable) || (split.filter > 1 && !layer->filter_splittable))
+      fail_input("plan '{}', {}: a {} layer cannot be split by {} (conv and linear layers can be split by channel "
+                 "and filter; batchnorm, dropout, maxpool, avgpool, relu and leaky_relu by filter); split it by sample (and "
+                 "spatially) and "
+                 "let the executor "
+                 "redistribute its input",
+                 source_, who, layer->type, split.channel > 1 ? "channel" : "filter");
     if (split.filter > 1 && (out.rank() < 2 || split.filter > out[1]))
-      fail_input("plan '{}', {}: {} filter parts but the layer has {} output channels/features", source_, who,
-                 split.filter, out.rank() < 2 ? 0 : out[1]);
+      fail_input("plan '{}', {}: {} filter parts but the layer has {} output channels/features, so a rank "
+                 "would get no filter",
+                 source_, who, split.filter, out.rank() < 2 ? 0 : out[1]);
     if (split.channel > 1 && in.rank() >= 2 && split.channel > in[1])
-      fail_input("plan '{}', {}: {} channel parts but the layer has {} input channels/features", source_, who,
-                 split.channel, in[1]);
-    if (split.channel > 1 || split.filter > 1)
-      fail_input("plan '{}', {}: channel and filter (model-parallel) splits are not supported yet (this build runs "
-                 "sample and spatial splits); use sample and spatial parts for this layer",
-                 source_, who);
+      fail_input("plan '{}', {}: {} channel parts but the layer has {} input channels/features, so a rank "
+                 "would get no channel",
+                 source_, who, split.channel, in[1]);
+    if (split.channel > 1 && out.rank() >= 2) {
+      // The partial sums of a filter block are reduce-scattered over the channel ranks by output
+      // channel: every one needs at least one.
+      const std::int64_t thinnest = out[1] / split.filter;
+      if (split.channel > thinnest)
+        fail_input("plan '{}', {}: {} channel parts, but the partial sums are scattered over the channel ranks by "
+                   "output channel/feature and a filter block has only {} of the {} outputs; use at most {} channel "
+                   "parts here",
+                   source_, who, split.channel, thinnest, out[1], thinnest);
+    }
   };
   for (const auto& l : layers) {
     auto it = layers_.find(l.name);

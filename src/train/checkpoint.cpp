@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "tessera/core/error.hpp"
@@ -11,10 +12,10 @@
 namespace tessera {
 namespace {
 
-/// Where a tensor goes in the file and whether this rank writes it. Sample-parallel plans hold
-/// every weight whole on every rank of the sample group, so the group's rank 0 writes it; a
-/// tensor sharded over model or domain splits would give its own box here, written by rank 0 of
-/// its replica group.
+/// Where a tensor goes in the file and whether this rank writes it. A whole tensor (replicated on
+/// every rank) is written by rank 0; a block of a model-parallel layer's weight (or of its
+/// optimizer state) goes to its box of the global tensor, written by rank 0 of its replica group,
+/// so that a checkpoint holds global tensors whatever the plan, and any plan can restore it.
 struct Placement {
   std::vector<std::int64_t> global_shape;
   Box box;
@@ -30,6 +31,15 @@ Placement replicated(const Tensor& tensor, Executor& executor) {
   p.writes = executor.world().rank() == 0;
   return p;
 }
+
+/// Every tensor of the training state with its name in the file and its placement.
+struct StateTensor {
+  std::string name;
+  Tensor* tensor;
+  Placement placement;
+  /// Buffers: the ranks holding the same block (their local statistics may differ).
+  Communicator* group = nullptr;
+};
 
 std::string read_text_file(const std::string& path) {
   std::error_code ec;
@@ -47,15 +57,42 @@ std::vector<std::string> lines(const std::string& text) {
   return out;
 }
 
-/// Every tensor of the training state with its name in the file.
-std::vector<std::pair<std::string, Tensor*>> state_tensors(Model& model, Optimizer& optimizer) {
-  std::vector<std::pair<std::string, Tensor*>> out;
-  for (Parameter* p : model.parameters()) out.emplace_back("param/" + p->name, &p->value);
-  for (auto& [name, tensor] : optimizer.state()) out.emplace_back("optimizer/" + name, tensor);
-  for (auto& node : model.nodes()) {
-    const auto buffers = node.layer->buffers();
-    for (std::size_t i = 0; i < buffers.size(); ++i)
-      out.emplace_back(fmt::format("buffer/{}.{}", node.layer->name(), i), buffers[i]);
+Placement block_of(const Parameter& param, Communicator& replica_group) {
+  Placement p;
+  p.global_shape = param.whole_shape();
+  p.box = param.whole_box();
+  p.writes = replica_group.rank() == 0;
+  return p;
+}
+
+std::vector<StateTensor> state_tensors(Model& model, Executor& executor, Optimizer& optimizer) {
+  std::vector<StateTensor> out;
+  // A parameter's optimizer state ("<parameter>.<suffix>") has the parameter's block.
+  std::map<std::string, Placement> blocks;
+  auto& nodes = model.nodes();
+  for (std::size_t k = 0; k < nodes.size(); ++k)
+    for (Parameter* p : nodes[k].layer->parameters()) {
+      const Placement placement = p->sharded() ? block_of(*p, executor.replica_group(k, *p)) : replicated(p->value, executor);
+      blocks[p->name] = placement;
+      out.push_back({"param/" + p->name, &p->value, placement, nullptr});
+    }
+  for (auto& [name, tensor] : optimizer.state()) {
+    const auto dot = name.rfind('.');
+    const auto found = dot == std::string::npos ? blocks.end() : blocks.find(name.substr(0, dot));
+    out.push_back({"optimizer/" + name, tensor, found != blocks.end() ? found->second : replicated(*tensor, executor),
+                   nullptr});
+  }
+  for (std::size_t k = 0; k < nodes.size(); ++k) {
+    const auto buffers = nodes[k].layer->buffers();
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+      // A filter-split batch norm holds its block of the running statistics.
+      Placement placement;
+      placement.box = nodes[k].layer->buffer_box(i, placement.global_shape);
+      if (placement.global_shape.empty()) placement = replicated(*buffers[i], executor);
+      else placement.writes = executor.buffer_group(k).rank() == 0;
+      out.push_back({fmt::format("buffer/{}.{}", nodes[k].layer->name(), i), buffers[i], placement,
+                     &executor.buffer_group(k)});
+    }
   }
   return out;
 }
@@ -85,11 +122,9 @@ std::string save_checkpoint(const std::string& dir, Model& model, Executor& exec
   writer.set_attribute("optimizer_type", std::string(optimizer.type()));
   writer.set_attribute("optimizer_steps", optimizer.steps_taken());
   writer.set_attribute("ranks", static_cast<std::int64_t>(executor.world().size()));
-  Communicator& group = executor.world();
-  for (auto& [name, tensor] : state_tensors(model, optimizer)) {
-    const Placement p = replicated(*tensor, executor);
-    const bool buffer = name.rfind("buffer/", 0) == 0;
-    if (buffer && group.size() > 1) {
+  for (auto& [name, tensor, p, buffer_group] : state_tensors(model, executor, optimizer)) {
+    if (buffer_group && buffer_group->size() > 1) {
+      Communicator& group = *buffer_group;
       // Running statistics of local batch norm differ between the ranks of the sample group: store
       // their average (what evaluation uses). Global statistics are identical: stored as they are.
       const auto n = static_cast<std::size_t>(tensor->numel());
@@ -140,22 +175,18 @@ CheckpointMeta restore_checkpoint(const std::string& path, Model& model, Executo
                optimizer.type());
 
   optimizer.prepare(model.parameters());
-  const auto tensors = state_tensors(model, optimizer);
+  const auto tensors = state_tensors(model, executor, optimizer);
   // Check every tensor before changing any.
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& [name, tensor, p, group] : tensors) {
     if (!reader.has_tensor(name)) fail_input("{}: the checkpoint holds no tensor '{}'", path, name);
-    auto want = tensor->shape().dims();
-    if (want.empty()) want = {1};
+    const auto& want = p.global_shape;
     const auto have = reader.tensor_shape(name);
     if (have != want)
       fail_input("{}: tensor '{}' has shape [{}] in the checkpoint, but the model's is [{}]", path, name,
                  fmt::join(have, ", "), fmt::join(want, ", "));
     if (!tensor->is_contiguous()) fail("{}: state tensor '{}' is not contiguous", path, name);
   }
-  for (const auto& [name, tensor] : tensors) {
-    const Placement p = replicated(*tensor, executor);
-    reader.read_tensor(name, p.box, tensor->data());
-  }
+  for (const auto& [name, tensor, p, group] : tensors) reader.read_tensor(name, p.box, tensor->data());
   optimizer.set_steps_taken(reader.int_attribute("optimizer_steps"));
   CheckpointMeta meta;
   meta.step = reader.int_attribute("step");

@@ -64,6 +64,8 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
   const std::size_t n = nodes.size();
   outputs_.resize(n);
   grads_.resize(n);
+  partials_.resize(n);
+  partial_grads_.resize(n);
   windows_.resize(n);
   window_grads_.resize(n);
   placement_.resize(n);
@@ -94,10 +96,16 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
 
   // Communicators (created collectively, in the same order on every rank) and tiles.
   const int me = world_->rank();
+  self_comm_ = world_->split(me, 0);
   for (std::size_t i = 0; i < n; ++i) {
     Placement& p = placement_[i];
     p.sample_comm = group(p.grid, {kSampleAxis, kFirstSpatialAxis, kFirstSpatialAxis + 1, kFirstSpatialAxis + 2});
     p.spatial_comm = group(p.grid, {kFirstSpatialAxis, kFirstSpatialAxis + 1, kFirstSpatialAxis + 2});
+    if (p.split.channel > 1)
+      p.bias_comm = group(p.grid, {kSampleAxis, kChannelAxis, kFirstSpatialAxis, kFirstSpatialAxis + 1,
+                                   kFirstSpatialAxis + 2});
+    const std::vector<int> c = coords_of(p.grid, me);
+    p.model = ModelSplit{p.split.filter, c[kFilterAxis], p.split.channel, c[kChannelAxis]};
     if (!p.tiled) continue;
     const Shape& out = nodes[i].output;
     const Box box = output_box(i, me, 1);
@@ -115,11 +123,17 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
     }
   }
 
-  // Register gradients in the order backward produces them (last layer first). Every weight is
-  // replicated over its layer's sample and spatial ranks.
+  // Model-parallel layers keep only their blocks of the weights (sliced from the whole, already
+  // initialised tensors; init_parameters draws a block's values by global index).
+  collectively(*world_, [&] {
+    for (std::size_t i = 0; i < n; ++i) nodes[i].layer->set_model_split(placement_[i].model);
+  });
+
+  // Register gradients in the order backward produces them (last layer first). Every block of a
+  // weight is replicated over its layer's sample and spatial ranks (a channel-split layer's bias
+  // over its channel ranks too).
   for (std::size_t k = n; k-- > 0;)
-    for (auto* param : nodes[k].layer->parameters())
-      reducer_.add(param->grad, placement_[k].sample_comm ? *placement_[k].sample_comm : *world_);
+    for (auto* param : nodes[k].layer->parameters()) reducer_.add(param->grad, replica_group(k, *param));
   reducer_.build();
 }
 
@@ -142,7 +156,29 @@ Communicator* Executor::group(const std::vector<int>& grid, const std::vector<in
   return slot.get();
 }
 
+Communicator& Executor::group_or_self(Communicator* group) { return group ? *group : *self_comm_; }
+
+Communicator& Executor::replica_group(std::size_t node, const Parameter& param) {
+  const Placement& p = placement_[node];
+  return group_or_self(param.replicated_over_channels ? p.bias_comm : p.sample_comm);
+}
+
+Communicator& Executor::buffer_group(std::size_t node) { return group_or_self(placement_[node].sample_comm); }
+
 Box Executor::output_box(std::size_t node, int rank, std::int64_t batch) const {
+  Box box = partial_box(node, rank, batch);
+  const Placement& p = placement_[node];
+  if (p.split.channel > 1) {
+    // The reduced partial sums are scattered over the channel group by output channel.
+    const int c = coords_of(p.grid, rank)[kChannelAxis];
+    const std::int64_t extent = box.extent[1];
+    box.begin[1] += block_begin(extent, p.split.channel, c);
+    box.extent[1] = block_extent(extent, p.split.channel, c);
+  }
+  return box;
+}
+
+Box Executor::partial_box(std::size_t node, int rank, std::int64_t batch) const {
   const Placement& p = placement_[node];
   const Shape& shape = model_.nodes()[node].output;
   const std::vector<int> c = coords_of(p.grid, rank);
@@ -151,6 +187,10 @@ Box Executor::output_box(std::size_t node, int rank, std::int64_t batch) const {
   box.extent = shape.dims();
   box.begin[0] = block_begin(batch, p.split.sample, c[kSampleAxis]);
   box.extent[0] = block_extent(batch, p.split.sample, c[kSampleAxis]);
+  if (p.split.filter > 1) {
+    box.begin[1] = block_begin(shape[1], p.split.filter, c[kFilterAxis]);
+    box.extent[1] = block_extent(shape[1], p.split.filter, c[kFilterAxis]);
+  }
   if (p.tiled) {
     const int dims = shape.rank() - 2;
     for (int j = 0; j < dims; ++j) {
@@ -169,13 +209,25 @@ Box Executor::input_box(std::size_t node, std::size_t input, int rank, std::int6
   const int producer = nodes[node].inputs[input];
   const Shape shape = producer == Model::kModelInput ? model_.input_shape(batch)
                                                      : nodes[static_cast<std::size_t>(producer)].output.with(0, batch);
-  const Box out = output_box(node, rank, batch);
+  const Box out = partial_box(node, rank, batch);
   Box box;
   box.begin.assign(static_cast<std::size_t>(shape.rank()), 0);
   box.extent = shape.dims();
   box.begin[0] = out.begin[0];
   box.extent[0] = out.extent[0];
-  if (placement_[node].tiled) {
+  const Placement& p = placement_[node];
+  if (p.split.channel > 1) {
+    // A channel-split layer reads its block of the input channels (features).
+    const int c = coords_of(p.grid, rank)[kChannelAxis];
+    box.begin[1] = block_begin(shape[1], p.split.channel, c);
+    box.extent[1] = block_extent(shape[1], p.split.channel, c);
+  }
+  if (p.split.filter > 1 && !nodes[node].layer->model_splittable()) {
+    // A point-wise layer split by filter reads the channels it writes.
+    box.begin[1] = out.begin[1];
+    box.extent[1] = out.extent[1];
+  }
+  if (p.tiled) {
     // Every spatial dimension of a tiled layer reads exactly its window, padding included (as
     // zeros), so the layer computes without padding of its own.
     for (int j = 0; j < shape.rank() - 2; ++j) {
@@ -295,6 +347,18 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
       if (!exchange->is_identity()) ex.inputs[i][a] = std::move(exchange);
     }
   }
+  // Channel-split layers: their partial sums are reduce-scattered into the output tiles.
+  ex.reduce.resize(nodes.size());
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (placement_[i].split.channel == 1) continue;
+    std::vector<Box> held, needed;
+    for (int r = 0; r < size; ++r) {
+      held.push_back(output_box(i, r, batch));
+      needed.push_back(partial_box(i, r, batch));
+    }
+    ex.reduce[i] = std::make_unique<TileExchange>(*exchange_comm_, nodes[i].output.with(0, batch), std::move(held),
+                                                  std::move(needed), TileExchange::Transport::PointToPoint);
+  }
   // Outputs read only through exchanges are released after their last consumer's exchange.
   const auto output = static_cast<std::size_t>(model_.output_node());
   ex.release.assign(nodes.size(), kKeep);
@@ -374,6 +438,18 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
       if (j != Model::kModelInput && ex.release[static_cast<std::size_t>(j)] == i) outputs_[static_cast<std::size_t>(j)] = Tensor();
     }
     LayerContext ctx = context(i, batch_size, step, training);
+    if (TileExchange* reduce = ex.reduce[i].get()) {
+      // A partial sum over this rank's input channels: summed over the channel group into the
+      // output tiles (backward never reads a layer's output, so the partial sum goes).
+      nodes[i].layer->forward(in, partials_[i], ctx);
+      peak_bytes_ = std::max(peak_bytes_, current_bytes());
+      const auto start = Clock::now();
+      reduce->reverse(partials_[i], outputs_[i]);
+      exchange_seconds_ += seconds_since(start);
+      peak_bytes_ = std::max(peak_bytes_, current_bytes());
+      partials_[i] = Tensor();
+      continue;
+    }
     nodes[i].layer->forward(in, outputs_[i], ctx);
     peak_bytes_ = std::max(peak_bytes_, current_bytes());
   }
@@ -446,8 +522,18 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
     }
     if (!has_grad[k]) fail("Executor: layer '{}' got no gradient", node.layer->name());
     LayerContext ctx = context(k, batch_size, step, /*training=*/true);
-    node.layer->backward(in, outputs_[k], grads_[k], grad_in, ctx);
-    peak_bytes_ = std::max(peak_bytes_, current_bytes());
+    if (TileExchange* reduce = ex.reduce[k].get()) {
+      // The gradient of a partial sum is the output gradient over the whole partial box.
+      const auto start = Clock::now();
+      reduce->forward(grads_[k], partial_grads_[k]);
+      exchange_seconds_ += seconds_since(start);
+      node.layer->backward(in, partials_[k], partial_grads_[k], grad_in, ctx);
+      peak_bytes_ = std::max(peak_bytes_, current_bytes());
+      partial_grads_[k] = Tensor();
+    } else {
+      node.layer->backward(in, outputs_[k], grads_[k], grad_in, ctx);
+      peak_bytes_ = std::max(peak_bytes_, current_bytes());
+    }
     for (auto* p : node.layer->parameters()) reducer_.ready(p->grad);
     for (std::size_t a = 0; a < node.inputs.size(); ++a) {
       const int j = node.inputs[a];
@@ -500,14 +586,19 @@ void Executor::average_buffers() {
   if (world_->size() == 1) return;
   const WatchdogScope scope(watchdog_, "averaging batch-norm statistics over the ranks");
   // Ranks holding tiles of the same samples have equal statistics, and every sample group has
-  // as many ranks, so the average over all ranks is the average over the sample groups.
-  const float scale = 1.0f / static_cast<float>(world_->size());
-  for (auto& node : model_.nodes())
-    for (Tensor* buffer : node.layer->buffers()) {
-      world_->allreduce(buffer->data(), static_cast<std::size_t>(buffer->numel()), DType::F32, ReduceOp::Sum);
+  // as many ranks, so the average over the ranks holding the same block of the buffers (all
+  // ranks unless the layer is split by filter) is the average over the sample groups.
+  auto& nodes = model_.nodes();
+  for (std::size_t k = 0; k < nodes.size(); ++k) {
+    Communicator& group = buffer_group(k);
+    if (group.size() == 1) continue;
+    const float scale = 1.0f / static_cast<float>(group.size());
+    for (Tensor* buffer : nodes[k].layer->buffers()) {
+      group.allreduce(buffer->data(), static_cast<std::size_t>(buffer->numel()), DType::F32, ReduceOp::Sum);
       float* b = buffer->data();
       for (std::int64_t i = 0; i < buffer->numel(); ++i) b[i] *= scale;
     }
+  }
 }
 
 std::int64_t Executor::activation_bytes() const { return std::max(peak_bytes_, current_bytes()); }
@@ -516,6 +607,8 @@ std::int64_t Executor::current_bytes() const {
   std::int64_t bytes = 0;
   for (const auto& t : outputs_) bytes += t.allocated_bytes();
   for (const auto& t : grads_) bytes += t.allocated_bytes();
+  for (const auto& t : partials_) bytes += t.allocated_bytes();
+  for (const auto& t : partial_grads_) bytes += t.allocated_bytes();
   for (const auto& node : windows_)
     for (const auto& t : node) bytes += t.allocated_bytes();
   for (const auto& node : window_grads_)
@@ -530,6 +623,8 @@ std::int64_t Executor::exchange_elements_per_step(std::int64_t batch_size) {
   for (const auto& node : it->second.inputs)
     for (const auto& exchange : node)
       if (exchange) elements += exchange->send_elements() + exchange->recv_elements();  // forward + reverse
+  for (const auto& exchange : it->second.reduce)
+    if (exchange) elements += exchange->send_elements() + exchange->recv_elements();
   return elements;
 }
 

@@ -215,7 +215,11 @@ std::vector<Parameter*> Model::parameters() {
 
 std::int64_t Model::parameter_count() {
   std::int64_t count = 0;
-  for (auto* p : parameters()) count += p->value.numel();
+  for (auto* p : parameters()) {
+    std::int64_t n = 1;  // the whole tensor, also when this rank holds a block of it
+    for (auto d : p->whole_shape()) n *= d;
+    count += n;
+  }
   return count;
 }
 
@@ -228,7 +232,8 @@ std::vector<PlanLayerInfo> Model::plan_info(std::int64_t global_batch) const {
     const Shape input = first == kModelInput ? with_batch(sample_shape_, global_batch)
                                              : nodes_[static_cast<std::size_t>(first)].output.with(0, global_batch);
     info.push_back({n.layer->name(), std::string(n.layer->type()), n.output.with(0, global_batch), input,
-                    n.layer->spatially_splittable()});
+                    n.layer->spatially_splittable(), n.layer->model_splittable(),
+                    n.layer->filter_splittable()});
   }
   return info;
 }

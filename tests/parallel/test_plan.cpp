@@ -195,9 +195,9 @@ TEST(PlanParseErrors, MissingRanks) {
 
 std::vector<PlanLayerInfo> small_cnn(std::int64_t batch = 32) {
   return {
-      {"conv1", "conv", Shape::image(batch, 8, {28, 28}), Shape::image(batch, 1, {28, 28}), true},
-      {"pool1", "maxpool", Shape::image(batch, 8, {14, 14}), Shape::image(batch, 8, {28, 28}), true},
-      {"fc1", "linear", Shape::flat(batch, 10), Shape::flat(batch, 1568), false},
+      {"conv1", "conv", Shape::image(batch, 8, {28, 28}), Shape::image(batch, 1, {28, 28}), true, true, true},
+      {"pool1", "maxpool", Shape::image(batch, 8, {14, 14}), Shape::image(batch, 8, {28, 28}), true, false, true},
+      {"fc1", "linear", Shape::flat(batch, 10), Shape::flat(batch, 1568), false, true, true},
   };
 }
 
@@ -272,13 +272,33 @@ TEST(PlanValidate, SpatialSplitsOnlyWhereTheLayerTakesThem) {
                         {"layer 'flatten'", "a flatten layer cannot be split spatially"});
 }
 
-TEST(PlanValidate, ModelParallelSplitsAreRefusedByName) {
-  expect_validate_error("ranks: 4\nlayers:\n  fc1: {sample: 2, filter: 2}\n", 4, small_cnn(),
-                        {"layer 'fc1': channel and filter (model-parallel) splits are not supported yet"});
+TEST(PlanValidate, ModelParallelSplitsOnConvAndLinearPass) {
+  EXPECT_NO_THROW(Plan::parse("ranks: 4\nlayers:\n  fc1: {sample: 2, filter: 2}\n", "v.yaml").validate(4, small_cnn()));
+  EXPECT_NO_THROW(Plan::parse("ranks: 4\nlayers:\n  fc1: {channel: 2, filter: 2}\n  conv1: {channel: 1, filter: 4}\n",
+                              "v.yaml")
+                      .validate(4, small_cnn()));
+  EXPECT_NO_THROW(Plan::parse("ranks: 4\nlayers:\n  conv1: {sample: 2, filter: 2}\n  fc1: {sample: 1, channel: 4}\n",
+                              "v.yaml")
+                      .validate(4, small_cnn()));
+}
+
+TEST(PlanValidate, ModelParallelSplitsOnlyOnConvAndLinear) {
   expect_validate_error("ranks: 4\nlayers:\n  pool1: {sample: 2, channel: 2}\n", 4, small_cnn(),
-                        {"layer 'pool1': channel and filter (model-parallel) splits are not supported yet"});
-  expect_validate_error("ranks: 4\ndefault: {sample: 2, filter: 2}\n", 4, small_cnn(),
-                        {"layer 'conv1' (default split): channel and filter"});
+                        {"layer 'pool1'", "a maxpool layer cannot be split by channel",
+                         "conv and linear layers can be split by channel and filter; batchnorm, dropout, maxpool, "
+                         "avgpool, relu and leaky_relu by filter"});
+  std::vector<PlanLayerInfo> layers = small_cnn();
+  layers.push_back({"flatten", "flatten", Shape::flat(32, 1568), Shape::image(32, 8, {14, 14}), false, false, false});
+  expect_validate_error("ranks: 4\ndefault: {sample: 2, filter: 2}\n", 4, layers,
+                        {"layer 'flatten' (default split)", "a flatten layer cannot be split by filter"});
+}
+
+TEST(PlanValidate, ChannelPartsNeedAnOutputEachForTheReduceScatter) {
+  // fc1: 10 outputs in 4 filter blocks of 2 or 3: 3 channel parts leave a rank without an output.
+  expect_validate_error("ranks: 12\nlayers:\n  conv1: {sample: 12}\n  pool1: {sample: 12}\n  fc1: {sample: 1, "
+                        "filter: 4, channel: 3}\n",
+                        12, small_cnn(), {"layer 'fc1'", "3 channel parts", "a filter block has only 2 of the 10",
+                                          "use at most 2 channel parts"});
 }
 
 TEST(PlanValidate, SplitsLargerThanTheTensorAreExplained) {

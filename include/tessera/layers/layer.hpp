@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tessera/layers/options.hpp"
+#include "tessera/tensor/distribution.hpp"
 #include "tessera/tensor/shape.hpp"
 #include "tessera/tensor/tensor.hpp"
 
@@ -54,13 +55,38 @@ struct LayerContext {
   bool training = true;
 };
 
-/// A trainable tensor and its gradient. Both are whole (unsharded) until model parallelism lands.
+/// A trainable tensor and its gradient. Under a model-parallel (filter/channel) split a rank
+/// holds only its block of the weight: `value` and `grad` are that block, `global_shape` the
+/// whole tensor's shape and `box` where the block lies in it (both empty: the tensor is whole).
 struct Parameter {
   std::string name;  ///< "<layer>.<weight|bias|gamma|beta>"
   Tensor value;
   Tensor grad;
   /// False for parameters that weight decay must skip (biases, norm scales).
   bool decay = true;
+  /// Shape of the whole tensor; empty when `value` is the whole tensor.
+  std::vector<std::int64_t> global_shape = {};
+  /// This rank's block of the whole tensor (global coordinates); empty when whole.
+  Box box = {};
+  /// The block is the same on every rank of the layer's channel group (the bias of a channel-split
+  /// layer): its gradient is summed over the channel ranks too.
+  bool replicated_over_channels = false;
+
+  bool sharded() const { return !global_shape.empty(); }
+  /// The whole tensor's shape (the value's own when not sharded).
+  std::vector<std::int64_t> whole_shape() const { return sharded() ? global_shape : value.shape().dims(); }
+  /// This rank's box of the whole tensor (all of it when not sharded).
+  Box whole_box() const;
+};
+
+/// Which block of a model-parallel layer this rank computes: output channels/features cut into
+/// `filter_parts`, input channels/features into `channel_parts` (partial sums over the channel
+/// blocks are reduced by the executor).
+struct ModelSplit {
+  int filter_parts = 1, filter_coord = 0;
+  int channel_parts = 1, channel_coord = 0;
+  bool none() const { return filter_parts == 1 && channel_parts == 1; }
+  bool operator==(const ModelSplit&) const = default;
 };
 
 class Layer {
@@ -91,8 +117,26 @@ class Layer {
     return {begin, end};
   }
 
+  /// Whether the layer accepts filter/channel (model-parallel) splits: convolution and linear.
+  virtual bool model_splittable() const { return false; }
+  /// Whether the layer accepts filter splits: the weight layers, and per-channel layers (batch
+  /// norm, dropout, pooling, relu, leaky_relu), which then compute on their block of the channels
+  /// (features) only (input block = output block).
+  virtual bool filter_splittable() const { return model_splittable(); }
+  /// Makes this rank compute only its block (see ModelSplit): the parameters shrink to their
+  /// blocks, keeping the values they hold (sliced from the whole tensors), and init_parameters
+  /// then draws each block's values by global index, so any split holds the 1-rank weights. The
+  /// layer then takes its channel block of the input and produces its filter block of the output
+  /// (with channel parts: a partial sum; the bias is added by channel block 0 only). Call after
+  /// setup, at most once. The default refuses anything but no split.
+  virtual void set_model_split(const ModelSplit& split);
+  const ModelSplit& model_split() const { return model_split_; }
+
   /// Non-trainable state that evaluation and checkpoints need (batch-norm running statistics).
   virtual std::vector<Tensor*> buffers() { return {}; }
+  /// Where buffer `index` lies in the whole buffer (a block under a filter split): sets
+  /// `global_shape` and returns the box. The default: the buffer is whole.
+  virtual Box buffer_box(std::size_t index, std::vector<std::int64_t>& global_shape);
   /// Fills parameters from the counter-based RNG keyed by (seed, this layer's id, global index).
   virtual void init_parameters(std::uint64_t seed) {}
 
@@ -109,6 +153,9 @@ class Layer {
  private:
   std::string name_;
   int id_;
+
+ protected:
+  ModelSplit model_split_;
 };
 
 /// Creates a layer of a registered type; unknown types and unknown or bad parameters are

@@ -40,6 +40,10 @@ struct PlanLayerInfo {
   Shape input;   ///< global shape of the (first) input; empty when unknown
   /// Whether the layer can run on spatial tiles (convolution, pooling, batch norm, element-wise).
   bool spatially_splittable = false;
+  /// Whether the layer can be split by filter and channel (convolution, linear).
+  bool model_splittable = false;
+  /// Whether the layer can be split by filter (the above, and batchnorm, dropout, relu, leaky_relu).
+  bool filter_splittable = false;
 };
 
 class Plan {
@@ -58,8 +62,8 @@ class Plan {
 
   /// Checks the plan against a job and a model: the rank count, every named layer exists, every
   /// split's product is the rank count and fits the layer's shape (no empty blocks), spatial
-  /// splits only on layers that can take them, and (until model parallelism lands) no channel or
-  /// filter splits. Throws InputError with one clear message.
+  /// splits only on layers that can take them, filter and channel splits only on convolution and
+  /// linear layers and never more parts than channels/features. Throws InputError with one clear message.
   void validate(int job_ranks, const std::vector<PlanLayerInfo>& layers) const;
 
   std::string to_yaml() const;

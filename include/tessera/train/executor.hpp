@@ -12,6 +12,17 @@
 // their owners. Layers see only local tensors and a LayerContext (SpatialTile, communicators for
 // batch-norm statistics). Weight gradients are summed over each weight's replica group by the
 // GradReducer, bucket by bucket while backward continues.
+//
+// Model parallelism uses the same mechanism. A layer split by `filter` computes its block of the
+// output channels/features and reads all input channels of its samples: the exchange gathers
+// them (the filter ranks need the same box), and its reverse sums the ranks' partial input
+// gradients into the holders (the dX all-reduce, as a reduce-scatter). A layer split by
+// `channel` reads its block of the input channels and computes a partial sum of its filter
+// block; the reverse of a second exchange (held: the output tiles, the filter block cut again by
+// channel rank; needed: the partial boxes) reduce-scatters the partial sums, and its forward
+// gathers the output gradient for backward. Each rank keeps only its block of the weights (and
+// so of their gradients and optimizer state), reduced over the ranks with the same filter and
+// channel coordinates.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -81,9 +92,16 @@ class Executor {
   /// The most bytes of activations, their gradients and halo windows this rank held at once
   /// during the last training step.
   std::int64_t activation_bytes() const;
-  /// Elements this rank sends per training step in halo exchanges and redistributions (forward
-  /// and backward) for a batch of `batch_size`.
+  /// Elements this rank sends per training step in halo exchanges, redistributions and the
+  /// reductions of channel-split layers' partial sums (forward and backward) for a batch of
+  /// `batch_size` (0 before its first step).
   std::int64_t exchange_elements_per_step(std::int64_t batch_size);
+  /// The communicator over which parameter `param` of layer `node`'s gradient is summed: the
+  /// ranks that hold the same block of it (size 1: none).
+  Communicator& replica_group(std::size_t node, const Parameter& param);
+  /// The ranks that hold the same block of layer `node`'s buffers (batch-norm running
+  /// statistics): all ranks unless the layer is split by filter.
+  Communicator& buffer_group(std::size_t node);
 
  private:
   /// Where one layer runs on this rank.
@@ -94,12 +112,21 @@ class Executor {
     SpatialTile tile;            ///< this rank's tile (when tiled)
     Communicator* sample_comm = nullptr;   ///< replica group of the weights: sample x spatial
     Communicator* spatial_comm = nullptr;  ///< spatial tiles of the same samples
+    /// Model parallelism: this rank's filter and channel blocks (none: whole layer).
+    ModelSplit model;
+    /// Replica group of a channel-split layer's bias: sample x spatial x channel.
+    Communicator* bias_comm = nullptr;
   };
   /// The exchanges of one batch size: per node and input (null: the producer's tile is exactly
   /// what the layer reads), and the targets' move from the input layer's samples to the output's.
   struct Exchanges {
     std::vector<std::vector<std::unique_ptr<TileExchange>>> inputs;
     std::unique_ptr<TileExchange> targets;
+    /// Per node split by channel: the exchange whose reverse sums the layer's partial outputs
+    /// (over its sample x filter block x tile, the same on every rank of the channel group) into
+    /// the output tiles, each rank one channel sub-block (a reduce-scatter); its forward gathers
+    /// the output gradient back to the partial box. Null when the layer is not split by channel.
+    std::vector<std::unique_ptr<TileExchange>> reduce;
     /// Per node: the consumer after whose exchange its output is released (every consumer reads
     /// a copy), or -1: kept.
     std::vector<std::size_t> release;
@@ -107,12 +134,16 @@ class Executor {
 
   /// The tile of node `node`'s output that `rank` computes, for a batch of `batch`.
   Box output_box(std::size_t node, int rank, std::int64_t batch) const;
+  /// The box of node `node`'s output a channel-split layer computes a partial sum of on `rank`.
+  Box partial_box(std::size_t node, int rank, std::int64_t batch) const;
   /// The box of input `input` of node `node` that `rank` reads (its tile plus halos).
   Box input_box(std::size_t node, std::size_t input, int rank, std::int64_t batch) const;
   /// The tile of the model's input that `rank` reads from the data.
   Box data_box(int rank, std::int64_t batch) const;
   /// The communicator of the ranks that differ from this one only along `axes` of `grid`.
+  /// A communicator of this rank alone when no other rank differs only along `axes`.
   Communicator* group(const std::vector<int>& grid, const std::vector<int>& axes);
+  Communicator& group_or_self(Communicator* group);
   void check_halos() const;
   std::int64_t current_bytes() const;
   Exchanges& exchanges(std::int64_t batch, const Tensor& targets);
@@ -136,6 +167,9 @@ class Executor {
   std::map<std::int64_t, Exchanges> exchanges_;
   std::vector<Tensor> outputs_;
   std::vector<Tensor> grads_;
+  /// Per node split by channel: its partial output and that output's gradient (transient).
+  std::vector<Tensor> partials_, partial_grads_;
+  std::unique_ptr<Communicator> self_comm_;
   /// Per node and input: the box the layer reads (when exchanged) and its gradient.
   std::vector<std::vector<Tensor>> windows_, window_grads_;
   Tensor targets_;
