@@ -528,7 +528,9 @@ TEST(ModelParallelPlans, ImpossibleSplitsAreRefusedOnEveryRank) {
   const int p = ranks();
   const bool reporter = p > 1 && MpiCommunicator::world()->rank() == 0;  // the other ranks say "see rank 0"
   const auto accepted_on_one_rank = [&](const std::string& message) {
-    if (p == 1) EXPECT_EQ(message, "");
+    if (p == 1) {
+      EXPECT_EQ(message, "");
+    }
   };
   // Point-wise layers hold no weights to split by input channel.
   std::string message = refusal(kMlp, plan_with({{"act1", channel_all()}}), 4);
