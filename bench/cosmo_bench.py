@@ -4,10 +4,12 @@ side by side in one run, interleaved so all see the same machine. Prints two tab
 
     /usr/bin/python3 bench/cosmo_bench.py [--build build] [--repeats 1] [--steps 3]
 
-1. models/cosmoflow_128.yaml (128^3 volumes), global batch --batch-128 (default 2): one rank
-   against two ranks splitting the first three conv blocks along D (plans/cosmoflow_spatial2.yaml),
-   two ranks splitting by sample, and four ranks over D x H (oversubscribed on a 2-core machine:
-   its times say nothing about speed, only the exchange share). Columns: step time, speed-up over
+1. models/cosmoflow_128.yaml (128^3 volumes), global batch --batch-128 (default 1: one sample):
+   one rank against two ranks splitting the first three conv blocks along D
+   (plans/cosmoflow_spatial2.yaml; the small dense tail is split by sample, so with one sample one
+   rank idles there), four ranks over D x H (oversubscribed on a 2-core machine: its times say
+   nothing about speed, only the exchange share), and with a batch of 2 or more also two ranks
+   splitting by sample. Columns: step time, speed-up over
    one rank, peak activation memory per rank (activations, their gradients, halo windows), and
    the time spent in halo exchanges and redistributions: all of it exposed, none hidden behind
    compute (the executor runs them between layers), so it is the exposed halo time.
@@ -68,7 +70,7 @@ def main():
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--batch-128", type=int, default=2)
+    parser.add_argument("--batch-128", type=int, default=1)
     parser.add_argument("--skip-128", action="store_true", help="only the 64^3 comparison with PyTorch")
     args = parser.parse_args()
     try:
@@ -77,27 +79,26 @@ def main():
         sys.exit("the peer needs Debian's PyTorch: apt-get install python3-torch (run with /usr/bin/python3)")
 
     if not args.skip_128:
-        # The 4-rank plan splits the dense tail by sample, so it needs a batch of 4.
         configs = [("1 rank", 1, None, args.batch_128), ("2 ranks, spatial D", 2, "cosmoflow_spatial2.yaml", args.batch_128),
-                   ("2 ranks, sample", 2, None, args.batch_128),
-                   ("1 rank, batch 4", 1, None, 4),
-                   ("4 ranks, spatial DxH, batch 4 (oversubscribed)", 4, "cosmoflow_spatial4.yaml", 4)]
+                   ("4 ranks, spatial DxH (oversubscribed)", 4, "cosmoflow_spatial4.yaml", args.batch_128)]
+        if args.batch_128 >= 2:
+            configs.insert(2, ("2 ranks, sample", 2, None, args.batch_128))
         results = {name: [] for name, _, _, _ in configs}
         for _ in range(args.repeats):
             for name, procs, plan, batch in configs:
                 results[name].append(tessera(args.build, "cosmoflow_128.yaml", procs, plan, batch, args.steps))
-        bases = {args.batch_128: median(results["1 rank"], "step_ms"), 4: median(results["1 rank, batch 4"], "step_ms")}
+        bases = {args.batch_128: median(results["1 rank"], "step_ms")}
         print(f"CosmoFlow 128^3, global batch {args.batch_128}, {args.steps} timed steps, median of {args.repeats}; "
               "1 thread per rank")
-        print(f"{'plan':>48} | {'step ms':>8} | {'speed-up':>8} | {'activation MiB/rank':>19} | "
+        print(f"{'plan':>40} | {'step ms':>8} | {'speed-up':>8} | {'activation MiB/rank':>19} | "
               f"{'exchange ms':>11} | {'exposed exchange':>16} | {'exchanged MiB/rank':>18}")
-        print("-" * 146)
+        print("-" * 138)
         for name, _, _, batch in configs:
             r = results[name]
             step = median(r, "step_ms")
             base = bases[batch]
             exchange = median(r, "exchange_ms")
-            print(f"{name:>48} | {step:>8.0f} | {base / step:>7.2f}x | {median(r, 'activation_mib'):>19.0f} | "
+            print(f"{name:>40} | {step:>8.0f} | {base / step:>7.2f}x | {median(r, 'activation_mib'):>19.0f} | "
                   f"{exchange:>11.1f} | {100 * exchange / step:>15.1f}% | {median(r, 'exchanged_mib'):>18.1f}")
         print()
 

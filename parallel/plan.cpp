@@ -160,9 +160,6 @@ void Plan::validate(int job_ranks, const std::vector<PlanLayerInfo>& layers) con
                  split.to_string(), split.product(), ranks_);
     if (!layer) return;
     const Shape& out = layer->output;
-    if (split.sample > out[0])
-      fail_input("plan '{}', {}: {} sample parts but the global batch has only {} samples", source_, who,
-                 split.sample, out[0]);
     const int spatial_dims = out.spatial_dims();
     if (!split.spatial.empty() && split.spatial_product() > 1) {
       if (spatial_dims == 0)
@@ -219,6 +216,21 @@ void Plan::validate(int job_ranks, const std::vector<PlanLayerInfo>& layers) con
                    source_, who, split.channel, thinnest, out[1], thinnest);
     }
   };
+  // More sample parts than samples leaves some ranks without samples in that layer: they idle
+  // there (e.g. one huge sample split spatially, then a dense tail split by sample). If every
+  // layer has more sample parts than samples, rank 0 (sample block 0 everywhere, of extent
+  // batch / parts = 0) holds no sample at all: a plan that wastes ranks, refused.
+  if (!layers.empty()) {
+    const std::int64_t batch = layers.front().output[0];
+    bool some_layer_fits = false;
+    for (const auto& l : layers) some_layer_fits = some_layer_fits || split_for(l.name).sample <= batch;
+    if (!some_layer_fits) {
+      const auto& l = layers.front();
+      fail_input("plan '{}': rank 0 holds no sample in any layer: {} sample parts of layer '{}' for a global batch of {} "
+                 "samples; use at most {} sample parts in some layer (or split the large layers spatially)",
+                 source_, split_for(l.name).sample, l.name, batch, batch);
+    }
+  }
   for (const auto& l : layers) {
     auto it = layers_.find(l.name);
     check(it == layers_.end() ? fmt::format("layer '{}' (default split)", l.name) : fmt::format("layer '{}'", l.name),

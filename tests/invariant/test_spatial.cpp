@@ -308,6 +308,27 @@ loss: softmax_cross_entropy
                           4, 5);
 }
 
+TEST(SpatialInvariant, OneSampleSplitSpatiallyThenADenseTailWithIdleRanks) {
+  // Batch 1: the conv blocks split the one sample over every rank; the dense tail is split by
+  // sample, so all ranks but one hold no sample there (and idle). The same as one rank.
+  const std::string model = R"(
+input: {shape: [1, 8, 8, 8]}
+layers:
+  - {name: conv1, type: conv, filters: 4, kernel: 3, padding: 1}
+  - {name: act1, type: leaky_relu, slope: 0.01}
+  - {name: pool1, type: maxpool, kernel: 2}
+  - {name: bn, type: batchnorm, global: true}
+  - {name: flatten, type: flatten}
+  - {name: fc1, type: linear, out: 16}
+  - {name: act2, type: leaky_relu, slope: 0.01}
+  - {name: fc2, type: linear, out: 10}
+loss: softmax_cross_entropy
+)";
+  expect_same_as_one_rank(model, plan_for({"conv1", "act1", "pool1", "bn"}, fmt::format("{{sample: 1, spatial: {}}}",
+                                                                                         three_dims())),
+                          1, 4);
+}
+
 // ---------------------------------------------------------------------------------------------
 // What each rank reads, and memory
 

@@ -234,9 +234,19 @@ TEST(PlanValidate, ProductMismatch) {
   expect_validate_error("ranks: 4\ndefault: {sample: 2}\n", 4, {}, {"default", "multiply to 2 ranks"});
 }
 
-TEST(PlanValidate, MoreSamplePartsThanTheGlobalBatch) {
+TEST(PlanValidate, RanksWithoutAnySampleAreRefused) {
+  // Batch 2 over 4 sample parts everywhere: ranks 0 and 2 would never hold a sample.
   expect_validate_error("ranks: 4\n", 4, small_cnn(2),
-                        {"layer 'conv1' (default split)", "4 sample parts but the global batch has only 2 samples"});
+                        {"rank 0 holds no sample in any layer", "4 sample parts of layer 'conv1'",
+                         "global batch of 2 samples", "use at most 2 sample parts in some layer"});
+}
+
+TEST(PlanValidate, MoreSamplePartsThanSamplesInSomeLayersIsAllowed) {
+  // One sample split spatially, then a classifier split by sample: rank 1 idles in fc1.
+  EXPECT_NO_THROW(Plan::parse("ranks: 2\ndefault: {sample: 2}\nlayers:\n  conv1: {sample: 1, spatial: [2, 1]}\n"
+                              "  pool1: {sample: 1, spatial: [2, 1]}\n",
+                              "v.yaml")
+                      .validate(2, small_cnn(1)));
 }
 
 TEST(PlanValidate, SpatialSplitOnALayerWithoutSpatialDimensions) {
