@@ -19,46 +19,27 @@ side by side in one run, interleaved so all see the same machine. Prints two tab
 Every configuration is one process per rank with 1 thread (OMP_NUM_THREADS=1), on in-memory data.
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 
+from driver_common import mpirun, require_torch, run
+
+ONE_THREAD = dict(os.environ, OMP_NUM_THREADS="1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def last_json(text):
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError("no JSON result in:\n" + text)
-
-
-def run(command):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    if result.returncode != 0:
-        sys.exit(f"failed ({result.returncode}): {' '.join(command)}\n{result.stdout}")
-    return last_json(result.stdout)
-
-
 def tessera(build, model, procs, plan, batch, steps):
-    mpi = ["mpirun", "-n", str(procs), "--bind-to", "none", "--oversubscribe", "-x", "OMP_NUM_THREADS=1"]
-    if os.geteuid() == 0:
-        mpi.append("--allow-run-as-root")
-    command = mpi + [os.path.join(build, "bin", "bench_train"), "--model", os.path.join(ROOT, "models", model),
+    command = mpirun(procs, "-x", "OMP_NUM_THREADS=1") + [os.path.join(build, "bin", "bench_train"), "--model", os.path.join(ROOT, "models", model),
                      "--batch", str(batch), "--steps", str(steps), "--warmup", "1", "--threads", "1", "--lr", "0.0001"]
     if plan:
         command += ["--plan", os.path.join(ROOT, "plans", plan)]
-    return run(command)
+    return run(command, ONE_THREAD)
 
 
 def pytorch(procs, batch, steps, size):
     return run(["/usr/bin/python3", os.path.join(HERE, "peer_pytorch_cosmo.py"), "--procs", str(procs), "--threads", "1",
-                "--steps", str(steps), "--warmup", "1", "--batch", str(batch), "--size", str(size), "--windows", "1"])
+                "--steps", str(steps), "--warmup", "1", "--batch", str(batch), "--size", str(size), "--windows", "1"], ONE_THREAD)
 
 
 def median(results, key):
@@ -73,10 +54,7 @@ def main():
     parser.add_argument("--batch-128", type=int, default=1)
     parser.add_argument("--skip-128", action="store_true", help="only the 64^3 comparison with PyTorch")
     args = parser.parse_args()
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        sys.exit("the peer needs Debian's PyTorch: apt-get install python3-torch (run with /usr/bin/python3)")
+    require_torch()
 
     if not args.skip_128:
         configs = [("1 rank", 1, None, args.batch_128), ("2 ranks, spatial D", 2, "cosmoflow_spatial2.yaml", args.batch_128),

@@ -9,36 +9,17 @@ ReLU; SGD with momentum) with global batch 64 on in-memory data: no reading is t
 configuration "PxT" is P ranks (processes) x T threads each.
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
+
+from driver_common import mpirun, require_torch, run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def last_json(text):
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError("no JSON result in:\n" + text)
-
-
-def run(command, env=None):
-    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    if result.returncode != 0:
-        sys.exit(f"failed ({result.returncode}): {' '.join(command)}\n{result.stdout}")
-    return last_json(result.stdout)
-
-
 def tessera(build, procs, threads, steps, batch):
-    mpi = ["mpirun", "-n", str(procs), "--bind-to", "none", "--oversubscribe"]
-    if os.geteuid() == 0:
-        mpi.append("--allow-run-as-root")
-    return run(mpi + [os.path.join(build, "bin", "bench_train"), "--model", os.path.join(ROOT, "models", "fashion_cnn.yaml"),
+    return run(mpirun(procs) + [os.path.join(build, "bin", "bench_train"), "--model", os.path.join(ROOT, "models", "fashion_cnn.yaml"),
                       "--batch", str(batch), "--steps", str(steps), "--warmup", "20", "--threads", str(threads)])
 
 
@@ -55,10 +36,7 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--configs", default="2x1,1x2", help="comma-separated PROCSxTHREADS")
     args = parser.parse_args()
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        sys.exit("the peer needs Debian's PyTorch: apt-get install python3-torch (run with /usr/bin/python3)")
+    require_torch()
 
     rows = []
     for config in args.configs.split(","):

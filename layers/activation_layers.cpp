@@ -20,10 +20,7 @@ class LeakyReluLayer final : public Layer {
     if (split == model_split_) return;
     Layer::set_model_split(split);
     // Point-wise: this rank's block of the channels (features) in, the same block out.
-    const std::int64_t channels = input_shape_[1];
-    if (split.filter_parts > channels)
-      fail_layer(*this, "cannot cut {} channels into {} filter parts", channels, split.filter_parts);
-    input_shape_ = input_shape_.with(1, block_extent(channels, split.filter_parts, split.filter_coord));
+    input_shape_ = input_shape_.with(1, filter_block(*this, split, input_shape_[1]).extent[0]);
   }
 
   Shape setup(const std::vector<Shape>& inputs) override {

@@ -50,10 +50,7 @@ class BatchNormLayer final : public Layer {
     Layer::set_model_split(split);
     // This rank's block of the channels: statistics per channel need no other channels, and the
     // executor's statistics communicators hold the ranks with the same block.
-    if (split.filter_parts > channels_)
-      fail_layer(*this, "cannot cut {} channels into {} filter parts", channels_, split.filter_parts);
-    const Box box{{block_begin(channels_, split.filter_parts, split.filter_coord)},
-                  {block_extent(channels_, split.filter_parts, split.filter_coord)}};
+    const Box box = filter_block(*this, split, channels_);
     shard_parameter(gamma_, box);
     shard_parameter(beta_, box);
     Parameter mean{"", running_mean_, running_mean_, false}, variance{"", running_variance_, running_variance_, false};

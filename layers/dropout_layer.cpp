@@ -26,10 +26,9 @@ class DropoutLayer final : public Layer {
     Layer::set_model_split(split);
     // This rank's block of the channels (features); the masks stay keyed by global index.
     global_channels_ = input_shape_[1];
-    if (split.filter_parts > global_channels_)
-      fail_layer(*this, "cannot cut {} channels into {} filter parts", global_channels_, split.filter_parts);
-    channel_offset_ = block_begin(global_channels_, split.filter_parts, split.filter_coord);
-    input_shape_ = input_shape_.with(1, block_extent(global_channels_, split.filter_parts, split.filter_coord));
+    const Box block = filter_block(*this, split, global_channels_);
+    channel_offset_ = block.begin[0];
+    input_shape_ = input_shape_.with(1, block.extent[0]);
   }
 
   Shape setup(const std::vector<Shape>& inputs) override {

@@ -161,6 +161,13 @@ void Layer::set_model_split(const ModelSplit& split) {
   model_split_ = split;
 }
 
+Box filter_block(const Layer& layer, const ModelSplit& split, std::int64_t channels) {
+  if (split.filter_parts > channels)
+    fail_layer(layer, "cannot cut {} channels into {} filter parts", channels, split.filter_parts);
+  return Box{{block_begin(channels, split.filter_parts, split.filter_coord)},
+             {block_extent(channels, split.filter_parts, split.filter_coord)}};
+}
+
 std::vector<std::int64_t> spatial_extents(const Shape& shape) {
   return std::vector<std::int64_t>(shape.dims().begin() + 2, shape.dims().end());
 }

@@ -56,6 +56,11 @@ void shard_parameter(Parameter& parameter, const Box& box);
 /// Global flat (row-major) index in a tensor of `global` extents of element `local` of `box`.
 std::int64_t global_index(const std::vector<std::int64_t>& global, const Box& box, std::int64_t local);
 
+/// The block of `channels` channels (features) that a point-wise layer split by filter holds under
+/// `split`, as a one-dimensional box; an InputError naming the layer when there are more parts
+/// than channels.
+Box filter_block(const Layer& layer, const ModelSplit& split, std::int64_t channels);
+
 /// Spatial extents (dims 2...) of an image shape.
 std::vector<std::int64_t> spatial_extents(const Shape& shape);
 

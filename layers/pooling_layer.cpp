@@ -27,10 +27,7 @@ class PoolingLayer final : public Layer {
     if (split == model_split_) return;
     Layer::set_model_split(split);
     // Per channel: this rank pools its block of the channels.
-    const std::int64_t channels = input_shape_[1];
-    if (split.filter_parts > channels)
-      fail_layer(*this, "cannot cut {} channels into {} filter parts", channels, split.filter_parts);
-    geometry_.channels = block_extent(channels, split.filter_parts, split.filter_coord);
+    geometry_.channels = filter_block(*this, split, input_shape_[1]).extent[0];
     input_shape_ = input_shape_.with(1, geometry_.channels);
   }
 

@@ -180,25 +180,29 @@ Box Executor::output_box(std::size_t node, int rank, std::int64_t batch) const {
 
 Box Executor::partial_box(std::size_t node, int rank, std::int64_t batch) const {
   const Placement& p = placement_[node];
-  const Shape& shape = model_.nodes()[node].output;
+  Box box = sample_spatial_block(p, model_.nodes()[node].output, rank, batch);
+  if (p.split.filter > 1) {
+    const int c = coords_of(p.grid, rank)[kFilterAxis];
+    box.begin[1] = block_begin(box.extent[1], p.split.filter, c);
+    box.extent[1] = block_extent(box.extent[1], p.split.filter, c);
+  }
+  return box;
+}
+
+Box Executor::sample_spatial_block(const Placement& p, const Shape& shape, int rank, std::int64_t batch) {
   const std::vector<int> c = coords_of(p.grid, rank);
   Box box;
   box.begin.assign(static_cast<std::size_t>(shape.rank()), 0);
   box.extent = shape.dims();
   box.begin[0] = block_begin(batch, p.split.sample, c[kSampleAxis]);
   box.extent[0] = block_extent(batch, p.split.sample, c[kSampleAxis]);
-  if (p.split.filter > 1) {
-    box.begin[1] = block_begin(shape[1], p.split.filter, c[kFilterAxis]);
-    box.extent[1] = block_extent(shape[1], p.split.filter, c[kFilterAxis]);
-  }
   if (p.tiled) {
     const int dims = shape.rank() - 2;
     for (int j = 0; j < dims; ++j) {
       const auto u = static_cast<std::size_t>(j + 2);
-      const int axis = spatial_axis(j, dims);
-      const int parts = p.grid[static_cast<std::size_t>(axis)];
-      box.begin[u] = block_begin(shape[j + 2], parts, c[static_cast<std::size_t>(axis)]);
-      box.extent[u] = block_extent(shape[j + 2], parts, c[static_cast<std::size_t>(axis)]);
+      const auto axis = static_cast<std::size_t>(spatial_axis(j, dims));
+      box.begin[u] = block_begin(shape[j + 2], p.grid[axis], c[axis]);
+      box.extent[u] = block_extent(shape[j + 2], p.grid[axis], c[axis]);
     }
   }
   return box;
@@ -242,25 +246,7 @@ Box Executor::input_box(std::size_t node, std::size_t input, int rank, std::int6
 
 Box Executor::data_box(int rank, std::int64_t batch) const {
   // The input layer's own blocks of the model's input (its halos come by exchange).
-  const Placement& p = placement_[input_node_];
-  const Shape shape = model_.input_shape(batch);
-  const std::vector<int> c = coords_of(p.grid, rank);
-  Box box;
-  box.begin.assign(static_cast<std::size_t>(shape.rank()), 0);
-  box.extent = shape.dims();
-  box.begin[0] = block_begin(batch, p.split.sample, c[kSampleAxis]);
-  box.extent[0] = block_extent(batch, p.split.sample, c[kSampleAxis]);
-  if (p.tiled) {
-    const int dims = shape.rank() - 2;
-    for (int j = 0; j < dims; ++j) {
-      const auto u = static_cast<std::size_t>(j + 2);
-      const int axis = spatial_axis(j, dims);
-      const int parts = p.grid[static_cast<std::size_t>(axis)];
-      box.begin[u] = block_begin(shape[j + 2], parts, c[static_cast<std::size_t>(axis)]);
-      box.extent[u] = block_extent(shape[j + 2], parts, c[static_cast<std::size_t>(axis)]);
-    }
-  }
-  return box;
+  return sample_spatial_block(placement_[input_node_], model_.input_shape(batch), rank, batch);
 }
 
 void Executor::check_halos() const {

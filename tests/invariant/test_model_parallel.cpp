@@ -20,7 +20,7 @@
 
 #include <fmt/format.h>
 
-#include "training_test_util.hpp"
+#include "invariant_harness.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
 #include "tessera/parallel/mpi_communicator.hpp"
@@ -30,135 +30,7 @@
 
 namespace tessera {
 namespace {
-using testing::relative_error;
-using testing::synthetic_batch;
-
-/// The part of a global batch a rank reads: samples [begin, end) restricted to `box` (over C, (D), H, W).
-Tensor local_tile(const Tensor& global, std::int64_t begin, std::int64_t end, const Box& box) {
-  std::vector<std::int64_t> dims{end - begin};
-  dims.insert(dims.end(), box.extent.begin(), box.extent.end());
-  Tensor tile{Shape(dims)};
-  const int rank = global.rank();
-  std::vector<std::int64_t> index(static_cast<std::size_t>(rank), 0), source(static_cast<std::size_t>(rank));
-  for (std::int64_t i = 0; i < tile.numel(); ++i) {
-    std::int64_t rest = i;
-    for (int d = rank; d-- > 0;) {
-      index[static_cast<std::size_t>(d)] = rest % dims[static_cast<std::size_t>(d)];
-      rest /= dims[static_cast<std::size_t>(d)];
-    }
-    source[0] = begin + index[0];
-    for (int d = 1; d < rank; ++d)
-      source[static_cast<std::size_t>(d)] = box.begin[static_cast<std::size_t>(d - 1)] + index[static_cast<std::size_t>(d)];
-    tile.data()[i] = global.at(source);
-  }
-  return tile;
-}
-
-/// Block `box` of a whole tensor.
-Tensor block_of(const Tensor& whole, const Box& box) {
-  Tensor block{Shape(box.extent)};
-  const int rank = whole.rank();
-  std::vector<std::int64_t> index(static_cast<std::size_t>(rank));
-  for (std::int64_t i = 0; i < block.numel(); ++i) {
-    std::int64_t rest = i;
-    for (int d = rank; d-- > 0;) {
-      const auto u = static_cast<std::size_t>(d);
-      index[u] = box.begin[u] + rest % box.extent[u];
-      rest /= box.extent[u];
-    }
-    block.data()[i] = whole.at(index);
-  }
-  return block;
-}
-
-struct TrainingRun {
-  std::vector<double> losses;
-  std::vector<Tensor> first_gradients;  ///< every parameter's gradient (this rank's block) after the first step
-  std::vector<Tensor> weights;          ///< after the last step (this rank's blocks)
-  std::vector<Box> boxes;               ///< each parameter's block
-  std::vector<bool> sharded;
-  double evaluation_loss = 0;           ///< of the trained model on another batch (inference mode)
-  std::int64_t parameter_bytes = 0;     ///< values + gradients
-  std::int64_t optimizer_bytes = 0;
-};
-
-OptimizerConfig sgd_momentum() {
-  OptimizerConfig c;
-  c.momentum = 0.9;
-  return c;
-}
-
-TrainingRun train(const std::string& model_text, const Plan& plan, std::shared_ptr<Communicator> comm, std::int64_t batch,
-                  int steps, const OptimizerConfig& optimizer_config = sgd_momentum(), double lr = 0.05) {
-  Model model = Model::parse(model_text, "model_parallel_test_model");
-  model.init_parameters(13);
-  ExecutorOptions options;
-  options.global_batch = batch;
-  options.seed = 13;
-  options.reducer.bucket_bytes = 4 << 10;  // several buckets
-  Executor executor(model, plan, comm, options);
-  auto optimizer = create_optimizer(optimizer_config);
-  const auto params = model.parameters();
-  TrainingRun run;
-  Tensor inputs, labels;
-  for (int step = 0; step < steps; ++step) {
-    synthetic_batch(model.sample_shape(), batch, step, inputs, labels);
-    const auto [begin, end] = executor.local_samples(batch);
-    const Tensor local_inputs = local_tile(inputs, begin, end, executor.input_sample_box());
-    const Tensor local_labels = labels.slice(begin, end).clone();
-    const BatchResult r = executor.train_step(local_inputs, local_labels, batch, step);
-    EXPECT_EQ(r.samples, batch);
-    run.losses.push_back(r.mean_loss());
-    if (step == 0)
-      for (auto* p : params) run.first_gradients.push_back(p->grad.clone());
-    optimizer->step(params, lr);
-  }
-  synthetic_batch(model.sample_shape(), batch, steps, inputs, labels);
-  const auto [begin, end] = executor.local_samples(batch);
-  run.evaluation_loss = executor
-                            .evaluate(local_tile(inputs, begin, end, executor.input_sample_box()),
-                                      labels.slice(begin, end).clone(), batch)
-                            .mean_loss();
-  for (auto* p : params) {
-    run.weights.push_back(p->value.clone());
-    run.boxes.push_back(p->whole_box());
-    run.sharded.push_back(p->sharded());
-    run.parameter_bytes += p->value.allocated_bytes() + p->grad.allocated_bytes();
-  }
-  run.optimizer_bytes = optimizer->state_bytes();
-  return run;
-}
-
-/// Runs `model_text` under `plan_text` on every rank of the job and under one rank, and compares
-/// every rank's blocks with the same blocks of the 1-rank tensors.
-void expect_same_as_one_rank(const std::string& model_text, const std::string& plan_text, std::int64_t batch,
-                             int steps = 4, const OptimizerConfig& optimizer = sgd_momentum(), double lr = 0.05) {
-  auto world = MpiCommunicator::world();
-  SCOPED_TRACE(plan_text);
-  std::shared_ptr<Communicator> self = world->split(world->rank(), 0);
-  const TrainingRun reference = train(model_text, Plan::sample_parallel(1), self, batch, steps, optimizer, lr);
-  const TrainingRun parallel =
-      train(model_text, Plan::parse(plan_text, "model_parallel_test_plan"), world, batch, steps, optimizer, lr);
-  ASSERT_EQ(reference.losses.size(), parallel.losses.size());
-  for (std::size_t s = 0; s < reference.losses.size(); ++s) {
-    EXPECT_TRUE(std::isfinite(reference.losses[s]));
-    EXPECT_NEAR(parallel.losses[s], reference.losses[s], 1e-5 * std::fabs(reference.losses[s])) << "step " << s;
-  }
-  EXPECT_NE(reference.losses.front(), reference.losses.back());
-  EXPECT_NEAR(parallel.evaluation_loss, reference.evaluation_loss, 1e-5 * std::fabs(reference.evaluation_loss));
-  ASSERT_EQ(reference.first_gradients.size(), parallel.first_gradients.size());
-  for (std::size_t i = 0; i < reference.first_gradients.size(); ++i) {
-    EXPECT_GT(relative_error(reference.first_gradients[i], Tensor(reference.first_gradients[i].shape())), 0.5)
-        << "parameter " << i << " has a zero gradient: the comparison would prove nothing";
-    const Tensor grad = block_of(reference.first_gradients[i], parallel.boxes[i]);
-    const Tensor weight = block_of(reference.weights[i], parallel.boxes[i]);
-    ASSERT_EQ(grad.shape(), parallel.first_gradients[i].shape()) << "parameter " << i;
-    EXPECT_LT(relative_error(grad, parallel.first_gradients[i]), 1e-5) << "gradient of parameter " << i;
-    EXPECT_LT(relative_error(weight, parallel.weights[i]), 1e-5) << "parameter " << i;
-  }
-}
-
-int ranks() { return MpiCommunicator::world()->size(); }
+using namespace tessera::testing;
 
 /// A plan that splits the named layers as given and everything else by sample.
 std::string plan_with(const std::map<std::string, std::string>& splits) {
@@ -503,25 +375,6 @@ TEST(ModelParallelCheckpoint, FilterSplitBatchNormStatisticsRoundTrip) {
 
 // ---------------------------------------------------------------------------------------------
 // Plans that cannot work
-
-/// Builds an executor for the plan; returns the InputError's message, or "" when accepted.
-std::string refusal(const std::string& model_text, const std::string& plan_text, std::int64_t batch) {
-  auto world = MpiCommunicator::world();
-  Model model = Model::parse(model_text, "m");
-  ExecutorOptions options;
-  options.global_batch = batch;
-  try {
-    Executor executor(model, Plan::parse(plan_text, "bad_plan.yaml"), world, options);
-  } catch (const AgreedFailure& e) {
-    EXPECT_EQ(e.exit_code(), 2) << e.what();
-    return e.what();
-  }
-  return "";
-}
-
-void expect_message(const std::string& message, const std::vector<std::string>& needles) {
-  for (const auto& needle : needles) EXPECT_NE(message.find(needle), std::string::npos) << message;
-}
 
 TEST(ModelParallelPlans, ImpossibleSplitsAreRefusedOnEveryRank) {
   // With one rank every part count is 1: the same plans are accepted there.
