@@ -133,6 +133,16 @@ Plan Plan::parse_unchecked(const std::string& yaml_text, const std::string& sour
   return plan;
 }
 
+Plan Plan::from_splits(int ranks, LayerSplit default_split, std::map<std::string, LayerSplit> layers,
+                       std::string source) {
+  Plan plan;
+  plan.ranks_ = ranks;
+  plan.default_ = std::move(default_split);
+  plan.layers_ = std::move(layers);
+  plan.source_ = std::move(source);
+  return plan;
+}
+
 const LayerSplit& Plan::split_for(const std::string& layer) const {
   auto it = layers_.find(layer);
   return it == layers_.end() ? default_ : it->second;

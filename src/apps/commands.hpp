@@ -10,6 +10,8 @@ namespace tessera {
 std::function<void(Communicator&)> add_train_command(CLI::App& app);
 std::function<void(Communicator&)> add_job_command(CLI::App& app);
 std::function<void(Communicator&)> add_generate_command(CLI::App& app);
+std::function<void(Communicator&)> add_plan_command(CLI::App& app);
+std::function<void(Communicator&)> add_calibrate_command(CLI::App& app);
 
 /// The exit code a command asks for when it ends without an error (0 unless set; every rank sets
 /// the same). `tessera train` sets kExitStopped (signals.hpp) when it stopped on a signal.

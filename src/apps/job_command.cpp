@@ -179,7 +179,10 @@ std::function<void(Communicator&)> add_job_command(CLI::App& app) {
   cmd->add_option("--model", s.model, "Model file (YAML)")->required();
   cmd->add_option("--data", s.data, "Training data (HDF5)")->required();
   cmd->add_option("--val-data", s.val_data, "Validation / test data (HDF5)");
-  cmd->add_option("--plan", s.plan, "Plan file (YAML) for nodes x tasks-per-node ranks; default: sample-parallel");
+  cmd->add_option("--plan", s.plan,
+                  "Plan file (YAML) for nodes x tasks-per-node ranks, or auto (the planner's, on --machine); default: "
+                  "sample-parallel");
+  cmd->add_option("--machine", s.machine, "Machine file for --plan auto (tessera calibrate writes one; see machines/)");
   cmd->add_option("--nodes", s.nodes, "Nodes")->required();
   cmd->add_option("--tasks-per-node", s.tasks_per_node, "MPI ranks per node")->required();
   cmd->add_option("--cpus-per-task", s.cpus_per_task, "Cores per rank (also its threads)")->capture_default_str();

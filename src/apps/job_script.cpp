@@ -1,6 +1,8 @@
 // `tessera job`: checks and writes a Slurm batch script (see job_script.hpp).
 #include "job_script.hpp"
 
+#include "plan_auto.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -212,25 +214,33 @@ ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd) {
     if (!fs::is_regular_file(path, ec)) fail_input("{}: data file '{}' is not a regular file", what, path);
   }
 
-  if (s.plan == "auto")
-    fail_input(
-        "--plan auto needs the planner, which is not built yet; give a plan file (see plans/) or omit "
-        "--plan for a sample-parallel plan over all {} ranks",
-        s.ranks());
-  if (!s.plan.empty()) {
+  std::int64_t batch = TrainerOptions{}.global_batch;
+  if (const auto b = train_option(s.train_args, "--batch")) {
+    try {
+      batch = std::stoll(*b);
+    } catch (const std::exception&) {
+      fail_input("--batch '{}' (after '--') is not a number", *b);
+    }
+  }
+  if (s.plan == "auto") {
+    // Planned when the job starts (tessera train --plan auto); planned here too, so that a job
+    // no plan fits is refused before it waits in the queue.
+    if (s.machine.empty())
+      fail_input("--plan auto needs --machine FILE: a machine file written by 'tessera calibrate', or one of machines/");
+    s.machine = absolute(s.machine, cwd);
+    std::string optimizer = "sgd";
+    if (const auto o = train_option(s.train_args, "--optimizer")) optimizer = *o;
+    std::string report;
+    auto_plan(model, s.machine, s.ranks(), batch, optimizer, report);
+  } else if (!s.machine.empty()) {
+    fail_input("--machine is for --plan auto; this job has {}", s.plan.empty() ? "no --plan" : "a plan file");
+  }
+  if (!s.plan.empty() && s.plan != "auto") {
     s.plan = absolute(s.plan, cwd);
     const Plan plan = Plan::load(s.plan);
     if (plan.ranks() != s.ranks())
       fail_input("plan '{}' is for {} ranks, but the job has {} ranks (--nodes {} x --tasks-per-node {})", s.plan,
                  plan.ranks(), s.ranks(), s.nodes, s.tasks_per_node);
-    std::int64_t batch = TrainerOptions{}.global_batch;
-    if (const auto b = train_option(s.train_args, "--batch")) {
-      try {
-        batch = std::stoll(*b);
-      } catch (const std::exception&) {
-        fail_input("--batch '{}' (after '--') is not a number", *b);
-      }
-    }
     plan.validate(s.ranks(), model.plan_info(batch));
   }
 
@@ -299,6 +309,7 @@ std::string render_job_script(const ResolvedJob& job, const std::string& tessera
   lines.push_back(fmt::format("--data {}", shell_quote(s.data)));
   if (!s.val_data.empty()) lines.push_back(fmt::format("--val-data {}", shell_quote(s.val_data)));
   if (!s.plan.empty()) lines.push_back(fmt::format("--plan {}", shell_quote(s.plan)));
+  if (!s.machine.empty()) lines.push_back(fmt::format("--machine {}", shell_quote(s.machine)));
   lines.push_back(fmt::format("--metrics-dir {}", quote_with_job_id(job.metrics_dir)));
   if (s.checkpoints) {
     lines.push_back(fmt::format("--checkpoint-dir {}", quote_with_job_id(job.checkpoint_dir)));

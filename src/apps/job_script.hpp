@@ -10,6 +10,8 @@ namespace tessera {
 /// One batch job, as the user asked for it. Paths may be relative (to `cwd`).
 struct JobSpec {
   std::string model, data, val_data, plan;
+  /// Machine file for --plan auto (the planner plans when the job starts, and once at submission to check).
+  std::string machine;
   int nodes = 0;
   int tasks_per_node = 0;
   int cpus_per_task = 1;

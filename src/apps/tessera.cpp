@@ -37,10 +37,6 @@ int default_threads() {
   return std::max(1, cores / ranks_on_node());
 }
 
-void not_built(const std::string& command, const std::string& what) {
-  tessera::fail_input("'tessera {}' is not built yet: {}", command, what);
-}
-
 }  // namespace
 
 int& tessera::command_exit_code() {
@@ -93,6 +89,8 @@ int main(int argc, char** argv) {
   auto train = tessera::add_train_command(app);
   auto job = tessera::add_job_command(app);
   auto generate = tessera::add_generate_command(app);
+  auto plan = tessera::add_plan_command(app);
+  auto calibrate = tessera::add_calibrate_command(app);
 
   auto* convert = app.add_subcommand("convert", "Convert a dataset to Tessera's HDF5 layout");
   convert->require_subcommand(1);
@@ -101,22 +99,6 @@ int main(int argc, char** argv) {
   fmnist->add_option("--source", source, "Folder with the gzipped IDX files (Debian: dataset-fashion-mnist)")
       ->capture_default_str();
   fmnist->add_option("--output", output, "Output folder")->capture_default_str();
-
-  struct Later {
-    const char* name;
-    const char* help;
-    const char* what;
-  };
-  const Later later[] = {
-      {"plan", "Write a plan file for a model, rank count and machine",
-       "the planner (cost model and search) is later work; write a plan file by hand (see plans/)"},
-      {"calibrate", "Measure this machine for the planner", "machine calibration comes with the planner"},
-  };
-  for (const auto& l : later) {
-    auto* sub = app.add_subcommand(l.name, std::string(l.help) + " (not built yet)");
-    sub->fallthrough(false)->allow_extras();  // any arguments: it only says it is not built yet
-    sub->callback([&command, l] { command = [l](tessera::Communicator&) { not_built(l.name, l.what); }; });
-  }
 
   // Listed for --help; `main` hands `tessera scale` to the study driver before MPI starts.
   app.add_subcommand("scale", "Run a strong- or weak-scaling study under Slurm (jobs/scale.py; --help for its options)")
@@ -140,6 +122,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train")) command = train;
     else if (app.got_subcommand("job")) command = job;
     else if (app.got_subcommand("generate")) command = generate;
+    else if (app.got_subcommand("plan")) command = plan;
+    else if (app.got_subcommand("calibrate")) command = calibrate;
     else if (fmnist->parsed())
       command = [&](tessera::Communicator& comm) { tessera::convert_fashion_mnist(source, output, comm); };
   }

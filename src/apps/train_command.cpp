@@ -4,6 +4,7 @@
 #include <csignal>
 
 #include "commands.hpp"
+#include "plan_auto.hpp"
 #include "signals.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
@@ -15,7 +16,7 @@ namespace tessera {
 namespace {
 
 struct TrainArgs {
-  std::string model, plan, data, val_data, inputs, targets, inject_failure, inject_hang;
+  std::string model, plan, machine, data, val_data, inputs, targets, inject_failure, inject_hang;
   TrainerOptions trainer;
   ExecutorOptions executor;
 };
@@ -49,9 +50,15 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     parse_rank_step(args.inject_hang, "--inject-hang", args.trainer.hang_rank, args.trainer.hang_step);
     model = std::make_unique<Model>(Model::load(args.model));
     if (args.plan.empty()) plan = std::make_unique<Plan>(Plan::sample_parallel(world->size()));
-    else if (args.plan == "auto")
-      fail_input("--plan auto needs the planner, which is not built yet; give a plan file or omit --plan for a "
-                 "sample-parallel plan");
+    else if (args.plan == "auto") {
+      std::string report;
+      plan = std::make_unique<Plan>(auto_plan(*model, args.machine, world->size(), args.trainer.global_batch,
+                                              args.trainer.optimizer.type, report));
+      if (world->rank() == 0) {
+        fmt::print("{}", report);
+        std::fflush(stdout);
+      }
+    }
     else plan = std::make_unique<Plan>(Plan::load(args.plan));
     args.trainer.plan_text = plan->to_yaml();
     Hdf5DatasetOptions data_options{args.inputs, args.targets};
@@ -104,7 +111,9 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   auto* cmd = app.add_subcommand("train", "Train a model under a plan on HDF5 data (run under mpirun or srun)");
   cmd->add_option("--model", args->model, "Model file (YAML)")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--plan", args->plan, "Plan file (YAML); default: every layer split by sample over all ranks");
+  cmd->add_option("--plan", args->plan, "Plan file (YAML), or auto: the planner's plan for this job on --machine; default: every layer split by sample over all ranks");
+  cmd->add_option("--machine", args->machine,
+                  "Machine file for --plan auto (written by 'tessera calibrate', or one of machines/)");
   cmd->add_option("--data", args->data, "Training data (HDF5)")->required();
   cmd->add_option("--val-data", args->val_data, "Validation / test data (HDF5)");
   cmd->add_option("--inputs", args->inputs, "Name of the inputs dataset in the file (default: images, else data)");

@@ -154,6 +154,7 @@ Model Model::parse_unchecked(const std::string& yaml_text, const std::string& so
       node.inputs.push_back(i == 0 ? kModelInput : static_cast<int>(i) - 1);
     }
     LayerOptions options = to_options(entry, fmt::format("layer '{}' ({})", name, type));
+    model.layer_specs_.emplace_back(type, options);  // before create_layer marks options as used
     node.layer = create_layer(type, name, static_cast<int>(i), options);
     const int arity = node.layer->arity();
     const int given = static_cast<int>(node.inputs.size());
@@ -221,6 +222,13 @@ std::int64_t Model::parameter_count() {
     count += n;
   }
   return count;
+}
+
+std::unique_ptr<Layer> Model::make_layer(std::size_t node) const {
+  TESSERA_CHECK(node < nodes_.size() && node < layer_specs_.size(), "Model::make_layer: no node {}", node);
+  const auto& [type, parsed] = layer_specs_[node];
+  LayerOptions options = parsed;
+  return create_layer(type, nodes_[node].layer->name(), static_cast<int>(node), options);
 }
 
 Shape Model::input_shape(std::int64_t batch) const { return with_batch(sample_shape_, batch); }

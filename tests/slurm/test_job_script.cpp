@@ -98,7 +98,20 @@ TEST(JobScript, RefusesImpossibleRequests) {
   EXPECT_NE(with([](JobSpec& j) { j.val_data = "nowhere/test.h5"; }).find("--val-data"), std::string::npos);
   EXPECT_NE(with([](JobSpec& j) { j.model = kSource + "/tests/cli/bad/malformed.yaml"; }).find("malformed.yaml"),
             std::string::npos);
-  EXPECT_NE(with([](JobSpec& j) { j.plan = "auto"; }).find("planner"), std::string::npos);
+  EXPECT_NE(with([](JobSpec& j) { j.plan = "auto"; }).find("--plan auto needs --machine"), std::string::npos);
+  EXPECT_NE(with([](JobSpec& j) { j.machine = kSource + "/machines/summit_class.yaml"; }).find("--machine is for --plan auto"),
+            std::string::npos);
+  // A job no plan fits is refused at submission: 1 KiB per rank.
+  EXPECT_NE(with([&](JobSpec& j) {
+              j.plan = "auto";
+              j.machine = (s.dir / "tiny.yaml").string();
+              std::ofstream(j.machine) << "name: tiny\nranks_per_node: 64\nmemory_per_rank: 1024\nintra: {p2p: {alpha: 1e-6, beta: 1e-9}}\n";
+            }).find("fits machine 'tiny'"),
+            std::string::npos)
+      << with([&](JobSpec& j) {
+           j.plan = "auto";
+           j.machine = (s.dir / "tiny.yaml").string();
+         });
   const std::string mismatch = with([](JobSpec& j) {
     j.tasks_per_node = 2;
     j.plan = kSource + "/plans/fashion_4ranks.yaml";
@@ -141,6 +154,13 @@ TEST(JobScript, WritesTheScript) {
         std::string("--threads 3"), std::string("--steps 20 --lr 0.05 --note 'it'\\''s' &\n")})
     EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line << "\nin:\n" << text;
   EXPECT_EQ(text.find("--gpus-per-task"), std::string::npos);
+  EXPECT_EQ(text.find("--machine"), std::string::npos);
+  // --plan auto: the job plans at start-up on the machine file.
+  spec.plan = "auto";
+  spec.machine = kSource + "/machines/summit_class.yaml";
+  const std::string planned = render_job_script(resolve_job(spec, s.dir.string()), "/opt/tessera/bin/tessera", "tessera job ...");
+  EXPECT_NE(planned.find("--plan auto"), std::string::npos) << planned;
+  EXPECT_NE(planned.find("--machine " + kSource + "/machines/summit_class.yaml"), std::string::npos) << planned;
   // Every #SBATCH line comes before the first command.
   EXPECT_LT(text.rfind("#SBATCH"), text.find("set -euo pipefail"));
 }

@@ -53,6 +53,9 @@ class Plan {
   /// Parses a plan file; errors are InputErrors naming the file and the entry.
   static Plan load(const std::string& path);
   static Plan parse(const std::string& yaml_text, const std::string& source_name);
+  /// A plan from its parts (what the planner writes); `source` names it in messages.
+  static Plan from_splits(int ranks, LayerSplit default_split, std::map<std::string, LayerSplit> layers,
+                          std::string source);
 
   int ranks() const { return ranks_; }
   const LayerSplit& default_split() const { return default_; }

@@ -16,6 +16,7 @@
 
 #include "tessera/layers/layer.hpp"
 #include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/planner.hpp"
 
 namespace tessera {
 
@@ -55,6 +56,11 @@ class Model {
   std::int64_t parameter_count();
   /// Layers with their global output shapes, for checking a plan.
   std::vector<PlanLayerInfo> plan_info(std::int64_t global_batch) const;
+  /// What the planner needs of the layers for a global batch of `global_batch` (model_planner.cpp).
+  PlannerGraph planner_graph(std::int64_t global_batch) const;
+  /// A fresh layer of node `node`'s type and options (same name and id), not set up: for
+  /// timing it on other shapes (`tessera calibrate`).
+  std::unique_ptr<Layer> make_layer(std::size_t node) const;
 
  private:
   /// parse() without its net for yaml-cpp's own exceptions.
@@ -67,6 +73,8 @@ class Model {
   std::vector<ModelNode> nodes_;
   int output_ = -1;
   std::unique_ptr<Loss> loss_;
+  /// Each node's layer type and options as parsed (for make_layer).
+  std::vector<std::pair<std::string, LayerOptions>> layer_specs_;
 };
 
 }  // namespace tessera

@@ -1,0 +1,91 @@
+#pragma once
+// Machine files: what the planner knows of the machine it plans for. Pure code (no MPI): a
+// machine file of a supercomputer one does not have is read the same way as the one
+// `tessera calibrate` measures here.
+//
+//   name: summit-class
+//   source: "OLCF Summit user guide; NVIDIA V100 datasheet"   # where the numbers come from
+//   device: gpu               # gpu: one device per rank; cpu: the node's cores are shared by its ranks
+//   nodes: 4608
+//   ranks_per_node: 6
+//   cores_per_node: 42        # cpu only: threads per rank = cores / ranks on the node
+//   flops: 14.0e12            # sustained fp32 FLOP/s of one device (gpu) or one whole node (cpu)
+//   memory_bandwidth: 900e9   # bytes/s of one device (gpu) or one node (cpu)
+//   memory_per_rank: 16e9     # bytes a rank may use
+//   kernel_overhead: 10e-6    # seconds per layer call (launch, primitive dispatch)
+//   grad_overlap: 0.8         # share of backward compute the gradient allreduce hides (0..1)
+//   intra: {p2p: {alpha: 5e-6, beta: 2e-11}, allreduce: {...}, alltoall: {...}}
+//   inter: {p2p: {alpha: 1.5e-6, beta: 4e-11}, ...}
+//   kernels: {"cosmoflow/conv1|n4|c1x64x64x64|f1c1|t2": 0.123}   # measured seconds (tessera calibrate)
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace tessera {
+
+/// Time of moving n bytes: alpha + beta * n (alpha: seconds, beta: seconds per byte).
+struct AlphaBeta {
+  double alpha = 0;
+  double beta = 0;
+  bool operator==(const AlphaBeta&) const = default;
+};
+
+/// Costs of one communication level (ranks within a node, or across nodes).
+/// - p2p: one message of n bytes.
+/// - allreduce of n bytes over p ranks: 2 ceil(log2 p) alpha + 2 (p-1)/p n beta (ring /
+///   Rabenseifner), with this level's alpha and beta.
+/// - alltoall(v) over p ranks sending n bytes in all from each rank: (p-1) alpha + n beta.
+struct CommLevel {
+  AlphaBeta p2p;
+  AlphaBeta allreduce;
+  AlphaBeta alltoall;
+  bool operator==(const CommLevel&) const = default;
+};
+
+struct Machine {
+  std::string name = "machine";
+  /// Where the numbers come from (datasheets, papers, or "measured by tessera calibrate on HOST").
+  std::string source;
+  /// "cpu": the ranks of a node share its cores and its memory bandwidth; "gpu": one device per rank.
+  std::string device = "cpu";
+  int nodes = 1;
+  int ranks_per_node = 1;
+  int cores_per_node = 1;
+  /// Sustained fp32 FLOP/s of convolution and matrix products: of one device (gpu) or of a whole
+  /// node (cpu).
+  double flops = 1e11;
+  /// Bytes/s of one device (gpu) or of a whole node (cpu): element-wise layers, packing.
+  double memory_bandwidth = 1e10;
+  /// Bytes one rank may use; plans needing more are refused.
+  double memory_per_rank = 1e10;
+  /// Seconds per layer call (kernel launch, primitive dispatch), forward and backward each.
+  double kernel_overhead = 0;
+  /// Share (0..1) of the backward compute before the last gradient bucket that the gradient
+  /// allreduce hides.
+  double grad_overlap = 0;
+  CommLevel intra;
+  CommLevel inter;
+  /// Measured seconds of forward + backward of one layer on one local workload (see
+  /// kernel_key in planner.hpp), written by `tessera calibrate`.
+  std::map<std::string, double> kernels;
+
+  /// Parses a machine file; errors are InputErrors naming the file and the key.
+  static Machine load(const std::string& path);
+  static Machine parse(const std::string& yaml_text, const std::string& source_name);
+  std::string to_yaml() const;
+
+  /// Ranks of a job of `ranks` ranks that share one node (the nodes are filled in rank order).
+  int ranks_on_node(int ranks) const;
+  /// Threads per rank the executor uses on this machine for a job of `ranks` ranks (cpu: the
+  /// node's cores over its ranks, at least 1; gpu: 1).
+  int threads_per_rank(int ranks) const;
+  /// Sustained FLOP/s and bytes/s one rank gets in a job of `ranks` ranks (cpu: the node's rate
+  /// shared by the ranks on it; gpu: the device's).
+  double rank_flops(int ranks) const;
+  double rank_memory_bandwidth(int ranks) const;
+  /// How much slower one rank computes than with the node to itself when the ranks on a node
+  /// outnumber its cores (cpu; 1 otherwise): kernels timed at threads_per_rank are scaled by it.
+  double oversubscription(int ranks) const;
+};
+
+}  // namespace tessera

@@ -1,0 +1,180 @@
+#pragma once
+// The planner: a cost model of one training step under a plan, and a search for the cheapest
+// plan. Pure code (no MPI, no layers): it sees a model as a PlannerGraph (what the train level's
+// Model::planner_graph writes) and the machine as a Machine file, so it can plan for any rank
+// count on any machine from one process.
+//
+// Cost of a step = sum over layers of
+//   compute      forward + backward of this rank's tile: the machine file's measured time for
+//                exactly this local workload when `tessera calibrate` cached one, else a
+//                roofline (FLOPs at the machine's rate, or bytes at its memory bandwidth for
+//                element-wise layers) plus the per-call overhead; x oversubscription;
+//   exchange     moving the producer's tiles to what this layer reads (halo exchange point to
+//                point when the layouts agree, else an alltoallv redistribution), forward and
+//                its reverse in backward; channel splits' partial-sum reduce-scatter and
+//                output-gradient gather; batch-norm statistics allreduces;
+// plus the gradient allreduce of each weight block over its replica group, of which the part
+// the machine's grad_overlap hides behind backward is not counted, the loss allreduce and the
+// optimizer update. Memory per rank (weights, gradients, optimizer state, saved activations,
+// halo windows, the largest layer's transient buffers) is a hard limit.
+//
+// Search: every layer's candidate splits are the factorizations of the rank count into sample x
+// filter x channel x D x H x W that the layer and its shapes allow (the rules of
+// Plan::validate); dynamic programming over the layers in model order with the exchange costs
+// on the edges, exact on chains; on DAGs the state is the splits of the layers whose outputs
+// are still to be read (PaSE's frontier), exact unless more than `max_states` states arise, in
+// which case the cheapest are kept (the result says so). The memory limit is met by a
+// Lagrangian penalty on memory raised until the plan fits.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/parallel/machine.hpp"
+#include "tessera/parallel/plan.hpp"
+#include "tessera/tensor/shape.hpp"
+
+namespace tessera {
+
+/// The footprint of a layer's output positions along one spatial dimension: output i reads
+/// inputs [i * stride - pad, i * stride - pad + kernel).
+struct SpatialWindow {
+  std::int64_t kernel = 1, stride = 1, pad = 0;
+  bool operator==(const SpatialWindow&) const = default;
+};
+
+/// What the planner knows of one layer.
+struct PlannerLayer {
+  std::string name;
+  std::string type;
+  /// Producers (indices into PlannerGraph::layers); -1: the model's input.
+  std::vector<int> inputs;
+  Shape output;  ///< global, dimension 0 = the global batch
+  Shape input;   ///< global shape of the first input
+  /// Forward FLOPs of the whole batch: 2 x multiply-adds for conv and linear; for the others
+  /// 0 (they are costed by the bytes they move).
+  double forward_flops = 0;
+  /// Elements of the whole weight tensors (weights and biases, gamma and beta).
+  std::int64_t parameters = 0;
+  /// Elements of the parameters that are not split by filter/channel (biases of channel splits
+  /// stay whole per channel block; batch-norm's gamma/beta follow the filter split).
+  bool has_bias = false;
+  /// One entry per spatial dimension of the output (empty: no spatial dimensions).
+  std::vector<SpatialWindow> windows;
+  bool spatially_splittable = false;
+  bool model_splittable = false;
+  bool filter_splittable = false;
+  /// Batch norm: two allreduces of 2 x channels values per step (forward and backward).
+  bool batch_norm = false;
+  /// Keys kernel timings: "<model>/<layer>".
+  std::string signature;
+};
+
+struct PlannerGraph {
+  std::string model;
+  std::vector<PlannerLayer> layers;  ///< in model order (topological)
+  int output = -1;                   ///< the layer whose output the loss reads
+  std::int64_t batch = 0;            ///< global batch the shapes are for
+  std::vector<PlanLayerInfo> plan_info() const;
+};
+
+/// One rank's work in one layer under one split: what `tessera calibrate` times and the cost
+/// model looks up.
+struct Workload {
+  int layer = 0;
+  std::int64_t samples = 0;                 ///< local samples (the largest block)
+  std::vector<std::int64_t> output_extent;  ///< local output extents per spatial dimension
+  int filter_parts = 1, channel_parts = 1;
+  int threads = 1;
+  /// The key of this workload in Machine::kernels.
+  std::string key(const PlannerGraph& graph) const;
+};
+
+struct PlannerOptions {
+  int ranks = 1;
+  /// Optimizer state elements per weight element: 1 (SGD with momentum), 2 (Adam, AdamW).
+  int optimizer_state = 1;
+  bool allow_spatial = true;
+  bool allow_model = true;
+  bool allow_sample = true;
+  /// Bound of the DAG search's state count (chains never reach it).
+  std::int64_t max_states = 200000;
+};
+
+/// The predicted cost of one layer under its split (seconds per training step, bytes per rank).
+struct LayerEstimate {
+  std::string name;
+  LayerSplit split;
+  double compute = 0;
+  bool measured = false;    ///< compute from a calibrated timing (else the roofline)
+  double exchange = 0;      ///< halo exchange / redistribution of its inputs, forward + backward
+  double model_comm = 0;    ///< channel-split reduce-scatter + gather, batch-norm statistics
+  double grad_allreduce = 0;  ///< allreduce of its weight gradient blocks (before overlap)
+  double optimizer = 0;       ///< the optimizer's update of its weight blocks
+  double memory = 0;        ///< bytes per rank this layer keeps (weights, state, activations)
+  double total() const { return compute + exchange + model_comm; }
+};
+
+struct PlanEstimate {
+  std::vector<LayerEstimate> layers;
+  double compute = 0, exchange = 0, model_comm = 0;
+  double grad_allreduce = 0;  ///< all of it
+  double grad_exposed = 0;    ///< what backward does not hide
+  double other = 0;           ///< loss allreduce, optimizer update
+  double step_seconds = 0;
+  double memory_bytes = 0;    ///< peak per rank
+  bool fits = true;           ///< memory_bytes <= machine.memory_per_rank
+};
+
+class CostModel {
+ public:
+  CostModel(const PlannerGraph& graph, const Machine& machine, PlannerOptions options);
+
+  /// The estimate of a whole plan (validated against the graph first: InputError when it does not fit).
+  PlanEstimate estimate(const Plan& plan) const;
+  /// The candidate splits of layer `layer` (see the search above).
+  std::vector<LayerSplit> candidates(int layer) const;
+  /// Cost of layer `layer` under `split` with its inputs already where it reads them.
+  LayerEstimate layer_cost(int layer, const LayerSplit& split) const;
+  /// Seconds (forward + backward) to move the output of `producer` under `held` to what
+  /// `consumer` reads under `split` (0 when nothing moves; the model's input: 0, read from the file).
+  double exchange_cost(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
+  /// The local workload of `layer` under `split`.
+  Workload workload(int layer, const LayerSplit& split) const;
+  /// The step-level terms given the per-layer ones (gradient overlap, loss, optimizer).
+  void finish(PlanEstimate& estimate) const;
+
+  const PlannerGraph& graph() const { return graph_; }
+  const Machine& machine() const { return machine_; }
+  const PlannerOptions& options() const { return options_; }
+
+ private:
+  const PlannerGraph& graph_;
+  const Machine& machine_;
+  PlannerOptions options_;
+};
+
+struct PlanResult {
+  Plan plan;
+  PlanEstimate estimate;
+  double search_seconds = 0;
+  std::int64_t candidates = 0;  ///< candidate splits over all layers
+  std::int64_t states = 0;      ///< DP states visited
+  bool exact = true;            ///< false when the DAG search had to drop states
+  double memory_penalty = 0;    ///< the Lagrangian weight that made it fit (0: none needed)
+};
+
+/// The cheapest plan for `options.ranks` ranks. InputError when no plan fits the machine's memory.
+PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const PlannerOptions& options);
+
+/// The plans --explain compares with: every layer split by sample (as far as the batch goes);
+/// every splittable layer split spatially (the rest by sample); every model-splittable layer by
+/// filter (the rest by sample). Empty when the rank count does not allow it.
+std::vector<std::pair<std::string, Plan>> reference_plans(const CostModel& model);
+
+/// Every distinct local workload the search can consider at `options.ranks` ranks (for calibrate).
+std::vector<Workload> all_workloads(const CostModel& model);
+
+/// A table of the estimate, one row per layer.
+std::string format_estimate(const PlanEstimate& estimate);
+
+}  // namespace tessera

@@ -1,0 +1,414 @@
+// The planner's cost model: what one training step costs a rank under a plan (see planner.hpp).
+// The tiles and exchanges it prices are those the executor builds (src/train/executor.cpp): every
+// layer's grid is [sample, filter, channel, D, H, W] in row-major rank order, outputs are held as
+// sample x (filter block, cut again by channel rank) x spatial blocks, and a layer reads its
+// sample block, its channel block (channel split), its filter block (a point-wise layer split by
+// filter) or all channels, and the window of its spatial tile.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "tessera/core/error.hpp"
+#include "tessera/parallel/planner.hpp"
+#include "tessera/tensor/distribution.hpp"
+
+namespace tessera {
+namespace {
+
+constexpr double kBytes = 4;  // fp32
+
+/// A split's spatial parts, one per spatial dimension of a tensor with `dims` of them (a plan's
+/// D/H/W list on a 2-D layer starts with D = 1).
+std::vector<int> spatial_parts(const LayerSplit& split, int dims) {
+  std::vector<int> parts(static_cast<std::size_t>(dims), 1);
+  const int given = static_cast<int>(split.spatial.size());
+  for (int j = 0; j < dims && j < given; ++j)
+    parts[static_cast<std::size_t>(dims - 1 - j)] = split.spatial[static_cast<std::size_t>(given - 1 - j)];
+  return parts;
+}
+
+/// The grid [sample, filter, channel, s0, s1, ...] of a split over a tensor with `dims` spatial dims.
+std::vector<int> grid_of(const LayerSplit& split, int dims) {
+  std::vector<int> grid{split.sample, split.filter, split.channel};
+  for (int p : spatial_parts(split, dims)) grid.push_back(p);
+  return grid;
+}
+
+std::vector<int> coords(const std::vector<int>& grid, int rank) {
+  std::vector<int> c(grid.size());
+  for (std::size_t i = grid.size(); i-- > 0;) {
+    c[i] = rank % grid[i];
+    rank /= grid[i];
+  }
+  return c;
+}
+
+int rank_of(const std::vector<int>& grid, const std::vector<int>& c) {
+  int r = 0;
+  for (std::size_t i = 0; i < grid.size(); ++i) r = r * grid[i] + c[i];
+  return r;
+}
+
+struct Interval {
+  std::int64_t begin = 0, end = 0;
+  std::int64_t size() const { return std::max<std::int64_t>(0, end - begin); }
+};
+
+Interval intersect(Interval a, Interval b) { return {std::max(a.begin, b.begin), std::min(a.end, b.end)}; }
+
+Interval block(std::int64_t extent, int parts, int part) {
+  const std::int64_t b = block_begin(extent, parts, part);
+  return {b, b + block_extent(extent, parts, part)};
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+/// allreduce of `bytes` over `p` ranks at one level.
+double allreduce_time(const AlphaBeta& ab, int p, double bytes) {
+  if (p <= 1) return 0;
+  return 2.0 * std::ceil(std::log2(static_cast<double>(p))) * ab.alpha +
+         2.0 * (p - 1.0) / p * bytes * ab.beta;
+}
+
+}  // namespace
+
+std::vector<PlanLayerInfo> PlannerGraph::plan_info() const {
+  std::vector<PlanLayerInfo> info;
+  for (const auto& l : layers)
+    info.push_back({l.name, l.type, l.output, l.input, l.spatially_splittable, l.model_splittable,
+                    l.filter_splittable});
+  return info;
+}
+
+std::string Workload::key(const PlannerGraph& graph) const {
+  std::string extents;
+  for (auto e : output_extent) {
+    if (!extents.empty()) extents.push_back('x');
+    extents.append(std::to_string(e));
+  }
+  return fmt::format("{}|n{}|o{}|f{}c{}|t{}", graph.layers.at(static_cast<std::size_t>(layer)).signature, samples,
+                     extents.empty() ? "-" : extents, filter_parts, channel_parts, threads);
+}
+
+CostModel::CostModel(const PlannerGraph& graph, const Machine& machine, PlannerOptions options)
+    : graph_(graph), machine_(machine), options_(options) {
+  if (options_.ranks < 1) fail_input("the planner needs at least 1 rank, got {}", options_.ranks);
+  const std::int64_t capacity = static_cast<std::int64_t>(machine_.nodes) * machine_.ranks_per_node;
+  if (options_.ranks > capacity)
+    fail_input("machine '{}' has {} nodes x {} ranks per node = {} ranks; cannot plan for {}", machine_.name,
+               machine_.nodes, machine_.ranks_per_node, capacity, options_.ranks);
+}
+
+Workload CostModel::workload(int layer, const LayerSplit& split) const {
+  const auto& l = graph_.layers.at(static_cast<std::size_t>(layer));
+  Workload w;
+  w.layer = layer;
+  w.samples = std::max<std::int64_t>(1, ceil_div(l.output[0], split.sample));
+  const int dims = l.output.spatial_dims();
+  const auto parts = spatial_parts(split, dims);
+  for (int j = 0; j < dims; ++j)
+    w.output_extent.push_back(ceil_div(l.output[j + 2], parts[static_cast<std::size_t>(j)]));
+  w.filter_parts = split.filter;
+  w.channel_parts = split.channel;
+  w.threads = machine_.threads_per_rank(options_.ranks);
+  return w;
+}
+
+LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
+  const auto& l = graph_.layers.at(static_cast<std::size_t>(layer));
+  const int P = options_.ranks;
+  LayerEstimate e;
+  e.name = l.name;
+  e.split = split;
+  const Workload w = workload(layer, split);
+  // Local output elements (the largest tile) and input elements read (window included).
+  double out_local = static_cast<double>(w.samples) * static_cast<double>(ceil_div(l.output.rank() > 1 ? l.output[1] : 1, split.filter));
+  double in_local = static_cast<double>(w.samples);
+  double spatial_share = 1;  // local output positions / global output positions
+  for (std::size_t j = 0; j < w.output_extent.size(); ++j) {
+    out_local *= static_cast<double>(w.output_extent[j]);
+    spatial_share *= static_cast<double>(w.output_extent[j]) / static_cast<double>(l.output[static_cast<int>(j) + 2]);
+    const auto& win = l.windows.at(j);
+    in_local *= static_cast<double>(std::min<std::int64_t>((w.output_extent[j] - 1) * win.stride + win.kernel,
+                                                           l.input.rank() > static_cast<int>(j) + 2 ? l.input[static_cast<int>(j) + 2] + 2 * win.pad : 1 << 30));
+  }
+  const std::int64_t in_channels = l.input.rank() > 1 ? l.input[1] : 1;
+  if (l.model_splittable) in_local *= static_cast<double>(ceil_div(in_channels, split.channel));
+  else if (split.filter > 1) in_local *= static_cast<double>(ceil_div(in_channels, split.filter));
+  else in_local *= static_cast<double>(in_channels);
+  if (w.output_extent.empty()) {
+    // Flat layers: in_local counted features above only through channels (dimension 1).
+  }
+
+  // Compute: a calibrated timing of exactly this workload, else the roofline.
+  const auto found = machine_.kernels.find(w.key(graph_));
+  if (found != machine_.kernels.end()) {
+    e.compute = found->second * machine_.oversubscription(P);
+    e.measured = true;
+  } else {
+    const double sample_share = static_cast<double>(w.samples) / static_cast<double>(std::max<std::int64_t>(1, l.output[0]));
+    const double flops = 3.0 * l.forward_flops * sample_share * spatial_share / (split.filter * split.channel);
+    // Forward reads the input and writes the output; backward reads both and the output gradient
+    // and writes the input gradient.
+    const double bytes = kBytes * (2.0 * in_local + 3.0 * out_local);
+    e.compute = std::max(flops / machine_.rank_flops(P), bytes / machine_.rank_memory_bandwidth(P)) +
+                2.0 * machine_.kernel_overhead;
+  }
+
+  // Model-parallel communication of a channel split: the partial sums of the filter block are
+  // reduce-scattered over the channel ranks (forward) and the output gradient gathered back
+  // (backward), point to point within the channel group.
+  const int rpn = machine_.ranks_on_node(P);
+  if (split.channel > 1) {
+    const int c = split.channel;
+    const double partial = kBytes * out_local;
+    // The channel group's ranks are adjacent in the grid unless spatial parts sit between them.
+    const int stride = std::max(1, split.spatial_product());
+    const AlphaBeta& ab = stride * c > rpn ? machine_.inter.p2p : machine_.intra.p2p;
+    e.model_comm += 2.0 * ((c - 1) * ab.alpha + (c - 1.0) / c * partial * ab.beta +
+                           2.0 * partial / machine_.rank_memory_bandwidth(P));
+  }
+  // Batch-norm statistics: an allreduce of 2 x channels values forward and one backward over the
+  // sample x spatial group.
+  if (l.batch_norm) {
+    const int g = P / (split.filter * split.channel);
+    const double bytes = kBytes * 2.0 * static_cast<double>(ceil_div(l.output[1], split.filter));
+    const AlphaBeta& ab = P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce;
+    e.model_comm += 2.0 * allreduce_time(ab, g, bytes);
+  }
+
+  // Gradient allreduce of the weight blocks over the ranks with the same filter and channel
+  // coordinates (sample x spatial); it spans nodes when the group's last rank is off node 0.
+  const double params_local = static_cast<double>(l.parameters) / (split.filter * split.channel);
+  {
+    const int g = P / (split.filter * split.channel);
+    const int span = (split.sample - 1) * split.filter * split.channel * split.spatial_product() +
+                     (split.spatial_product() - 1) + 1;
+    const AlphaBeta& ab = span > rpn ? machine_.inter.allreduce : machine_.intra.allreduce;
+    if (l.parameters > 0) e.grad_allreduce = allreduce_time(ab, g, kBytes * params_local);
+  }
+
+  // The optimizer reads weights, gradients and state and writes weights and state.
+  e.optimizer = kBytes * params_local * (3.0 + 2.0 * options_.optimizer_state) / machine_.rank_memory_bandwidth(P);
+  // Memory: weights, their gradients and optimizer state; the saved output and input window.
+  e.memory = kBytes * params_local * (2.0 + options_.optimizer_state) + kBytes * (out_local + in_local);
+  return e;
+}
+
+double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int consumer,
+                                const LayerSplit& split) const {
+  const auto& c = graph_.layers.at(static_cast<std::size_t>(consumer));
+  const int P = options_.ranks;
+  const bool from_data = producer < 0;
+  // The model's input is read as the consumer's own tiles (its halos come by exchange).
+  const LayerSplit& hs = from_data ? split : held_split;
+  const Shape shape = from_data ? c.input : graph_.layers.at(static_cast<std::size_t>(producer)).output;
+  const int dims = shape.spatial_dims();
+  const bool tiled = split.spatial_product() > 1;
+  const bool held_tiled = hs.spatial_product() > 1;
+  const auto hgrid = grid_of(hs, dims);
+  const auto ngrid = grid_of(split, dims);
+  const bool point_to_point = from_data || hs == split;
+  const int rpn = machine_.ranks_on_node(P);
+  const double bandwidth = machine_.rank_memory_bandwidth(P);
+  const std::int64_t channels = shape.rank() > 1 ? shape[1] : 1;
+  const std::int64_t out_channels = c.output.rank() > 1 ? c.output[1] : 1;
+
+  // Per dimension of the tensor, the held partition's intervals and which grid coordinates own them.
+  struct Part {
+    Interval range;
+    int s = 0, f = 0, ch = 0, sp = 0;
+  };
+  auto held_intervals = [&](int d) {
+    std::vector<Part> parts;
+    if (d == 0) {
+      for (int i = 0; i < hs.sample; ++i) parts.push_back({block(shape[0], hs.sample, i), i});
+    } else if (d == 1) {
+      const std::int64_t cext = channels;
+      for (int f = 0; f < hs.filter; ++f) {
+        const Interval fb = block(cext, hs.filter, f);
+        for (int ch = 0; ch < hs.channel; ++ch) {
+          const Interval cb = block(fb.size(), hs.channel, ch);
+          parts.push_back({{fb.begin + cb.begin, fb.begin + cb.end}, 0, f, ch});
+        }
+      }
+    } else {
+      const int j = d - 2;
+      const int n = held_tiled ? hgrid[static_cast<std::size_t>(3 + j)] : 1;
+      for (int i = 0; i < n; ++i) parts.push_back({block(shape[d], n, i), 0, 0, 0, i});
+    }
+    return parts;
+  };
+  std::vector<std::vector<Part>> held(static_cast<std::size_t>(shape.rank()));
+  for (int d = 0; d < shape.rank(); ++d) held[static_cast<std::size_t>(d)] = held_intervals(d);
+
+  // Ranks to evaluate: all of them, or 24 spread over a large job.
+  std::vector<int> ranks;
+  if (P <= 64) {
+    for (int r = 0; r < P; ++r) ranks.push_back(r);
+  } else {
+    for (int i = 0; i < 24; ++i) ranks.push_back(static_cast<int>((static_cast<std::int64_t>(P - 1) * i) / 23));
+  }
+  double worst = 0;
+  for (int r : ranks) {
+    const auto cc = coords(ngrid, r);
+    // The consumer's needed box.
+    std::vector<Interval> need(static_cast<std::size_t>(shape.rank()));
+    need[0] = block(shape[0], split.sample, cc[0]);
+    need[1] = {0, channels};
+    if (c.model_splittable && split.channel > 1) need[1] = block(channels, split.channel, cc[2]);
+    else if (!c.model_splittable && split.filter > 1) need[1] = block(out_channels, split.filter, cc[1]);
+    for (int j = 0; j < dims; ++j) {
+      const int d = j + 2;
+      if (!tiled) {
+        need[static_cast<std::size_t>(d)] = {0, shape[d]};
+        continue;
+      }
+      const Interval ob = block(c.output[d], ngrid[static_cast<std::size_t>(3 + j)], cc[static_cast<std::size_t>(3 + j)]);
+      const auto& win = c.windows.at(static_cast<std::size_t>(j));
+      const Interval window{ob.begin * win.stride - win.pad, (ob.end - 1) * win.stride - win.pad + win.kernel};
+      need[static_cast<std::size_t>(d)] = intersect(window, {0, shape[d]});
+    }
+    double needed = 1;
+    for (const auto& n : need) needed *= static_cast<double>(n.size());
+    if (needed == 0) continue;
+    if (!point_to_point) {
+      // A redistribution (one alltoallv): what this rank does not hold itself, from anywhere.
+      const auto hc = coords(hgrid, r);
+      double own_elems = 1;
+      for (std::size_t d = 0; d < need.size(); ++d) {
+        Interval mine{0, shape[static_cast<int>(d)]};
+        if (d == 0) mine = block(shape[0], hs.sample, hc[0]);
+        else if (d == 1) {
+          const Interval fb = block(channels, hs.filter, hc[1]);
+          const Interval cb = block(fb.size(), hs.channel, hc[2]);
+          mine = {fb.begin + cb.begin, fb.begin + cb.end};
+        } else if (held_tiled) {
+          mine = block(shape[static_cast<int>(d)], hgrid[3 + (d - 2)], hc[3 + (d - 2)]);
+        }
+        own_elems *= static_cast<double>(intersect(mine, need[d]).size());
+      }
+      const double moved = kBytes * (needed - own_elems);
+      if (moved == 0) continue;
+      const AlphaBeta& ab = P > rpn ? machine_.inter.alltoall : machine_.intra.alltoall;
+      worst = std::max(worst, (P - 1) * ab.alpha + moved * ab.beta + 2.0 * kBytes * needed / bandwidth);
+      continue;
+    }
+    // Intersections per dimension with the held parts.
+    std::vector<std::vector<std::pair<const Part*, std::int64_t>>> hits(need.size());
+    double sources = 1;
+    for (std::size_t d = 0; d < need.size(); ++d) {
+      for (const auto& p : held[d]) {
+        const std::int64_t o = intersect(p.range, need[d]).size();
+        if (o > 0) hits[d].push_back({&p, o});
+      }
+      sources *= static_cast<double>(hits[d].size());
+    }
+    double bytes_intra = 0, bytes_inter = 0, own = 0;
+    int msgs_intra = 0, msgs_inter = 0;
+    if (sources <= 4096) {
+      std::vector<std::size_t> idx(need.size(), 0);
+      while (true) {
+        std::vector<int> hc(hgrid.size(), 0);
+        double elems = 1;
+        for (std::size_t d = 0; d < need.size(); ++d) {
+          const auto& [part, o] = hits[d][idx[d]];
+          elems *= static_cast<double>(o);
+          if (d == 0) hc[0] = part->s;
+          else if (d == 1) hc[1] = part->f, hc[2] = part->ch;
+          else hc[3 + (d - 2)] = part->sp;
+        }
+        const int q = rank_of(hgrid, hc);
+        if (q == r) own += elems;
+        else if (q / rpn == r / rpn) bytes_intra += kBytes * elems, ++msgs_intra;
+        else bytes_inter += kBytes * elems, ++msgs_inter;
+        std::size_t d = 0;
+        while (d < idx.size() && ++idx[d] == hits[d].size()) idx[d++] = 0;
+        if (d == idx.size()) break;
+      }
+    } else {
+      // Too many sources to list: all of it across nodes when the job spans nodes.
+      const double moved = kBytes * needed;
+      if (P > rpn) bytes_inter = moved, msgs_inter = static_cast<int>(std::min(sources, 1e9));
+      else bytes_intra = moved, msgs_intra = static_cast<int>(std::min(sources, 1e9));
+    }
+    if (bytes_intra + bytes_inter == 0 && own == needed) continue;  // nothing moves for this rank
+    double t = msgs_intra * machine_.intra.p2p.alpha + bytes_intra * machine_.intra.p2p.beta +
+               msgs_inter * machine_.inter.p2p.alpha + bytes_inter * machine_.inter.p2p.beta;
+    // The window is assembled in a buffer of its own: copy in (and out, for the reverse).
+    t += 2.0 * kBytes * needed / bandwidth;
+    worst = std::max(worst, t);
+  }
+  // Forward, and its reverse in backward.
+  return 2.0 * worst;
+}
+
+void CostModel::finish(PlanEstimate& estimate) const {
+  const int P = options_.ranks;
+  estimate.compute = estimate.exchange = estimate.model_comm = estimate.grad_allreduce = 0;
+  double memory = 0, largest = 0, optimizer = 0, last_grad = 0;
+  for (const auto& l : estimate.layers) {
+    optimizer += l.optimizer;
+    estimate.compute += l.compute;
+    estimate.exchange += l.exchange;
+    estimate.model_comm += l.model_comm;
+    estimate.grad_allreduce += l.grad_allreduce;
+    memory += l.memory;
+    largest = std::max(largest, l.memory);
+    if (l.grad_allreduce > 0) last_grad = l.grad_allreduce;  // the first layer's: reduced last
+  }
+  // Backward (two thirds of the compute) hides grad_overlap of itself; the last bucket never hides.
+  const double hideable = std::max(0.0, estimate.grad_allreduce - last_grad);
+  const double hidden = std::min(hideable, machine_.grad_overlap * estimate.compute * 2.0 / 3.0);
+  estimate.grad_exposed = estimate.grad_allreduce - hidden;
+  // The loss allreduce, and the optimizer's pass over weights, gradients and state.
+  const int rpn = machine_.ranks_on_node(P);
+  estimate.other = allreduce_time(P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce, P, 16) + optimizer;
+  estimate.step_seconds =
+      estimate.compute + estimate.exchange + estimate.model_comm + estimate.grad_exposed + estimate.other;
+  // Transient: the largest layer's gradients next to what is kept.
+  estimate.memory_bytes = memory + largest;
+  estimate.fits = estimate.memory_bytes <= machine_.memory_per_rank;
+}
+
+PlanEstimate CostModel::estimate(const Plan& plan) const {
+  plan.validate(options_.ranks, graph_.plan_info());
+  PlanEstimate e;
+  for (std::size_t i = 0; i < graph_.layers.size(); ++i) {
+    const auto& l = graph_.layers[i];
+    LayerSplit split = plan.split_for(l.name);
+    split.spatial = split.spatial_product() > 1 ? spatial_parts(split, l.output.spatial_dims()) : std::vector<int>{};
+    LayerEstimate le = layer_cost(static_cast<int>(i), split);
+    for (int input : l.inputs) {
+      LayerSplit held;
+      if (input >= 0) {
+        held = plan.split_for(graph_.layers[static_cast<std::size_t>(input)].name);
+        const int dims = graph_.layers[static_cast<std::size_t>(input)].output.spatial_dims();
+        held.spatial = held.spatial_product() > 1 ? spatial_parts(held, dims) : std::vector<int>{};
+      }
+      le.exchange += exchange_cost(input, held, static_cast<int>(i), split);
+    }
+    e.layers.push_back(std::move(le));
+  }
+  finish(e);
+  return e;
+}
+
+std::string format_estimate(const PlanEstimate& e) {
+  std::string s = fmt::format("{:<14} {:<34} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "layer", "split",
+                              "compute ms", "exch. ms", "model ms", "grad ms", "mem MiB");
+  for (const auto& l : e.layers)
+    s += fmt::format("{:<14} {:<34} {:>9.3f}{} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.1f}\n", l.name, l.split.to_string(),
+                     1e3 * l.compute, l.measured ? "m" : "r", 1e3 * l.exchange, 1e3 * l.model_comm,
+                     1e3 * l.grad_allreduce, l.memory / (1 << 20));
+  s += fmt::format(
+      "step {:.3f} ms = compute {:.3f} + exchange {:.3f} + model {:.3f} + exposed gradient allreduce {:.3f} (of {:.3f}) "
+      "+ loss/optimizer {:.3f}; memory per rank {:.1f} MiB{}\n",
+      1e3 * e.step_seconds, 1e3 * e.compute, 1e3 * e.exchange, 1e3 * e.model_comm, 1e3 * e.grad_exposed,
+      1e3 * e.grad_allreduce, 1e3 * e.other, e.memory_bytes / (1 << 20), e.fits ? "" : " (does NOT fit)");
+  s += "(compute: m = calibrated timing of this workload, r = roofline of the machine file)\n";
+  return s;
+}
+
+}  // namespace tessera

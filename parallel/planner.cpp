@@ -1,0 +1,442 @@
+// The planner's search (see planner.hpp): candidate splits per layer, dynamic programming over
+// the layers in model order with exchange costs on the edges, a Lagrangian memory penalty.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+
+#include "tessera/core/error.hpp"
+#include "tessera/parallel/planner.hpp"
+
+namespace tessera {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+/// Up to this many ranks every spatial factorization is a candidate (see candidates()).
+constexpr int kAllSpatialUpTo = 64;
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+/// Every way to write `n` as an ordered product of `count` factors, each at most its limit.
+void factorizations(int n, const std::vector<std::int64_t>& limits, std::vector<int>& current,
+                    std::vector<std::vector<int>>& out) {
+  const std::size_t i = current.size();
+  if (i + 1 == limits.size()) {
+    if (n <= limits[i]) {
+      current.push_back(n);
+      out.push_back(current);
+      current.pop_back();
+    }
+    return;
+  }
+  for (int d : divisors(n)) {
+    if (d > limits[i]) break;
+    current.push_back(d);
+    factorizations(n / d, limits, current, out);
+    current.pop_back();
+  }
+}
+
+}  // namespace
+
+std::vector<LayerSplit> CostModel::candidates(int layer) const {
+  const auto& l = graph_.layers.at(static_cast<std::size_t>(layer));
+  const int P = options_.ranks;
+  const std::int64_t batch = l.output[0];
+  const bool is_output = layer == graph_.output;
+  const int dims = l.output.spatial_dims();
+  // Limits per factor: sample, filter, channel, spatial dims.
+  std::vector<std::int64_t> limits;
+  limits.push_back(options_.allow_sample ? batch : 1);
+  const bool model = options_.allow_model && !is_output;
+  limits.push_back(model && l.filter_splittable && l.output.rank() > 1 ? l.output[1] : 1);
+  limits.push_back(model && l.model_splittable && l.input.rank() > 1 ? l.input[1] : 1);
+  const bool spatial = options_.allow_spatial && !is_output && l.spatially_splittable && dims > 0;
+  for (int j = 0; j < dims; ++j) {
+    std::int64_t limit = 1;
+    if (spatial) {
+      const auto& win = l.windows.at(static_cast<std::size_t>(j));
+      const std::int64_t out_extent = l.output[j + 2];
+      const std::int64_t in_extent = l.input.rank() == l.output.rank() ? l.input[j + 2] : out_extent;
+      // Halos come from direct neighbours only: every input block at least a kernel wide.
+      const std::int64_t reach = std::max<std::int64_t>(1, win.kernel);
+      limit = std::min(out_extent, std::max<std::int64_t>(1, in_extent / reach));
+    }
+    limits.push_back(limit);
+  }
+  std::vector<std::vector<int>> all;
+  std::vector<int> current;
+  factorizations(P, limits, current, all);
+  std::vector<LayerSplit> out;
+  for (const auto& f : all) {
+    LayerSplit s;
+    s.sample = f[0];
+    s.filter = f[1];
+    s.channel = f[2];
+    for (int j = 0; j < dims; ++j) s.spatial.push_back(f[static_cast<std::size_t>(3 + j)]);
+    if (s.spatial_product() == 1) s.spatial.clear();
+    // The partial sums of a filter block are scattered over the channel ranks by output channel.
+    if (s.channel > 1 && s.channel > l.output[1] / s.filter) continue;
+    out.push_back(s);
+  }
+  if (P > kAllSpatialUpTo && dims > 1) {
+    // Large jobs: of the spatial factorizations with the same sample, filter and channel parts
+    // and the same number of spatial parts, keep the one whose tiles have the smallest halo
+    // surface (the others compute the same and exchange more).
+    auto surface = [&](const LayerSplit& s) {
+      double area = 0;
+      for (int j = 0; j < dims; ++j) {
+        double face = 1;
+        for (int i = 0; i < dims; ++i)
+          if (i != j) face *= static_cast<double>(l.output[i + 2]) / s.spatial[static_cast<std::size_t>(i)];
+        const auto& win = l.windows.at(static_cast<std::size_t>(j));
+        area += s.spatial[static_cast<std::size_t>(j)] > 1 ? face * static_cast<double>(win.kernel - win.stride) : 0.0;
+      }
+      return area;
+    };
+    std::map<std::tuple<int, int, int, int>, std::size_t> best;
+    std::vector<LayerSplit> kept;
+    for (const auto& s : out) {
+      if (s.spatial_product() == 1) {
+        kept.push_back(s);
+        continue;
+      }
+      const auto key = std::make_tuple(s.sample, s.filter, s.channel, s.spatial_product());
+      const auto it = best.find(key);
+      if (it == best.end()) best.emplace(key, kept.size()), kept.push_back(s);
+      else if (surface(s) < surface(kept[it->second])) kept[it->second] = s;
+    }
+    out = std::move(kept);
+  }
+  // More sample parts than samples leaves ranks idle in this layer: allowed as the plain sample
+  // split, which is also what a layer gets that the options leave nothing else.
+  const bool has_plain = std::any_of(out.begin(), out.end(), [&](const LayerSplit& s) {
+    return s.sample_only() && s.sample == P;
+  });
+  if (!has_plain && (out.empty() || batch < P)) {
+    LayerSplit s;
+    s.sample = P;
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Plan>> reference_plans(const CostModel& model) {
+  std::vector<std::pair<std::string, Plan>> out;
+  struct Kind {
+    const char* name;
+    bool sample, spatial, model;
+  };
+  for (const Kind k : {Kind{"pure batch", true, false, false}, Kind{"pure spatial", false, true, false},
+                       Kind{"pure model", false, false, true}}) {
+    PlannerOptions o = model.options();
+    o.allow_sample = k.sample;
+    o.allow_spatial = k.spatial;
+    o.allow_model = k.model;
+    try {
+      PlanResult r = plan_search(model.graph(), model.machine(), o);
+      // A reference plan must use its kind somewhere (else it is the batch plan again).
+      bool uses = k.sample;
+      for (const auto& l : r.estimate.layers)
+        uses = uses || (k.spatial && l.split.spatial_product() > 1) || (k.model && (l.split.filter > 1 || l.split.channel > 1));
+      if (uses) out.emplace_back(k.name, std::move(r.plan));
+    } catch (const InputError&) {
+      // This kind cannot run at this rank count (e.g. a batch smaller than the ranks).
+    }
+  }
+  return out;
+}
+
+std::vector<Workload> all_workloads(const CostModel& model) {
+  std::vector<Workload> out;
+  std::set<std::string> seen;
+  const auto& graph = model.graph();
+  for (std::size_t i = 0; i < graph.layers.size(); ++i)
+    for (const auto& s : model.candidates(static_cast<int>(i))) {
+      Workload w = model.workload(static_cast<int>(i), s);
+      if (seen.insert(w.key(graph)).second) out.push_back(std::move(w));
+    }
+  return out;
+}
+
+namespace {
+
+struct Entry {
+  /// Candidate index of each live layer, then 1 if some layer so far gives rank 0 samples (a
+  /// plan where none does is refused: Plan::validate).
+  std::vector<int> key;
+  double cost = 0;
+  int parent = -1;  ///< entry of the previous table
+  int choice = -1;  ///< candidate of this layer
+};
+
+struct KeyHash {
+  std::size_t operator()(const std::vector<int>& v) const {
+    std::size_t h = 1469598103934665603ull;
+    for (int x : v) h = (h ^ static_cast<std::size_t>(x)) * 1099511628211ull;
+    return h;
+  }
+};
+
+struct SearchOutcome {
+  std::vector<int> choice;  ///< per layer
+  std::int64_t states = 0;
+  bool exact = true;
+};
+
+/// One dynamic-programming pass with memory weighted by `penalty` (seconds per byte).
+SearchOutcome run_dp(const CostModel& model, const std::vector<std::vector<LayerSplit>>& cands,
+                     const std::vector<std::vector<double>>& node_cost, const std::vector<std::vector<double>>& node_memory,
+                     double penalty) {
+  const auto& layers = model.graph().layers;
+  const std::size_t L = layers.size();
+  std::vector<std::size_t> last_use(L);
+  for (std::size_t v = 0; v < L; ++v) last_use[v] = v;
+  for (std::size_t v = 0; v < L; ++v)
+    for (int u : layers[v].inputs)
+      if (u >= 0) last_use[static_cast<std::size_t>(u)] = std::max(last_use[static_cast<std::size_t>(u)], v);
+  // live[v]: layers <= v whose output a later layer still reads, in order.
+  std::vector<std::vector<int>> live(L);
+  for (std::size_t v = 0; v < L; ++v)
+    for (std::size_t u = 0; u <= v; ++u)
+      if (last_use[u] > v) live[v].push_back(static_cast<int>(u));
+
+  SearchOutcome outcome;
+  std::vector<std::vector<Entry>> tables(L);
+  std::vector<Entry> prev{Entry{{0}, 0, -1, -1}};
+  std::vector<int> prev_live;
+  const std::int64_t max_states = model.options().max_states;
+  for (std::size_t v = 0; v < L; ++v) {
+    const auto& l = layers[v];
+    const auto& cv = cands[v];
+    std::vector<double> own(cv.size());
+    for (std::size_t k = 0; k < cv.size(); ++k) own[k] = node_cost[v][k] + penalty * node_memory[v][k];
+    // Where each input's choice sits in the previous key (-1: the model's input).
+    std::vector<int> input_slot;
+    for (int u : l.inputs) {
+      int slot = -1;
+      if (u >= 0) {
+        const auto it = std::find(prev_live.begin(), prev_live.end(), u);
+        TESSERA_CHECK(it != prev_live.end(), "planner: input {} of layer {} is not live", u, v);
+        slot = static_cast<int>(it - prev_live.begin());
+      }
+      input_slot.push_back(slot);
+    }
+    // The new key: the previous live layers still live, then this one if it is.
+    std::vector<int> keep;  // slots of prev key kept
+    for (std::size_t i = 0; i < prev_live.size(); ++i)
+      if (last_use[static_cast<std::size_t>(prev_live[i])] > v) keep.push_back(static_cast<int>(i));
+    const bool v_live = last_use[v] > v;
+
+    std::vector<Entry> next;
+    std::unordered_map<std::vector<int>, std::size_t, KeyHash> index;
+    // Cheapest previous entries first: once an entry alone costs more than the best found for a
+    // key that only this layer's choice decides, no later entry can win it (edges cost >= 0).
+    std::vector<std::size_t> order(prev.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return prev[a].cost < prev[b].cost; });
+    const bool key_by_choice_only = keep.empty();
+    const std::int64_t batch = l.output[0];
+    // Edge costs repeat across entries that share a producer choice: cache them per input.
+    std::vector<std::unordered_map<std::int64_t, double>> edge_cache(l.inputs.size());
+    auto edge = [&](std::size_t a, int producer_choice, std::size_t k) {
+      const int u = l.inputs[a];
+      const std::int64_t key = static_cast<std::int64_t>(producer_choice) * static_cast<std::int64_t>(cv.size()) +
+                               static_cast<std::int64_t>(k);
+      auto& cache = edge_cache[a];
+      const auto it = cache.find(key);
+      if (it != cache.end()) return it->second;
+      const LayerSplit held = u >= 0 ? cands[static_cast<std::size_t>(u)][static_cast<std::size_t>(producer_choice)] : LayerSplit{};
+      const double c = model.exchange_cost(u, held, static_cast<int>(v), cv[k]);
+      cache.emplace(key, c);
+      return c;
+    };
+    // Chains: the cheapest entry per choice of the producer, and the producer's splits by name.
+    std::vector<int> same_entry;
+    std::unordered_map<std::string, std::size_t> producer_index;
+    if (key_by_choice_only && input_slot.size() == 1 && input_slot[0] >= 0) {
+      const auto& pc = cands[static_cast<std::size_t>(l.inputs[0])];
+      same_entry.assign(pc.size(), -1);
+      for (std::size_t j = 0; j < pc.size(); ++j) producer_index.emplace(pc[j].to_string(), j);
+      for (auto it = order.rbegin(); it != order.rend(); ++it)
+        same_entry[static_cast<std::size_t>(prev[*it].key[static_cast<std::size_t>(input_slot[0])])] =
+            static_cast<int>(*it);
+    }
+    for (std::size_t k = 0; k < cv.size(); ++k) {
+      const int holds = cv[k].sample <= batch ? 1 : 0;
+      double best_here[2] = {kInf, kInf};  // per value of the key's last element
+      // On a chain, the cheapest entry whose layer chose this very split first: its edge is at
+      // most a halo exchange, so the bound it sets cuts the scan below short.
+      std::vector<std::size_t> scan;
+      if (!same_entry.empty()) {
+        const auto it = producer_index.find(cv[k].to_string());
+        if (it != producer_index.end() && same_entry[it->second] >= 0)
+          scan.push_back(static_cast<std::size_t>(same_entry[it->second]));
+      }
+      scan.insert(scan.end(), order.begin(), order.end());
+      for (std::size_t oi : scan) {
+        const Entry& e = prev[oi];
+        // With no other live layer, the key is this choice and the flag: an entry that alone
+        // costs more than the best of every key it could reach cannot win.
+        if (key_by_choice_only && e.cost + own[k] >= (holds ? best_here[1] : std::max(best_here[0], best_here[1])))
+          break;
+        const int flag = std::max(holds, e.key.back());
+        double cost = e.cost + own[k];
+        for (std::size_t a = 0; a < l.inputs.size(); ++a)
+          cost += edge(a, input_slot[a] >= 0 ? e.key[static_cast<std::size_t>(input_slot[a])] : -1, k);
+        ++outcome.states;
+        std::vector<int> key;
+        for (int slot : keep) key.push_back(e.key[static_cast<std::size_t>(slot)]);
+        if (v_live) key.push_back(static_cast<int>(k));
+        key.push_back(flag);
+        const auto [it, inserted] = index.emplace(key, next.size());
+        if (inserted) next.push_back(Entry{std::move(key), cost, static_cast<int>(oi), static_cast<int>(k)});
+        else if (cost < next[it->second].cost) {
+          next[it->second].cost = cost;
+          next[it->second].parent = static_cast<int>(oi);
+          next[it->second].choice = static_cast<int>(k);
+        }
+        best_here[flag] = std::min(best_here[flag], cost);
+      }
+    }
+    if (static_cast<std::int64_t>(next.size()) > max_states) {
+      // Keep the cheapest states (the result is then not provably optimal).
+      std::nth_element(next.begin(), next.begin() + max_states, next.end(),
+                       [](const Entry& a, const Entry& b) { return a.cost < b.cost; });
+      next.resize(static_cast<std::size_t>(max_states));
+      outcome.exact = false;
+    }
+    tables[v] = next;
+    prev = std::move(next);
+    std::vector<int> live_now;
+    for (int slot : keep) live_now.push_back(prev_live[static_cast<std::size_t>(slot)]);
+    if (v_live) live_now.push_back(static_cast<int>(v));
+    prev_live = std::move(live_now);
+  }
+  // The cheapest final entry that gives rank 0 samples somewhere, then back through the parents.
+  std::size_t best = prev.size();
+  for (std::size_t i = 0; i < prev.size(); ++i)
+    if (prev[i].key.back() == 1 && (best == prev.size() || prev[i].cost < prev[best].cost)) best = i;
+  if (best == prev.size())
+    fail_input("no plan of model '{}' at {} ranks gives rank 0 a sample in some layer (the batch of {} is smaller "
+               "than the ranks, and no layer can be split otherwise under these options)",
+               model.graph().model, model.options().ranks, model.graph().batch);
+  outcome.choice.assign(L, 0);
+  int entry = static_cast<int>(best);
+  for (std::size_t v = L; v-- > 0;) {
+    const Entry& e = tables[v][static_cast<std::size_t>(entry)];
+    outcome.choice[v] = e.choice;
+    entry = e.parent;
+  }
+  return outcome;
+}
+
+Plan plan_of(const PlannerGraph& graph, const std::vector<std::vector<LayerSplit>>& cands,
+             const std::vector<int>& choice, int ranks) {
+  // The most common split is the default; every other layer is listed.
+  std::map<std::string, int> counts;
+  for (std::size_t v = 0; v < graph.layers.size(); ++v)
+    ++counts[cands[v][static_cast<std::size_t>(choice[v])].to_string()];
+  std::string common;
+  int most = 0;
+  for (const auto& [s, n] : counts)
+    if (n > most) most = n, common = s;
+  LayerSplit default_split;
+  std::map<std::string, LayerSplit> layers;
+  for (std::size_t v = 0; v < graph.layers.size(); ++v) {
+    const LayerSplit& s = cands[v][static_cast<std::size_t>(choice[v])];
+    if (s.to_string() == common) default_split = s;
+  }
+  for (std::size_t v = 0; v < graph.layers.size(); ++v) {
+    const LayerSplit& s = cands[v][static_cast<std::size_t>(choice[v])];
+    if (!(s == default_split)) layers[graph.layers[v].name] = s;
+  }
+  // A spatial default would be refused on layers without spatial dimensions: list those instead.
+  if (default_split.spatial_product() > 1) {
+    for (std::size_t v = 0; v < graph.layers.size(); ++v)
+      layers[graph.layers[v].name] = cands[v][static_cast<std::size_t>(choice[v])];
+    default_split = LayerSplit{};
+    default_split.sample = ranks;
+  }
+  return Plan::from_splits(ranks, default_split, std::move(layers),
+                           fmt::format("<plan of {} for {} ranks>", graph.model, ranks));
+}
+
+}  // namespace
+
+PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const PlannerOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  if (graph.layers.empty()) fail_input("the model has no layers to plan");
+  CostModel model(graph, machine, options);
+  const std::size_t L = graph.layers.size();
+  std::vector<std::vector<LayerSplit>> cands(L);
+  std::vector<std::vector<double>> cost(L), memory(L);
+  PlanResult result;
+  const double hidden = machine.grad_overlap;
+  for (std::size_t v = 0; v < L; ++v) {
+    cands[v] = model.candidates(static_cast<int>(v));
+    if (cands[v].empty())
+      fail_input("no split of layer '{}' (output {}) fits {} ranks under these options", graph.layers[v].name,
+                 graph.layers[v].output.to_string(), options.ranks);
+    for (const auto& s : cands[v]) {
+      const LayerEstimate e = model.layer_cost(static_cast<int>(v), s);
+      cost[v].push_back(e.total() + (1.0 - hidden) * e.grad_allreduce + e.optimizer);
+      memory[v].push_back(e.memory);
+    }
+    result.candidates += static_cast<std::int64_t>(cands[v].size());
+  }
+  auto estimate_of = [&](const std::vector<int>& choice) {
+    PlanEstimate e;
+    for (std::size_t v = 0; v < L; ++v) {
+      const LayerSplit& s = cands[v][static_cast<std::size_t>(choice[v])];
+      LayerEstimate le = model.layer_cost(static_cast<int>(v), s);
+      for (int u : graph.layers[v].inputs)
+        le.exchange += model.exchange_cost(
+            u, u >= 0 ? cands[static_cast<std::size_t>(u)][static_cast<std::size_t>(choice[static_cast<std::size_t>(u)])] : LayerSplit{},
+            static_cast<int>(v), s);
+      e.layers.push_back(std::move(le));
+    }
+    model.finish(e);
+    return e;
+  };
+  SearchOutcome outcome = run_dp(model, cands, cost, memory, 0.0);
+  result.states += outcome.states;
+  PlanEstimate estimate = estimate_of(outcome.choice);
+  if (!estimate.fits) {
+    // Raise the price of memory until the plan fits: from the time per byte of the first plan
+    // upwards by factors of 4.
+    double penalty = estimate.step_seconds / std::max(1.0, estimate.memory_bytes);
+    bool found = false;
+    for (int round = 0; round < 24 && !found; ++round, penalty *= 4) {
+      SearchOutcome o = run_dp(model, cands, cost, memory, penalty);
+      result.states += o.states;
+      PlanEstimate e = estimate_of(o.choice);
+      if (e.fits) outcome = std::move(o), estimate = std::move(e), found = true, result.memory_penalty = penalty;
+      else if (e.memory_bytes < estimate.memory_bytes) estimate = std::move(e), outcome = std::move(o);
+    }
+    if (!found)
+      fail_input("no plan of model '{}' at {} ranks fits machine '{}' ({:.1f} MiB per rank): the least memory the "
+                 "planner found is {:.1f} MiB per rank; use more ranks or a smaller batch",
+                 graph.model, options.ranks, machine.name, machine.memory_per_rank / (1 << 20),
+                 estimate.memory_bytes / (1 << 20));
+  }
+  result.exact = outcome.exact;
+  result.plan = plan_of(graph, cands, outcome.choice, options.ranks);
+  result.plan.validate(options.ranks, graph.plan_info());
+  result.estimate = std::move(estimate);
+  result.search_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace tessera

@@ -1,0 +1,33 @@
+// The planner as `tessera train --plan auto` and `tessera job --plan auto` use it.
+#include "plan_auto.hpp"
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+
+PlannerOptions planner_options(int ranks, const std::string& optimizer) {
+  PlannerOptions options;
+  options.ranks = ranks;
+  if (optimizer == "sgd") options.optimizer_state = 1;
+  else if (optimizer == "adam" || optimizer == "adamw") options.optimizer_state = 2;
+  else fail_input("unknown optimizer '{}' (known: sgd, adam, adamw)", optimizer);
+  return options;
+}
+
+Plan auto_plan(const Model& model, const std::string& machine_file, int ranks, std::int64_t batch,
+               const std::string& optimizer, std::string& report) {
+  if (machine_file.empty())
+    fail_input("--plan auto needs --machine FILE: a machine file written by 'tessera calibrate', or one of machines/");
+  const Machine machine = Machine::load(machine_file);
+  const PlannerGraph graph = model.planner_graph(batch);
+  const PlanResult result = plan_search(graph, machine, planner_options(ranks, optimizer));
+  report = fmt::format("planned for {} ranks on '{}' in {:.3f} s: predicted step {:.3f} ms, {:.1f} MiB per rank\n",
+                       ranks, machine.name, result.search_seconds, 1e3 * result.estimate.step_seconds,
+                       result.estimate.memory_bytes / (1 << 20)) +
+           result.plan.to_yaml();
+  return result.plan;
+}
+
+}  // namespace tessera

@@ -1,0 +1,19 @@
+#pragma once
+// The planner as the commands use it (plan_command.cpp): `tessera plan` and `tessera train --plan auto`.
+#include <cstdint>
+#include <string>
+
+#include "tessera/parallel/planner.hpp"
+#include "tessera/train/model.hpp"
+
+namespace tessera {
+
+/// Planner options for a job of `ranks` ranks training with `optimizer` (sgd, adam, adamw).
+PlannerOptions planner_options(int ranks, const std::string& optimizer);
+/// The planner's plan of `model` for `ranks` ranks on the machine of `machine_file`; `report`
+/// gets a summary and the plan's YAML. InputError when the machine file is missing or bad or no
+/// plan fits.
+Plan auto_plan(const Model& model, const std::string& machine_file, int ranks, std::int64_t batch,
+               const std::string& optimizer, std::string& report);
+
+}  // namespace tessera

@@ -1,0 +1,119 @@
+// `tessera plan`: the planner's command. Writes the cheapest plan of a model at a rank count on a
+// machine (a machine file: measured here by `tessera calibrate`, or one of a published system in
+// machines/), with its predicted per-layer costs; --explain compares it with the pure batch,
+// spatial and model plans; --evaluate prices a given plan file instead of searching.
+#include <fmt/format.h>
+
+#include <fstream>
+
+#include "commands.hpp"
+#include "plan_auto.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/planner.hpp"
+#include "tessera/train/model.hpp"
+
+namespace tessera {
+namespace {
+
+struct PlanArgs {
+  std::string model, machine, output, evaluate, optimizer = "sgd";
+  int ranks = 1;
+  std::int64_t batch = 64;
+  bool explain = false;
+  bool no_spatial = false, no_model = false;
+  std::int64_t max_states = 200000;
+};
+
+void run_plan(Communicator& world, const PlanArgs& args) {
+  std::string text;
+  collectively(world, [&] {
+    const Model model = Model::load(args.model);
+    const Machine machine = Machine::load(args.machine);
+    const PlannerGraph graph = model.planner_graph(args.batch);
+    PlannerOptions options = planner_options(args.ranks, args.optimizer);
+    options.allow_spatial = !args.no_spatial;
+    options.allow_model = !args.no_model;
+    options.max_states = args.max_states;
+    const CostModel cost(graph, machine, options);
+    const std::string header = fmt::format("model {} ({}), batch {}, {} ranks on machine '{}' ({})\n", model.name(),
+                                           args.model, args.batch, args.ranks, machine.name, args.machine);
+    if (!args.evaluate.empty()) {
+      const Plan plan = Plan::load(args.evaluate);
+      const PlanEstimate e = cost.estimate(plan);
+      text = header + fmt::format("predicted cost of plan {}:\n", args.evaluate) + format_estimate(e);
+      text += fmt::format("predicted step {:.6f} s\n", e.step_seconds);
+      return;
+    }
+    const PlanResult result = plan_search(graph, machine, options);
+    text = header + format_estimate(result.estimate);
+    text += fmt::format("search: {} candidate splits over {} layers, {} states, {:.3f} s{}{}\n", result.candidates,
+                        graph.layers.size(), result.states, result.search_seconds,
+                        result.exact ? " (exact)" : " (states were capped: not provably optimal)",
+                        result.memory_penalty > 0 ? fmt::format("; memory penalty {:.3g} s/byte", result.memory_penalty)
+                                                  : std::string());
+    text += fmt::format("predicted step {:.6f} s\n", result.estimate.step_seconds);
+    if (args.explain) {
+      text += "\ncompared with:\n";
+      text += fmt::format("  {:<14} {:>12} {:>12} {:>14}\n", "plan", "step ms", "vs chosen", "memory MiB");
+      text += fmt::format("  {:<14} {:>12.3f} {:>12} {:>14.1f}\n", "chosen", 1e3 * result.estimate.step_seconds,
+                          "1.00x", result.estimate.memory_bytes / (1 << 20));
+      for (const auto& [name, plan] : reference_plans(cost)) {
+        const PlanEstimate e = cost.estimate(plan);
+        text += fmt::format("  {:<14} {:>12.3f} {:>11.2f}x {:>14.1f}{}\n", name, 1e3 * e.step_seconds,
+                            e.step_seconds / result.estimate.step_seconds, e.memory_bytes / (1 << 20),
+                            e.fits ? "" : "  does not fit");
+      }
+    }
+    const std::string yaml = fmt::format("# Written by tessera plan for model {} ({}), batch {}, machine '{}'.\n"
+                                         "# Predicted step {:.3f} ms, memory per rank {:.1f} MiB.\n",
+                                         model.name(), args.model, args.batch, machine.name,
+                                         1e3 * result.estimate.step_seconds,
+                                         result.estimate.memory_bytes / (1 << 20)) +
+                             result.plan.to_yaml();
+    if (!args.output.empty() && world.rank() == 0) {
+      std::ofstream out(args.output);
+      if (!out) fail_input("cannot write the plan to '{}'", args.output);
+      out << yaml;
+      if (!out) fail_input("cannot write the plan to '{}'", args.output);
+      text += fmt::format("plan written to {}\n", args.output);
+    } else if (args.output.empty()) {
+      text += "\n" + yaml;
+    }
+  });
+  if (world.rank() == 0) {
+    fmt::print("{}", text);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+std::function<void(Communicator&)> add_plan_command(CLI::App& app) {
+  auto args = std::make_shared<PlanArgs>();
+  auto* cmd = app.add_subcommand("plan", "Write the planner's plan for a model, rank count and machine");
+  cmd->add_option("--model", args->model, "Model file (YAML)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--ranks", args->ranks, "Ranks of the job to plan for")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--machine", args->machine,
+                  "Machine file: written by 'tessera calibrate', or a published system's in machines/")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--batch", args->batch, "Global batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--optimizer", args->optimizer, "sgd, adam or adamw (optimizer state in the memory estimate)")
+      ->capture_default_str();
+  cmd->add_option("-o,--output", args->output, "Write the plan file here (default: print it)");
+  cmd->add_flag("--explain", args->explain, "Compare the plan with the pure batch, spatial and model plans");
+  cmd->add_option("--evaluate", args->evaluate, "Print the predicted costs of this plan file instead of searching")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--no-spatial", args->no_spatial, "Do not split layers spatially");
+  cmd->add_flag("--no-model", args->no_model, "Do not split layers by filter or channel");
+  cmd->add_option("--max-states", args->max_states, "Bound of the search's states on DAGs (chains never reach it)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  return [args, cmd](Communicator& world) {
+    if (!cmd->parsed()) return;
+    run_plan(world, *args);
+  };
+}
+
+}  // namespace tessera

@@ -1,0 +1,52 @@
+// Model -> PlannerGraph: the shapes, FLOPs, weights and spatial windows of every layer, as the
+// planner (parallel/planner.hpp) sees them.
+#include "tessera/train/model.hpp"
+
+namespace tessera {
+
+PlannerGraph Model::planner_graph(std::int64_t global_batch) const {
+  PlannerGraph graph;
+  graph.model = name_;
+  graph.batch = global_batch;
+  graph.output = output_;
+  const auto info = plan_info(global_batch);
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const auto& n = nodes_[i];
+    Layer& layer = *n.layer;
+    PlannerLayer l;
+    l.name = info[i].name;
+    l.type = info[i].type;
+    l.inputs = n.inputs;
+    l.output = info[i].output;
+    l.input = info[i].input;
+    l.spatially_splittable = info[i].spatially_splittable;
+    l.model_splittable = info[i].model_splittable;
+    l.filter_splittable = info[i].filter_splittable;
+    l.batch_norm = l.type == "batchnorm";
+    l.signature = name_ + "/" + l.name;
+    for (Parameter* p : layer.parameters()) {
+      std::int64_t count = 1;
+      for (auto d : p->whole_shape()) count *= d;
+      l.parameters += count;
+    }
+    const int dims = l.output.spatial_dims();
+    // The window of output position i along each spatial dimension: [i*stride - pad, ... + kernel).
+    for (int j = 0; j < dims; ++j) {
+      const auto [first0, last0] = layer.input_range(j, 0, 1);
+      const auto [first1, last1] = layer.input_range(j, 1, 2);
+      l.windows.push_back({last0 - first0, first1 - first0, -first0});
+    }
+    if (l.type == "conv" || l.type == "linear") {
+      // 2 x multiply-adds: every output element costs one multiply-add per weight of its filter.
+      const auto params = layer.parameters();
+      std::int64_t weights = 1;
+      for (auto d : params.at(0)->whole_shape()) weights *= d;
+      const double outputs_per_filter = static_cast<double>(l.output.sample_numel()) / static_cast<double>(l.output[1]);
+      l.forward_flops = 2.0 * static_cast<double>(global_batch) * static_cast<double>(weights) * outputs_per_filter;
+    }
+    graph.layers.push_back(std::move(l));
+  }
+  return graph;
+}
+
+}  // namespace tessera

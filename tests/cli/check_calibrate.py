@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""`tessera calibrate` end to end: measures this machine (quickly) with kernel timings for a model,
+checks the machine file it writes (every field, a kernel timing for every layer), that
+`tessera plan` reads it and prices every layer of its plans from the calibrated timings, and that
+`--base` at one rank adds kernels to an existing file without measuring the node again."""
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import yaml
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--tessera", required=True)
+parser.add_argument("--mpirun", required=True, help="the mpirun command line and its flags, one string")
+parser.add_argument("--model", required=True)
+parser.add_argument("--batch", type=int, default=8)
+parser.add_argument("--work", required=True, help="folder for the machine files (must exist or be creatable)")
+args = parser.parse_args()
+
+os.makedirs(args.work, exist_ok=True)
+mpirun = shlex.split(args.mpirun)
+problems = []
+
+
+def run(command, timeout=120):
+    print("$", " ".join(command), flush=True)
+    try:
+        result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        print((e.stdout or b"").decode(errors="replace"))
+        sys.exit(f"FAIL: {' '.join(command)} did not end within {timeout} s")
+    output = result.stdout.decode(errors="replace")
+    print(output, flush=True)
+    if result.returncode != 0:
+        sys.exit(f"FAIL: exit code {result.returncode}")
+    return output
+
+
+machine_file = os.path.join(args.work, "local.yaml")
+run(mpirun + ["-n", "2", args.tessera, "calibrate", "--quick", "--repeats", "2", "--model", args.model,
+              "--batch", str(args.batch), "--ranks", "1,2", "-o", machine_file])
+with open(machine_file) as f:
+    machine = yaml.safe_load(f)
+
+for key in ["name", "source", "device", "nodes", "ranks_per_node", "cores_per_node", "flops", "memory_bandwidth",
+            "memory_per_rank", "kernel_overhead", "grad_overlap", "intra", "inter", "kernels"]:
+    if key not in machine:
+        problems.append(f"the machine file lacks '{key}'")
+if machine.get("device") != "cpu" or machine.get("nodes") != 1:
+    problems.append(f"expected one cpu node, got device {machine.get('device')} nodes {machine.get('nodes')}")
+cores = machine["cores_per_node"]
+if cores != os.cpu_count():
+    problems.append(f"cores_per_node {cores}, but this machine has {os.cpu_count()} hardware threads")
+for key, low, high in [("flops", 1e9, 1e14), ("memory_bandwidth", 1e9, 1e13), ("kernel_overhead", 1e-8, 1e-2)]:
+    if not (low <= machine[key] <= high):
+        problems.append(f"{key} = {machine[key]} is outside [{low}, {high}]")
+for collective in ["p2p", "allreduce", "alltoall"]:
+    ab = machine["intra"][collective]
+    if not (0 <= ab["alpha"] < 1e-3 and 0 < ab["beta"] < 1e-7):
+        problems.append(f"intra.{collective} = {ab} is implausible for shared memory")
+    if machine["inter"][collective] != ab:
+        problems.append(f"inter.{collective} differs from intra on one node")
+if "inter = intra" not in machine["source"]:
+    problems.append("the source does not say that inter = intra")
+
+# A timing for every layer at 1 rank (all the node's threads) and at 2 ranks.
+with open(args.model) as f:
+    model = yaml.safe_load(f)
+kernels = machine["kernels"]
+threads = {p: max(1, cores // min(p, machine["ranks_per_node"])) for p in (1, 2)}  # Machine::threads_per_rank
+for layer in model["layers"]:
+    prefix = f"{model['name']}/{layer['name']}|"
+    for ranks, t in threads.items():
+        samples = f"|n{args.batch // ranks}|" if ranks == 1 else ""
+        if not any(k.startswith(prefix) and k.endswith(f"|t{t}") and samples in k for k in kernels):
+            problems.append(f"no kernel timing for layer {layer['name']} at {ranks} rank(s) ({t} threads)")
+if any(not (0 < s < 10) for s in kernels.values()):
+    problems.append("a kernel timing is outside (0, 10) s")
+
+# `tessera plan` reads the file and prices every layer of its plan from a calibrated timing.
+for ranks in [1, 2]:
+    out = run(mpirun + ["-n", "1", args.tessera, "plan", "--model", args.model, "--ranks", str(ranks), "--batch",
+                        str(args.batch), "--machine", machine_file])
+    rows = [line for line in out.splitlines() if re.match(r"^\S+\s+.*\d+\.\d{3}[mr]\s", line)]
+    if not rows:
+        problems.append(f"tessera plan at {ranks} ranks printed no cost table")
+    for row in rows:
+        if re.search(r"\d\.\d{3}r\s", row):
+            problems.append(f"tessera plan at {ranks} ranks priced a layer by the roofline, not a timing: {row}")
+
+# --base at one rank: the node's numbers stay, kernels are added (here: re-timed for 1 rank).
+again_file = os.path.join(args.work, "again.yaml")
+run(mpirun + ["-n", "1", args.tessera, "calibrate", "--base", machine_file, "--quick", "--repeats", "1",
+              "--model", args.model, "--batch", str(args.batch), "--ranks", "1", "-o", again_file])
+with open(again_file) as f:
+    again = yaml.safe_load(f)
+for key in ["name", "source", "flops", "memory_bandwidth", "intra", "inter", "cores_per_node", "ranks_per_node"]:
+    if again[key] != machine[key]:
+        problems.append(f"--base changed '{key}': {machine[key]} -> {again[key]}")
+if set(again["kernels"]) != set(kernels):
+    problems.append("--base lost or invented kernel keys")
+
+if problems:
+    print("\n".join("FAIL: " + p for p in problems))
+    sys.exit(1)
+print(f"OK: {len(kernels)} kernel timings; flops {machine['flops']:.3g}, bandwidth {machine['memory_bandwidth']:.3g}")

@@ -1,0 +1,244 @@
+// Machine files, in one process: the YAML round trip, defaults, every error with its message, the
+// shipped files of machines/, and the per-rank rates a job derives from a machine.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/parallel/machine.hpp"
+
+namespace tessera {
+namespace {
+
+void expect_input_error(const std::function<void()>& body, const std::vector<std::string>& needles) {
+  try {
+    body();
+  } catch (const InputError& e) {
+    for (const auto& needle : needles)
+      EXPECT_NE(e.message().find(needle), std::string::npos) << "message '" << e.message() << "' lacks '" << needle
+                                                            << "'";
+    return;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw something other than an InputError: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "did not throw (expected '" << needles.front() << "')";
+}
+
+void expect_parse_error(const std::string& yaml, const std::vector<std::string>& needles) {
+  SCOPED_TRACE(yaml);
+  expect_input_error([&] { (void)Machine::parse(yaml, "m.yaml"); }, needles);
+}
+
+const char* kFull = R"(name: two-node test
+source: "made up: for the test"
+device: gpu
+nodes: 2
+ranks_per_node: 4
+cores_per_node: 64
+flops: 1.5e13
+memory_bandwidth: 1.2e12
+memory_per_rank: 3.8e10
+kernel_overhead: 1.5e-5
+grad_overlap: 0.75
+intra:
+  p2p: {alpha: 2.0e-6, beta: 1.0e-11}
+  allreduce: {alpha: 5.0e-6, beta: 2.0e-11}
+  alltoall: {alpha: 3.0e-6, beta: 3.0e-11}
+inter:
+  p2p: {alpha: 4.0e-6, beta: 8.0e-11}
+kernels:
+  "m/conv1|n4|c1x28x28|f1c1|t1": 0.0125
+  "m/fc|n4|f2c1|t1": 3.5e-5
+)";
+
+/// The smallest valid file: everything else defaults.
+const char* kMinimal = "intra: {p2p: {alpha: 1e-6, beta: 1e-10}}\n";
+
+TEST(Machine, ParsesEveryField) {
+  const Machine m = Machine::parse(kFull, "full.yaml");
+  EXPECT_EQ(m.name, "two-node test");
+  EXPECT_EQ(m.source, "made up: for the test");
+  EXPECT_EQ(m.device, "gpu");
+  EXPECT_EQ(m.nodes, 2);
+  EXPECT_EQ(m.ranks_per_node, 4);
+  EXPECT_EQ(m.cores_per_node, 64);
+  EXPECT_DOUBLE_EQ(m.flops, 1.5e13);
+  EXPECT_DOUBLE_EQ(m.memory_bandwidth, 1.2e12);
+  EXPECT_DOUBLE_EQ(m.memory_per_rank, 3.8e10);
+  EXPECT_DOUBLE_EQ(m.kernel_overhead, 1.5e-5);
+  EXPECT_DOUBLE_EQ(m.grad_overlap, 0.75);
+  EXPECT_EQ(m.intra.p2p, (AlphaBeta{2e-6, 1e-11}));
+  EXPECT_EQ(m.intra.allreduce, (AlphaBeta{5e-6, 2e-11}));
+  EXPECT_EQ(m.intra.alltoall, (AlphaBeta{3e-6, 3e-11}));
+  // Collectives not given default to the level's point-to-point costs.
+  EXPECT_EQ(m.inter.p2p, (AlphaBeta{4e-6, 8e-11}));
+  EXPECT_EQ(m.inter.allreduce, m.inter.p2p);
+  EXPECT_EQ(m.inter.alltoall, m.inter.p2p);
+  ASSERT_EQ(m.kernels.size(), 2u);
+  EXPECT_DOUBLE_EQ(m.kernels.at("m/conv1|n4|c1x28x28|f1c1|t1"), 0.0125);
+  EXPECT_DOUBLE_EQ(m.kernels.at("m/fc|n4|f2c1|t1"), 3.5e-5);
+}
+
+TEST(Machine, RoundTripsThroughYaml) {
+  const Machine m = Machine::parse(kFull, "full.yaml");
+  const Machine again = Machine::parse(m.to_yaml(), "again.yaml");
+  EXPECT_EQ(again.name, m.name);
+  EXPECT_EQ(again.source, m.source);
+  EXPECT_EQ(again.device, m.device);
+  EXPECT_EQ(again.nodes, m.nodes);
+  EXPECT_EQ(again.ranks_per_node, m.ranks_per_node);
+  EXPECT_EQ(again.cores_per_node, m.cores_per_node);
+  EXPECT_DOUBLE_EQ(again.flops, m.flops);
+  EXPECT_DOUBLE_EQ(again.memory_bandwidth, m.memory_bandwidth);
+  EXPECT_DOUBLE_EQ(again.memory_per_rank, m.memory_per_rank);
+  EXPECT_DOUBLE_EQ(again.kernel_overhead, m.kernel_overhead);
+  EXPECT_DOUBLE_EQ(again.grad_overlap, m.grad_overlap);
+  EXPECT_EQ(again.intra, m.intra);
+  EXPECT_EQ(again.inter, m.inter);
+  EXPECT_EQ(again.kernels, m.kernels);
+  // And once more: a fixed point.
+  EXPECT_EQ(Machine::parse(again.to_yaml(), "third.yaml").to_yaml(), again.to_yaml());
+}
+
+TEST(Machine, RoundTripsAwkwardStrings) {
+  Machine m = Machine::parse(kMinimal, "min.yaml");
+  m.name = "a: name # with \"quotes\"";
+  m.source = "line one\nline two";
+  m.kernels["model/layer: odd|n1|t2"] = 1e-3;
+  const Machine again = Machine::parse(m.to_yaml(), "again.yaml");
+  EXPECT_EQ(again.name, m.name);
+  EXPECT_EQ(again.source, m.source);
+  EXPECT_EQ(again.kernels, m.kernels);
+}
+
+TEST(Machine, Defaults) {
+  const Machine m = Machine::parse(kMinimal, "min.yaml");
+  EXPECT_EQ(m.device, "cpu");
+  EXPECT_EQ(m.nodes, 1);
+  EXPECT_EQ(m.ranks_per_node, 1);
+  EXPECT_EQ(m.cores_per_node, 1);
+  EXPECT_DOUBLE_EQ(m.kernel_overhead, 0);
+  EXPECT_DOUBLE_EQ(m.grad_overlap, 0);
+  EXPECT_TRUE(m.kernels.empty());
+  EXPECT_EQ(m.intra.allreduce, m.intra.p2p);
+  EXPECT_EQ(m.intra.alltoall, m.intra.p2p);
+  // One node: across nodes is within the node.
+  EXPECT_EQ(m.inter, m.intra);
+  // An empty kernels entry is allowed.
+  EXPECT_TRUE(Machine::parse(std::string(kMinimal) + "kernels:\n", "k.yaml").kernels.empty());
+}
+
+TEST(Machine, RefusesBadInput) {
+  const std::string intra = "intra: {p2p: {alpha: 1e-6, beta: 1e-10}}\n";
+  expect_parse_error("nodes: [1\n", {"m.yaml", "not valid YAML"});
+  expect_parse_error("- 1\n- 2\n", {"m.yaml", "expected a mapping"});
+  expect_parse_error(intra + "flop: 1e12\n", {"m.yaml", "unknown key 'flop'", "flops"});
+  expect_parse_error(intra + "flops: -1e12\n", {"'flops'", "positive", "got -1"});
+  expect_parse_error(intra + "flops: 0\n", {"'flops'", "positive"});
+  expect_parse_error(intra + "memory_bandwidth: fast\n", {"'memory_bandwidth'", "expected a number", "fast"});
+  expect_parse_error(intra + "kernel_overhead: -1e-6\n", {"'kernel_overhead'", "non-negative"});
+  expect_parse_error(intra + "grad_overlap: 1.5\n", {"'grad_overlap'", "between 0 and 1"});
+  expect_parse_error(intra + "grad_overlap: -0.1\n", {"'grad_overlap'", "non-negative"});
+  expect_parse_error(intra + "nodes: 2.5\n", {"'nodes'", "positive integer"});
+  expect_parse_error(intra + "ranks_per_node: 0\n", {"'ranks_per_node'", "positive"});
+  expect_parse_error(intra + "device: tpu\n", {"'device'", "cpu or gpu", "tpu"});
+  expect_parse_error("flops: 1e12\n", {"m.yaml", "missing 'intra'"});
+  expect_parse_error(intra + "nodes: 4\n", {"m.yaml", "missing 'inter'"});
+  expect_parse_error("intra: {allreduce: {alpha: 1e-6, beta: 1e-10}}\n", {"'intra'", "missing 'p2p'"});
+  expect_parse_error("intra: {p2p: {alpha: 1e-6}}\n", {"'intra'.p2p", "both alpha and beta"});
+  expect_parse_error("intra: {p2p: {alpha: 1e-6, beta: 1e-10, gamma: 1}}\n", {"'intra'.p2p", "unknown key 'gamma'"});
+  expect_parse_error("intra: {p2p: {alpha: -1e-6, beta: 1e-10}}\n", {"'intra'.p2p.alpha", "non-negative"});
+  expect_parse_error("intra: {p2p: {alpha: 1e-6, beta: x}}\n", {"'intra'.p2p.beta", "expected a number", "'x'"});
+  expect_parse_error("intra: {p2p: {alpha: 1e-6, beta: 1e-10}, bcast: {alpha: 1, beta: 1}}\n",
+                     {"'intra'", "unknown key 'bcast'"});
+  expect_parse_error("intra: 5\n", {"'intra'", "expected a mapping"});
+  expect_parse_error(intra + "kernels: [1, 2]\n", {"'kernels'", "mapping from workload keys"});
+  expect_parse_error(intra + "kernels: {\"a|n1\": 0}\n", {"'kernels'", "a|n1", "positive"});
+  expect_parse_error(intra + "kernels: {\"a|n1\": soon}\n", {"'kernels'", "a|n1", "expected a number"});
+  expect_input_error([] { (void)Machine::load("/nonexistent/machine.yaml"); },
+                     {"cannot open machine file", "/nonexistent/machine.yaml"});
+}
+
+TEST(Machine, RatesPerRankOnCpuNodes) {
+  Machine m = Machine::parse(kMinimal, "min.yaml");
+  m.device = "cpu";
+  m.nodes = 1;
+  m.ranks_per_node = 8;
+  m.cores_per_node = 4;
+  m.flops = 400e9;
+  m.memory_bandwidth = 40e9;
+  EXPECT_EQ(m.ranks_on_node(1), 1);
+  EXPECT_EQ(m.ranks_on_node(2), 2);
+  EXPECT_EQ(m.ranks_on_node(8), 8);
+  EXPECT_EQ(m.ranks_on_node(64), 8);  // more nodes: each holds ranks_per_node
+  EXPECT_EQ(m.threads_per_rank(1), 4);
+  EXPECT_EQ(m.threads_per_rank(2), 2);
+  EXPECT_EQ(m.threads_per_rank(3), 1);
+  EXPECT_EQ(m.threads_per_rank(8), 1);
+  EXPECT_DOUBLE_EQ(m.rank_flops(1), 400e9);
+  EXPECT_DOUBLE_EQ(m.rank_flops(4), 100e9);
+  EXPECT_DOUBLE_EQ(m.rank_flops(100), 50e9);
+  EXPECT_DOUBLE_EQ(m.rank_memory_bandwidth(2), 20e9);
+  EXPECT_DOUBLE_EQ(m.oversubscription(1), 1);
+  EXPECT_DOUBLE_EQ(m.oversubscription(4), 1);
+  EXPECT_DOUBLE_EQ(m.oversubscription(6), 1.5);
+  EXPECT_DOUBLE_EQ(m.oversubscription(8), 2);
+  EXPECT_DOUBLE_EQ(m.oversubscription(80), 2);
+}
+
+TEST(Machine, RatesPerRankOnGpuNodes) {
+  Machine m = Machine::parse(kFull, "full.yaml");
+  EXPECT_EQ(m.ranks_on_node(3), 3);
+  EXPECT_EQ(m.ranks_on_node(8), 4);
+  EXPECT_EQ(m.threads_per_rank(1), 1);
+  EXPECT_EQ(m.threads_per_rank(8), 1);
+  EXPECT_DOUBLE_EQ(m.rank_flops(8), 1.5e13);  // one device per rank
+  EXPECT_DOUBLE_EQ(m.rank_memory_bandwidth(8), 1.2e12);
+  EXPECT_DOUBLE_EQ(m.oversubscription(8), 1);
+}
+
+/// The machine files shipped in machines/ load, and hold what their names say.
+TEST(Machine, ShippedFilesLoad) {
+  const std::string dir = std::string(TESSERA_SOURCE_DIR) + "/machines/";
+  struct Expect {
+    const char* file;
+    int nodes, ranks_per_node;
+    double min_memory, max_memory;  // per rank
+  };
+  const Expect files[] = {
+      {"summit_class.yaml", 4608, 6, 10e9, 16e9},
+      {"perlmutter_class.yaml", 1536, 4, 30e9, 40e9},
+      {"frontier_class.yaml", 9856, 8, 50e9, 64e9},
+  };
+  for (const auto& e : files) {
+    SCOPED_TRACE(e.file);
+    Machine m;
+    ASSERT_NO_THROW(m = Machine::load(dir + e.file));
+    EXPECT_EQ(m.device, "gpu");
+    EXPECT_EQ(m.nodes, e.nodes);
+    EXPECT_EQ(m.ranks_per_node, e.ranks_per_node);
+    EXPECT_GE(m.memory_per_rank, e.min_memory);
+    EXPECT_LE(m.memory_per_rank, e.max_memory);
+    EXPECT_FALSE(m.source.empty());
+    // Sustained fp32 of one GPU (device): between 5 and 60 TFLOP/s; HBM between 0.5 and 3.5 TB/s.
+    EXPECT_GT(m.flops, 5e12);
+    EXPECT_LT(m.flops, 60e12);
+    EXPECT_GT(m.memory_bandwidth, 0.5e12);
+    EXPECT_LT(m.memory_bandwidth, 3.5e12);
+    EXPECT_GT(m.grad_overlap, 0);
+    EXPECT_LE(m.grad_overlap, 1);
+    EXPECT_GT(m.kernel_overhead, 0);
+    // Within a node is faster per byte than across nodes, and no level is free.
+    EXPECT_GT(m.intra.p2p.alpha, 0);
+    EXPECT_GT(m.inter.p2p.alpha, 0);
+    EXPECT_LT(m.intra.p2p.beta, m.inter.p2p.beta);
+    EXPECT_LE(m.intra.allreduce.beta, m.inter.allreduce.beta);
+    EXPECT_EQ(m.threads_per_rank(1024), 1);
+  }
+}
+
+}  // namespace
+}  // namespace tessera

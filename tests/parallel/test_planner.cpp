@@ -1,0 +1,406 @@
+// The planner, in one process: cost terms against hand-computed cases, the search against brute
+// force over every combination of candidate splits (chains and a DAG), the memory limit, and
+// every emitted plan validating against its graph.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/parallel/planner.hpp"
+
+namespace tessera {
+namespace {
+
+/// a + b without GCC 12's false -Wrestrict alarm on operator+(const char*, std::string).
+std::string cat(std::string a, const std::string& b) { return a.append(b); }
+
+LayerSplit by_sample(int parts) {
+  LayerSplit s;
+  s.sample = parts;
+  return s;
+}
+
+/// A machine with round numbers: 1 GFLOP/s and 1 GB/s per device (gpu: not shared), alpha 1 us,
+/// beta 1 ns/byte everywhere, no overhead, no overlap.
+Machine round_machine(int ranks_per_node = 8) {
+  Machine m;
+  m.name = "round";
+  m.device = "gpu";
+  m.nodes = 64;
+  m.ranks_per_node = ranks_per_node;
+  m.cores_per_node = ranks_per_node;
+  m.flops = 1e9;
+  m.memory_bandwidth = 1e9;
+  m.memory_per_rank = 1e12;
+  AlphaBeta ab{1e-6, 1e-9};
+  m.intra = {ab, ab, ab};
+  m.inter = {AlphaBeta{1e-5, 1e-8}, AlphaBeta{1e-5, 1e-8}, AlphaBeta{1e-5, 1e-8}};
+  return m;
+}
+
+PlannerLayer conv(const std::string& name, int input, std::int64_t n, std::int64_t cin, std::int64_t cout,
+                  std::int64_t hw) {
+  PlannerLayer l;
+  l.name = name;
+  l.type = "conv";
+  l.inputs = {input};
+  l.input = Shape::image(n, cin, {hw, hw});
+  l.output = Shape::image(n, cout, {hw, hw});
+  l.parameters = cout * cin * 9 + cout;
+  l.forward_flops = 2.0 * static_cast<double>(n * cout * hw * hw * cin * 9);
+  l.windows = {{3, 1, 1}, {3, 1, 1}};
+  l.spatially_splittable = l.model_splittable = l.filter_splittable = true;
+  l.signature = cat("test/", name);
+  return l;
+}
+
+PlannerLayer pointwise(const std::string& name, std::vector<int> inputs, const Shape& shape) {
+  PlannerLayer l;
+  l.name = name;
+  l.type = inputs.size() > 1 ? "add" : "relu";
+  l.inputs = std::move(inputs);
+  l.input = shape;
+  l.output = shape;
+  for (int j = 0; j < shape.spatial_dims(); ++j) l.windows.push_back({1, 1, 0});
+  l.spatially_splittable = true;
+  l.filter_splittable = l.inputs.size() == 1;
+  l.signature = cat("test/", name);
+  return l;
+}
+
+PlannerLayer linear(const std::string& name, int input, std::int64_t n, std::int64_t in, std::int64_t out) {
+  PlannerLayer l;
+  l.name = name;
+  l.type = "linear";
+  l.inputs = {input};
+  l.input = Shape::flat(n, in);
+  l.output = Shape::flat(n, out);
+  l.parameters = in * out + out;
+  l.forward_flops = 2.0 * static_cast<double>(n * in * out);
+  l.model_splittable = l.filter_splittable = true;
+  l.signature = cat("test/", name);
+  return l;
+}
+
+PlannerLayer flatten(const std::string& name, int input, const Shape& in) {
+  PlannerLayer l;
+  l.name = name;
+  l.type = "flatten";
+  l.inputs = {input};
+  l.input = in;
+  l.output = Shape::flat(in[0], in.sample_numel());
+  l.signature = cat("test/", name);
+  return l;
+}
+
+/// conv -> relu -> conv -> flatten -> linear, batch n, 8x8 images.
+PlannerGraph small_chain(std::int64_t n) {
+  PlannerGraph g;
+  g.model = "chain";
+  g.batch = n;
+  g.layers.push_back(conv("c1", -1, n, 1, 4, 8));
+  g.layers.push_back(pointwise("r1", {0}, Shape::image(n, 4, {8, 8})));
+  g.layers.push_back(conv("c2", 1, n, 4, 4, 8));
+  g.layers.push_back(flatten("fl", 2, Shape::image(n, 4, {8, 8})));
+  g.layers.push_back(linear("fc", 3, n, 256, 10));
+  g.output = 4;
+  return g;
+}
+
+/// A residual block: c1 -> r1 -> c2 -> add(c2, c1) -> r2, batch n.
+PlannerGraph small_dag(std::int64_t n) {
+  PlannerGraph g;
+  g.model = "dag";
+  g.batch = n;
+  const Shape s = Shape::image(n, 4, {8, 8});
+  g.layers.push_back(conv("c1", -1, n, 1, 4, 8));
+  g.layers.push_back(pointwise("r1", {0}, s));
+  g.layers.push_back(conv("c2", 1, n, 4, 4, 8));
+  g.layers.push_back(pointwise("add", {2, 0}, s));
+  g.layers.push_back(pointwise("r2", {3}, s));
+  g.output = 4;
+  return g;
+}
+
+/// The cheapest plan over every combination of the layers' candidates, by CostModel::estimate.
+double brute_force(const CostModel& model, const PlannerGraph& g, int ranks, std::int64_t* combinations) {
+  std::vector<std::vector<LayerSplit>> cands;
+  for (std::size_t v = 0; v < g.layers.size(); ++v) cands.push_back(model.candidates(static_cast<int>(v)));
+  std::vector<std::size_t> idx(cands.size(), 0);
+  double best = INFINITY;
+  *combinations = 0;
+  while (true) {
+    std::map<std::string, LayerSplit> layers;
+    for (std::size_t v = 0; v < cands.size(); ++v) layers[g.layers[v].name] = cands[v][idx[v]];
+    LayerSplit def;
+    def.sample = ranks;
+    const Plan plan = Plan::from_splits(ranks, def, layers, "brute force");
+    try {
+      best = std::min(best, model.estimate(plan).step_seconds);
+      ++*combinations;
+    } catch (const InputError&) {
+      // e.g. every layer with more sample parts than samples
+    }
+    std::size_t v = 0;
+    while (v < idx.size() && ++idx[v] == cands[v].size()) idx[v++] = 0;
+    if (v == idx.size()) break;
+  }
+  return best;
+}
+
+TEST(CostModel, ComputeIsTheRooflineWithoutCalibration) {
+  const PlannerGraph g = small_chain(4);
+  const Machine m = round_machine();
+  CostModel model(g, m, {.ranks = 2});
+  LayerSplit s;
+  s.sample = 2;
+  const LayerEstimate e = model.layer_cost(4, s);  // linear 256 -> 10 on 2 of 4 samples
+  // 3 x forward FLOPs (forward, input gradient, weight gradient) of half the batch at 1 GFLOP/s.
+  const double flops = 3.0 * 2.0 * 2 * 256 * 10;
+  EXPECT_NEAR(e.compute, flops / 1e9, 1e-15);
+  EXPECT_FALSE(e.measured);
+  // Gradient allreduce of 2570 floats over 2 ranks on one node: 2 log2(2) alpha + 2 (1/2) n beta.
+  EXPECT_NEAR(e.grad_allreduce, 2 * 1e-6 + 2570 * 4 * 1e-9, 1e-15);
+}
+
+TEST(CostModel, CalibratedTimingReplacesTheRoofline) {
+  const PlannerGraph g = small_chain(4);
+  Machine m = round_machine();
+  CostModel model(g, m, {.ranks = 2});
+  LayerSplit s;
+  s.sample = 2;
+  m.kernels[model.workload(4, s).key(g)] = 0.25;
+  const LayerEstimate e = model.layer_cost(4, s);
+  EXPECT_TRUE(e.measured);
+  EXPECT_DOUBLE_EQ(e.compute, 0.25);
+  EXPECT_EQ(model.workload(4, s).key(g), "test/fc|n2|o-|f1c1|t1");
+}
+
+TEST(CostModel, CpuRanksShareTheirNode) {
+  Machine m = round_machine();
+  m.device = "cpu";
+  m.cores_per_node = 2;
+  m.ranks_per_node = 16;
+  EXPECT_EQ(m.threads_per_rank(1), 2);
+  EXPECT_EQ(m.threads_per_rank(4), 1);
+  EXPECT_DOUBLE_EQ(m.oversubscription(4), 2.0);
+  EXPECT_DOUBLE_EQ(m.rank_flops(4), 0.25e9);
+  const PlannerGraph g = small_chain(4);
+  CostModel model(g, m, {.ranks = 4});
+  LayerSplit s;
+  s.sample = 4;
+  const std::string key = model.workload(4, s).key(g);
+  m.kernels[key] = 0.1;  // timed alone at 1 thread; 4 ranks on 2 cores take twice as long
+  EXPECT_DOUBLE_EQ(model.layer_cost(4, s).compute, 0.2);
+}
+
+TEST(CostModel, HaloExchangeByHand) {
+  // c2 (3x3, padding 1) on 8x8, split [2, 1] over H at 2 ranks, batch 2, 4 channels, after r1
+  // with the same split: each rank receives one row of 8 from the other for each sample and
+  // channel: 2 x 4 x 8 = 64 floats in one message; its window is 2 x 4 x 5 x 8 = 320 floats,
+  // assembled in a buffer (a copy at 1 GB/s). Forward and backward alike.
+  const PlannerGraph g = small_chain(2);
+  const Machine m = round_machine();
+  CostModel model(g, m, {.ranks = 2});
+  LayerSplit s;
+  s.spatial = {2, 1};
+  const double one_way = 1e-6 + 64 * 4 * 1e-9 + 2.0 * 4 * 320 / 1e9;
+  EXPECT_NEAR(model.exchange_cost(1, s, 2, s), 2 * one_way, 1e-15);
+  // The same split on both sides of a point-wise layer moves nothing.
+  EXPECT_EQ(model.exchange_cost(0, s, 1, s), 0.0);
+  // From the data: the first layer reads its own tile, and its halo row by exchange (1 channel).
+  const double from_data = 1e-6 + 2 * 1 * 8 * 4 * 1e-9 + 2.0 * 4 * (2 * 1 * 5 * 8) / 1e9;
+  EXPECT_NEAR(model.exchange_cost(-1, LayerSplit{}, 0, s), 2 * from_data, 1e-15);
+}
+
+TEST(CostModel, RedistributionByHand) {
+  // r1 split by sample over 2 ranks, c2 split [2, 1] spatially: rank 0 needs rows 0..4 of both
+  // samples; it holds sample 0, so it receives sample 1's rows 0..4: 4 x 5 x 8 = 160 floats, by
+  // alltoallv (1 peer: alpha); window 2 x 4 x 5 x 8 = 320 floats copied.
+  const PlannerGraph g = small_chain(2);
+  const Machine m = round_machine();
+  CostModel model(g, m, {.ranks = 2});
+  LayerSplit held;
+  held.sample = 2;
+  LayerSplit s;
+  s.spatial = {2, 1};
+  const double one_way = 1e-6 + 160 * 4 * 1e-9 + 2.0 * 4 * 320 / 1e9;
+  EXPECT_NEAR(model.exchange_cost(1, held, 2, s), 2 * one_way, 1e-15);
+}
+
+TEST(CostModel, ChannelSplitAndBatchNormCommunication) {
+  PlannerGraph g = small_chain(4);
+  const Machine m = round_machine();
+  CostModel model(g, m, {.ranks = 2});
+  LayerSplit s;
+  s.channel = 2;
+  // fc: partial sums of 4 x 10 outputs reduce-scattered over 2 ranks (1 message of half of them)
+  // and the output gradient gathered back, each with a copy of the partial sums.
+  const double partial = 4.0 * 10 * 4;
+  const double expected = 2.0 * (1e-6 + 0.5 * partial * 1e-9 + 2.0 * partial / 1e9);
+  // The output layer may not be split by channel, but its cost can still be asked for.
+  EXPECT_NEAR(model.layer_cost(4, s).model_comm, expected, 1e-15);
+  g.layers[1].batch_norm = true;
+  LayerSplit b;
+  b.sample = 2;
+  // Two allreduces of 2 x 4 floats over 2 ranks.
+  EXPECT_NEAR(model.layer_cost(1, b).model_comm, 2.0 * (2 * 1e-6 + 2.0 * 0.5 * 32 * 1e-9), 1e-15);
+}
+
+TEST(CostModel, AllreduceAcrossNodesUsesTheInterLevel) {
+  const PlannerGraph g = small_chain(8);
+  const Machine m = round_machine(2);  // 2 ranks per node: 4 ranks span 2 nodes
+  CostModel model(g, m, {.ranks = 4});
+  LayerSplit s;
+  s.sample = 4;
+  const double n = 4.0 * 2570;
+  EXPECT_NEAR(model.layer_cost(4, s).grad_allreduce, 2 * 2 * 1e-5 + 2 * 0.75 * n * 1e-8, 1e-15);
+}
+
+TEST(Planner, CandidatesFollowThePlanRules) {
+  const PlannerGraph g = small_chain(4);
+  const Machine m = round_machine();
+  CostModel model(g, m, {.ranks = 4});
+  const auto info = g.plan_info();
+  for (std::size_t v = 0; v < g.layers.size(); ++v) {
+    const auto cands = model.candidates(static_cast<int>(v));
+    EXPECT_FALSE(cands.empty());
+    for (const auto& s : cands) {
+      EXPECT_EQ(s.product(), 4);
+      std::map<std::string, LayerSplit> layers{{g.layers[v].name, s}};
+      // Each candidate passes the plan's checks for its layer (the others on a plain split).
+      EXPECT_NO_THROW(Plan::from_splits(4, by_sample(4), layers, "candidate").validate(4, info))
+          << g.layers[v].name << " " << s.to_string();
+    }
+  }
+  // The output layer is split by sample only; a flatten cannot be split spatially or by model.
+  for (const auto& s : model.candidates(4)) EXPECT_TRUE(s.sample_only());
+  for (const auto& s : model.candidates(3)) EXPECT_TRUE(s.sample_only());
+}
+
+class BruteForce : public ::testing::TestWithParam<int> {};
+
+TEST_P(BruteForce, ChainSearchFindsTheOptimum) {
+  const int ranks = GetParam();
+  const PlannerGraph g = small_chain(4);
+  const Machine m = round_machine(2);
+  const PlannerOptions o{.ranks = ranks};
+  CostModel model(g, m, o);
+  std::int64_t combinations = 0;
+  const double best = brute_force(model, g, ranks, &combinations);
+  const PlanResult r = plan_search(g, m, o);
+  EXPECT_TRUE(r.exact);
+  EXPECT_GT(combinations, ranks > 1 ? 10 : 0);
+  EXPECT_NEAR(r.estimate.step_seconds, best, 1e-12 * best) << r.plan.to_yaml();
+  // The emitted plan is valid and its own estimate is the search's.
+  EXPECT_NO_THROW(r.plan.validate(ranks, g.plan_info()));
+  EXPECT_NEAR(model.estimate(r.plan).step_seconds, r.estimate.step_seconds, 1e-12 * best);
+}
+
+TEST_P(BruteForce, DagSearchFindsTheOptimum) {
+  const int ranks = GetParam();
+  const PlannerGraph g = small_dag(2);
+  const Machine m = round_machine(2);
+  const PlannerOptions o{.ranks = ranks};
+  CostModel model(g, m, o);
+  std::int64_t combinations = 0;
+  const double best = brute_force(model, g, ranks, &combinations);
+  const PlanResult r = plan_search(g, m, o);
+  EXPECT_TRUE(r.exact);
+  EXPECT_NEAR(r.estimate.step_seconds, best, 1e-12 * best) << r.plan.to_yaml();
+  EXPECT_NO_THROW(r.plan.validate(ranks, g.plan_info()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, BruteForce, ::testing::Values(1, 2, 3, 4));
+
+TEST(Planner, MemoryLimitIsHard) {
+  // A wide linear layer (1024 x 1024 weights: 4 MiB, x3 with gradients and momentum) whose
+  // gradient allreduce is nearly free: the batch split is the fastest, but splitting the weights
+  // by filter or channel is what makes it fit a small memory.
+  PlannerGraph g;
+  g.model = "wide";
+  g.batch = 64;
+  g.layers.push_back(linear("wide", -1, 64, 1024, 1024));
+  g.layers.push_back(linear("out", 0, 64, 1024, 10));
+  g.output = 1;
+  Machine m = round_machine();
+  m.flops = 1e15;
+  m.memory_bandwidth = 1e15;
+  m.intra.allreduce = {1e-9, 1e-15};
+  const PlannerOptions o{.ranks = 4};
+  const PlanResult unlimited = plan_search(g, m, o);
+  EXPECT_TRUE(unlimited.plan.split_for("wide").sample_only()) << unlimited.plan.to_yaml();
+  EXPECT_EQ(unlimited.memory_penalty, 0);
+  m.memory_per_rank = 0.5 * unlimited.estimate.memory_bytes;
+  const PlanResult limited = plan_search(g, m, o);
+  EXPECT_TRUE(limited.estimate.fits);
+  EXPECT_LE(limited.estimate.memory_bytes, m.memory_per_rank);
+  EXPECT_GT(limited.plan.split_for("wide").filter * limited.plan.split_for("wide").channel, 1)
+      << limited.plan.to_yaml();
+  EXPECT_GT(limited.memory_penalty, 0);
+  EXPECT_GE(limited.estimate.step_seconds, unlimited.estimate.step_seconds);
+  EXPECT_NO_THROW(limited.plan.validate(4, g.plan_info()));
+  m.memory_per_rank = 1024;  // nothing fits in 1 KiB
+  try {
+    plan_search(g, m, o);
+    ADD_FAILURE() << "a plan was found that cannot fit";
+  } catch (const InputError& e) {
+    EXPECT_NE(e.message().find("fits machine"), std::string::npos) << e.message();
+  }
+}
+
+TEST(Planner, ReferencePlansAreWhatTheyClaim) {
+  const PlannerGraph g = small_chain(4);
+  const Machine m = round_machine();
+  CostModel model(g, m, {.ranks = 4});
+  const auto refs = reference_plans(model);
+  ASSERT_EQ(refs.size(), 3u);
+  for (const auto& [name, plan] : refs) {
+    EXPECT_NO_THROW(plan.validate(4, g.plan_info())) << name;
+    for (const auto& l : g.layers) {
+      const LayerSplit& s = plan.split_for(l.name);
+      if (name == "pure batch") {
+        EXPECT_TRUE(s.sample_only()) << l.name;
+      }
+      if (name != "pure model") {
+        EXPECT_EQ(s.filter * s.channel, 1) << name << " " << l.name;
+      }
+      if (name != "pure spatial") {
+        EXPECT_EQ(s.spatial_product(), 1) << name << " " << l.name;
+      }
+    }
+  }
+}
+
+TEST(Planner, ManyLayersAtManyRanksInSeconds) {
+  // 100 layers (48 conv + relu pairs, flatten, linear) at 4 096 ranks on 64^2 x 16 channels:
+  // the search must stay interactive. (Its time is printed by `tessera plan`; here only a
+  // generous bound that catches a blow-up.)
+  PlannerGraph g;
+  g.model = "deep";
+  g.batch = 512;
+  const std::int64_t n = 512;
+  int prev = -1;
+  for (int i = 0; i < 49; ++i) {
+    g.layers.push_back(conv(cat("c", std::to_string(i)), prev, n, i == 0 ? 1 : 16, 16, 64));
+    g.layers.push_back(pointwise(cat("r", std::to_string(i)), {static_cast<int>(g.layers.size()) - 1}, Shape::image(n, 16, {64, 64})));
+    prev = static_cast<int>(g.layers.size()) - 1;
+  }
+  g.layers.push_back(flatten("fl", prev, Shape::image(n, 16, {64, 64})));
+  g.layers.push_back(linear("fc", static_cast<int>(g.layers.size()) - 1, n, 16 * 64 * 64, 10));
+  g.output = static_cast<int>(g.layers.size()) - 1;
+  ASSERT_EQ(g.layers.size(), 100u);
+  Machine m = round_machine(6);
+  m.nodes = 1024;
+  const PlanResult r = plan_search(g, m, {.ranks = 4096});
+  EXPECT_NO_THROW(r.plan.validate(4096, g.plan_info()));
+  EXPECT_LT(r.search_seconds, 60.0);
+  std::printf("100 layers at 4096 ranks: %lld candidates, %lld states, %.2f s\n",
+              static_cast<long long>(r.candidates), static_cast<long long>(r.states), r.search_seconds);
+}
+
+}  // namespace
+}  // namespace tessera
