@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository: relative paths 
 
 REQUIRED = ("model", "data", "kind", "ranks", "tasks_per_node", "steps")
 OPTIONAL = ("name", "val_data", "global_batch", "batch_per_rank", "cpus_per_task", "time", "partition", "account",
-            "train_args", "sbatch_lines", "exclusive", "one_at_a_time", "plan")
+            "train_args", "sbatch_lines", "exclusive", "one_at_a_time", "plan", "machine")
 CSV_COLUMNS = ("kind", "ranks", "nodes", "global_batch", "steps", "seconds", "step_s", "samples_per_s", "comm_share",
                "speedup", "efficiency", "job_id", "state",
                # beyond the core columns: for reading the results, not for the plots
@@ -164,8 +164,15 @@ def validate(cfg, source):
         if not isinstance(out[key], bool):
             raise ConfigError(f"'{key}' must be true or false")
     out["plan"] = cfg.get("plan", "sample")
-    if out["plan"] != "sample":
-        raise ConfigError(f"plan {out['plan']!r}: only 'sample' (every layer split by sample) until the planner lands")
+    if out["plan"] not in ("sample", "auto"):
+        raise ConfigError(f"plan {out['plan']!r}: 'sample' (every layer split by sample) or 'auto' (the planner's "
+                          "plan for each point on 'machine')")
+    if out["plan"] == "auto":
+        if not cfg.get("machine"):
+            raise ConfigError("plan 'auto' needs 'machine': a machine file (tessera calibrate, or machines/)")
+        out["machine"] = resolve_path(cfg["machine"], "machine")
+    elif cfg.get("machine"):
+        raise ConfigError("'machine' is for plan 'auto'")
     out["model"] = resolve_path(cfg["model"], "model")
     out["data"] = resolve_path(cfg["data"], "data")
     if cfg.get("val_data"):
@@ -596,8 +603,17 @@ def main():
         d = out / f"p{p['ranks']:04d}"
         d.mkdir(exist_ok=True)
         p.update(dir=str(d), plan=str(d / "plan.yaml"), script=str(d / "job.sbatch"), metrics_dir=str(d / "metrics"))
-        # Sample-parallel plan until the planner lands; written out so the study records what ran.
-        Path(p["plan"]).write_text(f"ranks: {p['ranks']}\ndefault: {{sample: {p['ranks']}}}\n")
+        # Written out so the study records what ran: every layer split by sample, or the planner's
+        # plan for this point (rank count and global batch) on the machine file.
+        if cfg["plan"] == "auto":
+            r = run([tessera, "plan", "--model", cfg["model"], "--ranks", str(p["ranks"]), "--batch",
+                     str(p["global_batch"]), "--machine", cfg["machine"], "-o", p["plan"]])
+            if r.returncode != 0:
+                print(f"scale: error: planning {p['ranks']} rank(s): {last_line(r.stderr) or last_line(r.stdout)}",
+                      file=sys.stderr)
+                return 2
+        else:
+            Path(p["plan"]).write_text(f"ranks: {p['ranks']}\ndefault: {{sample: {p['ranks']}}}\n")
         stale = Path(p["metrics_dir"]) / "summary.json"
         if stale.exists():
             stale.unlink()  # never collect an earlier study's result

@@ -11,6 +11,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/planner.hpp"
+#include "tessera/parallel/tile_exchange.hpp"
 #include "tessera/tensor/distribution.hpp"
 
 namespace tessera {
@@ -87,8 +88,8 @@ std::string Workload::key(const PlannerGraph& graph) const {
     if (!extents.empty()) extents.push_back('x');
     extents.append(std::to_string(e));
   }
-  return fmt::format("{}|n{}|o{}|f{}c{}|t{}", graph.layers.at(static_cast<std::size_t>(layer)).signature, samples,
-                     extents.empty() ? "-" : extents, filter_parts, channel_parts, threads);
+  return fmt::format("{}|n{}|o{}|f{}c{}|t{}|r{}", graph.layers.at(static_cast<std::size_t>(layer)).signature, samples,
+                     extents.empty() ? "-" : extents, filter_parts, channel_parts, threads, ranks_on_node);
 }
 
 CostModel::CostModel(const PlannerGraph& graph, const Machine& machine, PlannerOptions options)
@@ -112,6 +113,7 @@ Workload CostModel::workload(int layer, const LayerSplit& split) const {
   w.filter_parts = split.filter;
   w.channel_parts = split.channel;
   w.threads = machine_.threads_per_rank(options_.ranks);
+  w.ranks_on_node = machine_.ranks_on_node(options_.ranks);
   return w;
 }
 
@@ -144,7 +146,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   // Compute: a calibrated timing of exactly this workload, else the roofline.
   const auto found = machine_.kernels.find(w.key(graph_));
   if (found != machine_.kernels.end()) {
-    e.compute = found->second * machine_.oversubscription(P);
+    e.compute = found->second;
     e.measured = true;
   } else {
     const double sample_share = static_cast<double>(w.samples) / static_cast<double>(std::max<std::int64_t>(1, l.output[0]));
@@ -209,7 +211,7 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
   const bool held_tiled = hs.spatial_product() > 1;
   const auto hgrid = grid_of(hs, dims);
   const auto ngrid = grid_of(split, dims);
-  const bool point_to_point = from_data || hs == split;
+  const bool point_to_point = from_data || hs == split || P > TileExchange::kAllToAllVUpTo;
   const int rpn = machine_.ranks_on_node(P);
   const double bandwidth = machine_.rank_memory_bandwidth(P);
   const std::int64_t channels = shape.rank() > 1 ? shape[1] : 1;
@@ -224,6 +226,9 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
     std::vector<Part> parts;
     if (d == 0) {
       for (int i = 0; i < hs.sample; ++i) parts.push_back({block(shape[0], hs.sample, i), i});
+    } else if (d == 1 && from_data) {
+      // Every rank reads all channels of its sample x spatial block from the file.
+      parts.push_back({{0, channels}});
     } else if (d == 1) {
       const std::int64_t cext = channels;
       for (int f = 0; f < hs.filter; ++f) {
@@ -245,7 +250,7 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
 
   // Ranks to evaluate: all of them, or 24 spread over a large job.
   std::vector<int> ranks;
-  if (P <= 64) {
+  if (P <= 24) {
     for (int r = 0; r < P; ++r) ranks.push_back(r);
   } else {
     for (int i = 0; i < 24; ++i) ranks.push_back(static_cast<int>((static_cast<std::int64_t>(P - 1) * i) / 23));
@@ -280,6 +285,7 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
       for (std::size_t d = 0; d < need.size(); ++d) {
         Interval mine{0, shape[static_cast<int>(d)]};
         if (d == 0) mine = block(shape[0], hs.sample, hc[0]);
+        else if (d == 1 && from_data) mine = {0, channels};
         else if (d == 1) {
           const Interval fb = block(channels, hs.filter, hc[1]);
           const Interval cb = block(fb.size(), hs.channel, hc[2]);
@@ -292,7 +298,8 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
       const double moved = kBytes * (needed - own_elems);
       if (moved == 0) continue;
       const AlphaBeta& ab = P > rpn ? machine_.inter.alltoall : machine_.intra.alltoall;
-      worst = std::max(worst, (P - 1) * ab.alpha + moved * ab.beta + 2.0 * kBytes * needed / bandwidth);
+      worst = std::max(worst, (P - 1) * ab.alpha + moved * ab.beta + 2.0 * kBytes * needed / bandwidth +
+                                  machine_.kernel_overhead);
       continue;
     }
     // Intersections per dimension with the held parts.
@@ -319,6 +326,7 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
           else if (d == 1) hc[1] = part->f, hc[2] = part->ch;
           else hc[3 + (d - 2)] = part->sp;
         }
+        if (from_data) hc[1] = cc[1], hc[2] = cc[2];  // its own filter/channel group's reader
         const int q = rank_of(hgrid, hc);
         if (q == r) own += elems;
         else if (q / rpn == r / rpn) bytes_intra += kBytes * elems, ++msgs_intra;
@@ -336,8 +344,9 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
     if (bytes_intra + bytes_inter == 0 && own == needed) continue;  // nothing moves for this rank
     double t = msgs_intra * machine_.intra.p2p.alpha + bytes_intra * machine_.intra.p2p.beta +
                msgs_inter * machine_.inter.p2p.alpha + bytes_inter * machine_.inter.p2p.beta;
-    // The window is assembled in a buffer of its own: copy in (and out, for the reverse).
-    t += 2.0 * kBytes * needed / bandwidth;
+    // The window is assembled in a buffer of its own: copy in (and out, for the reverse); and the
+    // exchange is one more call to dispatch.
+    t += 2.0 * kBytes * needed / bandwidth + machine_.kernel_overhead;
     worst = std::max(worst, t);
   }
   // Forward, and its reverse in backward.

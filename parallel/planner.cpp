@@ -101,7 +101,10 @@ std::vector<LayerSplit> CostModel::candidates(int layer) const {
         for (int i = 0; i < dims; ++i)
           if (i != j) face *= static_cast<double>(l.output[i + 2]) / s.spatial[static_cast<std::size_t>(i)];
         const auto& win = l.windows.at(static_cast<std::size_t>(j));
-        area += s.spatial[static_cast<std::size_t>(j)] > 1 ? face * static_cast<double>(win.kernel - win.stride) : 0.0;
+        // Halo width, at least 1: point-wise layers then prefer the same compact tiles as the
+        // convolutions around them (and redistributions move the least).
+        const double width = static_cast<double>(std::max<std::int64_t>(1, win.kernel - win.stride));
+        area += s.spatial[static_cast<std::size_t>(j)] > 1 ? face * width : 0.0;
       }
       return area;
     };
@@ -414,6 +417,18 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
   result.states += outcome.states;
   PlanEstimate estimate = estimate_of(outcome.choice);
   if (!estimate.fits) {
+    // The least memory any plan needs first (time nearly free): when even that does not fit, no
+    // plan does.
+    SearchOutcome least_outcome = run_dp(model, cands, cost, memory, 1e12);
+    result.states += least_outcome.states;
+    PlanEstimate least = estimate_of(least_outcome.choice);
+    {
+      if (!least.fits)
+        fail_input("no plan of model '{}' at {} ranks fits machine '{}' ({:.1f} MiB per rank): the least memory the "
+                   "planner found is {:.1f} MiB per rank; use more ranks or a smaller batch",
+                   graph.model, options.ranks, machine.name, machine.memory_per_rank / (1 << 20),
+                   least.memory_bytes / (1 << 20));
+    }
     // Raise the price of memory until the plan fits: from the time per byte of the first plan
     // upwards by factors of 4.
     double penalty = estimate.step_seconds / std::max(1.0, estimate.memory_bytes);
@@ -425,11 +440,12 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
       if (e.fits) outcome = std::move(o), estimate = std::move(e), found = true, result.memory_penalty = penalty;
       else if (e.memory_bytes < estimate.memory_bytes) estimate = std::move(e), outcome = std::move(o);
     }
-    if (!found)
-      fail_input("no plan of model '{}' at {} ranks fits machine '{}' ({:.1f} MiB per rank): the least memory the "
-                 "planner found is {:.1f} MiB per rank; use more ranks or a smaller batch",
-                 graph.model, options.ranks, machine.name, machine.memory_per_rank / (1 << 20),
-                 estimate.memory_bytes / (1 << 20));
+    if (!found) {
+      // The least-memory plan fits: take it.
+      outcome = std::move(least_outcome);
+      estimate = std::move(least);
+      result.memory_penalty = 1e12;
+    }
   }
   result.exact = outcome.exact;
   result.plan = plan_of(graph, cands, outcome.choice, options.ranks);

@@ -4,6 +4,7 @@
 // spatial and model plans; --evaluate prices a given plan file instead of searching.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "commands.hpp"
@@ -17,7 +18,7 @@ namespace tessera {
 namespace {
 
 struct PlanArgs {
-  std::string model, machine, output, evaluate, optimizer = "sgd";
+  std::string model, machine, output, evaluate, references, optimizer = "sgd";
   int ranks = 1;
   std::int64_t batch = 64;
   bool explain = false;
@@ -60,6 +61,16 @@ void run_plan(Communicator& world, const PlanArgs& args) {
                           "1.00x", result.estimate.memory_bytes / (1 << 20));
       for (const auto& [name, plan] : reference_plans(cost)) {
         const PlanEstimate e = cost.estimate(plan);
+        if (!args.references.empty() && world.rank() == 0) {
+          std::string file = name;
+          std::replace(file.begin(), file.end(), ' ', '_');
+          file = args.references + "/" + file + ".yaml";
+          std::ofstream out(file);
+          out << fmt::format("# The {} plan of model {} at {} ranks (tessera plan --explain).\n", name, model.name(),
+                             args.ranks)
+              << plan.to_yaml();
+          if (!out) fail_input("cannot write '{}'", file);
+        }
         text += fmt::format("  {:<14} {:>12.3f} {:>11.2f}x {:>14.1f}{}\n", name, 1e3 * e.step_seconds,
                             e.step_seconds / result.estimate.step_seconds, e.memory_bytes / (1 << 20),
                             e.fits ? "" : "  does not fit");
@@ -105,6 +116,9 @@ std::function<void(Communicator&)> add_plan_command(CLI::App& app) {
   cmd->add_flag("--explain", args->explain, "Compare the plan with the pure batch, spatial and model plans");
   cmd->add_option("--evaluate", args->evaluate, "Print the predicted costs of this plan file instead of searching")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--references-dir", args->references,
+                  "With --explain: also write the compared plans there (pure_batch.yaml, pure_spatial.yaml, pure_model.yaml)")
+      ->check(CLI::ExistingDirectory);
   cmd->add_flag("--no-spatial", args->no_spatial, "Do not split layers spatially");
   cmd->add_flag("--no-model", args->no_model, "Do not split layers by filter or channel");
   cmd->add_option("--max-states", args->max_states, "Bound of the search's states on DAGs (chains never reach it)")

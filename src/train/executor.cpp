@@ -323,13 +323,15 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
                                                       : output_box(static_cast<std::size_t>(producer), r, batch));
         needed.push_back(input_box(i, a, r, batch));
       }
-      // Same split as the producer: a halo exchange with the neighbours; otherwise a redistribution.
+      // Same split as the producer: a halo exchange with the neighbours; otherwise a redistribution
+      // (one alltoallv on small jobs, point to point with the ranks that intersect on large ones).
       const bool same = producer == Model::kModelInput
                             ? true
                             : placement_[static_cast<std::size_t>(producer)].split == placement_[i].split;
       auto exchange = std::make_unique<TileExchange>(
           *exchange_comm_, global, std::move(held), std::move(needed),
-          same ? TileExchange::Transport::PointToPoint : TileExchange::Transport::AllToAllV);
+          same || size > TileExchange::kAllToAllVUpTo ? TileExchange::Transport::PointToPoint
+                                                       : TileExchange::Transport::AllToAllV);
       if (!exchange->is_identity()) ex.inputs[i][a] = std::move(exchange);
     }
   }

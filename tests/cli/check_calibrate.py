@@ -75,7 +75,8 @@ for layer in model["layers"]:
     prefix = f"{model['name']}/{layer['name']}|"
     for ranks, t in threads.items():
         samples = f"|n{args.batch // ranks}|" if ranks == 1 else ""
-        if not any(k.startswith(prefix) and k.endswith(f"|t{t}") and samples in k for k in kernels):
+        suffix = f"|t{t}|r{min(ranks, machine['ranks_per_node'])}"  # threads, ranks sharing the node
+        if not any(k.startswith(prefix) and k.endswith(suffix) and samples in k for k in kernels):
             problems.append(f"no kernel timing for layer {layer['name']} at {ranks} rank(s) ({t} threads)")
 if any(not (0 < s < 10) for s in kernels.values()):
     problems.append("a kernel timing is outside (0, 10) s")

@@ -176,7 +176,7 @@ TEST(CostModel, CalibratedTimingReplacesTheRoofline) {
   const LayerEstimate e = model.layer_cost(4, s);
   EXPECT_TRUE(e.measured);
   EXPECT_DOUBLE_EQ(e.compute, 0.25);
-  EXPECT_EQ(model.workload(4, s).key(g), "test/fc|n2|o-|f1c1|t1");
+  EXPECT_EQ(model.workload(4, s).key(g), "test/fc|n2|o-|f1c1|t1|r2");
 }
 
 TEST(CostModel, CpuRanksShareTheirNode) {
@@ -192,9 +192,14 @@ TEST(CostModel, CpuRanksShareTheirNode) {
   CostModel model(g, m, {.ranks = 4});
   LayerSplit s;
   s.sample = 4;
+  // The timing stands for the workload with 4 ranks sharing the node (1 thread each): taken as is.
   const std::string key = model.workload(4, s).key(g);
-  m.kernels[key] = 0.1;  // timed alone at 1 thread; 4 ranks on 2 cores take twice as long
-  EXPECT_DOUBLE_EQ(model.layer_cost(4, s).compute, 0.2);
+  EXPECT_EQ(key, "test/fc|n1|o-|f1c1|t1|r4");
+  m.kernels[key] = 0.1;
+  EXPECT_DOUBLE_EQ(model.layer_cost(4, s).compute, 0.1);
+  // Without a timing: the roofline at the rank's quarter of the node.
+  m.kernels.clear();
+  EXPECT_NEAR(model.layer_cost(4, s).compute, 3.0 * 2.0 * 1 * 256 * 10 / 0.25e9, 1e-15);
 }
 
 TEST(CostModel, HaloExchangeByHand) {

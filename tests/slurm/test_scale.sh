@@ -39,9 +39,11 @@ grep -q "'ranks' must be positive" "$WORK/bad.err" || fail "bad config: unexpect
 
 # 2. A point that fails (rank 1 throws at step 2: only the 2-rank point has a rank 1): the study
 #    still ends, exits 1, and keeps the point in the CSV as FAILED with tessera's error line.
+#    The points run the planner's plans ("plan": "auto"), written per point before submission.
 cat > "$WORK/failing.json" <<EOF
 {"name": "ctest_failing", "kind": "weak", "model": "models/fashion_cnn.yaml", "data": "$DATA",
  "ranks": [1, 2], "batch_per_rank": 8, "tasks_per_node": 2, "steps": 4, "time": "00:05:00",
+ "plan": "auto", "machine": "tests/cli/plans/model_favouring_machine.yaml",
  "train_args": ["--inject-failure", "1:2"]}
 EOF
 set +e
@@ -58,6 +60,10 @@ assert rows["2"]["state"] == "FAILED", f"failing study: 2 ranks: {rows['2']}"
 assert "injected failure at step 2" in rows["2"]["error"], f"failing study: error {rows['2']['error']!r}"
 assert rows["2"]["step_s"] == "" and rows["2"]["speedup"] == "", f"failing study: 2 ranks has numbers: {rows['2']}"
 EOF
+for n in 0001 0002; do
+  head -1 "$WORK/failing/p$n/plan.yaml" | grep -q "Written by tessera plan" || fail "p$n/plan.yaml is not the planner's"
+done
+grep -q "filter: 2" "$WORK/failing/p0002/plan.yaml" || fail "the planner's 2-rank plan splits no layer by filter"
 
 # 3. The study itself.
 cat > "$WORK/strong.json" <<EOF

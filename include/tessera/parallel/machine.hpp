@@ -84,7 +84,8 @@ struct Machine {
   double rank_flops(int ranks) const;
   double rank_memory_bandwidth(int ranks) const;
   /// How much slower one rank computes than with the node to itself when the ranks on a node
-  /// outnumber its cores (cpu; 1 otherwise): kernels timed at threads_per_rank are scaled by it.
+  /// outnumber its cores (cpu; 1 otherwise): `tessera calibrate` scales a kernel it times alone
+  /// for a rank count other than its own job's by it.
   double oversubscription(int ranks) const;
 };
 

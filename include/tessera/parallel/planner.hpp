@@ -6,9 +6,10 @@
 //
 // Cost of a step = sum over layers of
 //   compute      forward + backward of this rank's tile: the machine file's measured time for
-//                exactly this local workload when `tessera calibrate` cached one, else a
-//                roofline (FLOPs at the machine's rate, or bytes at its memory bandwidth for
-//                element-wise layers) plus the per-call overhead; x oversubscription;
+//                exactly this local workload with this many ranks sharing the node when
+//                `tessera calibrate` cached one, else a roofline (FLOPs at the rank's share of
+//                the machine's rate, or bytes at its share of the memory bandwidth for
+//                element-wise layers) plus the per-call overhead;
 //   exchange     moving the producer's tiles to what this layer reads (halo exchange point to
 //                point when the layouts agree, else an alltoallv redistribution), forward and
 //                its reverse in backward; channel splits' partial-sum reduce-scatter and
@@ -85,6 +86,9 @@ struct Workload {
   std::vector<std::int64_t> output_extent;  ///< local output extents per spatial dimension
   int filter_parts = 1, channel_parts = 1;
   int threads = 1;
+  /// Ranks sharing the node while it runs (each with `threads` threads): the timing under that
+  /// contention is what the key stands for.
+  int ranks_on_node = 1;
   /// The key of this workload in Machine::kernels.
   std::string key(const PlannerGraph& graph) const;
 };

@@ -27,6 +27,9 @@ class TileExchange {
     PointToPoint,  ///< isend/irecv to and from the ranks with non-empty intersections only
     AllToAllV,     ///< the same plan executed as exactly one alltoallv on the communicator
   };
+  /// The executor redistributes with one alltoallv on jobs of up to this many ranks and point to
+  /// point above, where an alltoallv's (P - 1) latencies would dominate (the planner prices the same).
+  static constexpr int kAllToAllVUpTo = 16;
 
   /// `held.size() == needed.size() == comm.size()`; boxes have the rank of `global` (1 to 6).
   /// Held boxes lie inside `global` and are disjoint, except that identical boxes may repeat

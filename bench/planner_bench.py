@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""The planner against measured runs on this machine: for the Fashion-MNIST CNN and the 64^3
+CosmoFlow model at 1-4 ranks, the planner's plan and the pure batch / spatial / model plans it
+compares with (`tessera plan --explain`), each priced by the cost model (`tessera plan
+--evaluate`) and measured (bench_train, same run, interleaved). Prints a table of predicted
+against measured step time, and whether the planner's choice was as fast as the best of the pure
+plans (within the run-to-run spread).
+
+    /usr/bin/python3 bench/planner_bench.py --machine machines/local.yaml [--repeats 3]
+
+The machine file should come from `tessera calibrate` on this machine with the kernels of both
+models at the batches used here (see docs in machines/README.md):
+
+    mpirun -n 2 --bind-to none build/bin/tessera calibrate --model models/fashion_cnn.yaml --batch 64 \
+        --ranks 1,2,3,4 -o machines/local.yaml
+    build/bin/tessera calibrate --base machines/local.yaml --model models/cosmoflow.yaml --batch 4 \
+        --ranks 1,2,3,4 -o machines/local.yaml
+
+Runs use the planner's threads per rank (the node's cores over the ranks, at least 1), as
+`tessera train` does.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from driver_common import mpirun, run
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+MODELS = [
+    # name, model file, global batch, timed steps, warm-up steps
+    ("fashion", "fashion_cnn.yaml", 64, 40, 10),
+    ("cosmoflow", "cosmoflow.yaml", 4, 3, 1),
+]
+
+
+def tessera_plan(build, *args):
+    result = subprocess.run([os.path.join(build, "bin", "tessera"), "plan", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    if result.returncode != 0:
+        sys.exit(f"tessera plan {' '.join(args)} failed:\n{result.stdout}")
+    return result.stdout
+
+
+def predicted(text):
+    return 1e3 * float(re.search(r"predicted step ([0-9.eE+-]+) s", text).group(1))
+
+
+def measure(build, model, procs, plan, batch, steps, warmup, threads):
+    # Waiting ranks yield their core: with more ranks than cores (3 and 4 ranks here) a rank that
+    # busy-polls in MPI would take the core from one that computes.
+    command = mpirun(procs, "--mca", "mpi_yield_when_idle", "1") + [os.path.join(build, "bin", "bench_train"), "--model", model, "--batch", str(batch),
+                               "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads),
+                               "--lr", "0.0001"]
+    if plan:
+        command += ["--plan", plan]
+    return run(command)["step_ms"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--machine", default=os.path.join(ROOT, "machines", "local.yaml"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ranks", default="1,2,3,4")
+    parser.add_argument("--models", default="fashion,cosmoflow")
+    parser.add_argument("--cores", type=int, default=os.cpu_count())
+    args = parser.parse_args()
+    if not os.path.exists(args.machine):
+        sys.exit(f"no machine file {args.machine}: write one with tessera calibrate (see --help)")
+
+    rows = []
+    verdicts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, model_file, batch, steps, warmup in MODELS:
+            if name not in args.models.split(","):
+                continue
+            model = os.path.join(ROOT, "models", model_file)
+            for procs in (int(p) for p in args.ranks.split(",")):
+                threads = max(1, args.cores // procs)
+                folder = os.path.join(tmp, f"{name}_{procs}")
+                os.makedirs(folder)
+                chosen = os.path.join(folder, "planner.yaml")
+                common = ["--model", model, "--ranks", str(procs), "--batch", str(batch), "--machine", args.machine]
+                tessera_plan(args.build, *common, "--explain", "--references-dir", folder, "-o", chosen)
+                plans = {"planner": chosen}
+                for ref in ("pure_batch", "pure_spatial", "pure_model"):
+                    path = os.path.join(folder, ref + ".yaml")
+                    if os.path.exists(path):
+                        plans[ref.replace("_", " ")] = path
+                # The same plan under two names is measured once.
+                texts = {}
+                for label, path in list(plans.items()):
+                    body = "".join(l for l in open(path) if not l.startswith("#"))
+                    if body in texts.values():
+                        same = next(k for k, v in texts.items() if v == body)
+                        plans[label] = same
+                    else:
+                        texts[label] = body
+                prediction = {label: predicted(tessera_plan(args.build, *common, "--evaluate", plans[label]))
+                              for label in texts}
+                times = {label: [] for label in texts}
+                for _ in range(args.repeats):
+                    for label in texts:
+                        times[label].append(measure(args.build, model, procs, plans[label], batch, steps, warmup, threads))
+                for label in plans:
+                    key = label if label in texts else plans[label]  # a duplicate names the plan it repeats
+                    t = times[key]
+                    rows.append((name, procs, label + ("" if label in texts else f" (= {key})"), prediction[key],
+                                 statistics.median(t), min(t), max(t)))
+                best_ref = min((statistics.median(times[l]), l) for l in texts if l != "planner") if len(texts) > 1 else None
+                mine = times["planner"]
+                if best_ref:
+                    ref_times = times[best_ref[1]]
+                    spread = max(max(mine) - min(mine), max(ref_times) - min(ref_times))
+                    ok = statistics.median(mine) <= best_ref[0] + spread
+                    verdicts.append((name, procs, statistics.median(mine), best_ref[1], best_ref[0], spread, ok))
+
+    print(f"Planner vs measured on this machine ({args.machine}), {args.repeats} runs each (median, min-max)")
+    print(f"{'model':>10} {'ranks':>5} {'plan':<28} {'predicted ms':>12} {'measured ms':>12} {'min-max':>17} {'error':>7}")
+    errors = []
+    for name, procs, label, pred, med, lo, hi in rows:
+        err = (pred - med) / med
+        if "(=" not in label:
+            errors.append(abs(err))
+        print(f"{name:>10} {procs:>5} {label:<28} {pred:>12.2f} {med:>12.2f} {lo:>8.2f}-{hi:<8.2f} {100 * err:>6.1f}%")
+    within = sum(1 for e in errors if e <= 0.25)
+    print(f"\n{within} of {len(errors)} distinct plans predicted within +-25% of measured "
+          f"(median |error| {100 * statistics.median(errors):.1f}%, largest {100 * max(errors):.1f}%)")
+    print(f"\n{'model':>10} {'ranks':>5} {'planner ms':>11} {'best pure plan':>15} {'its ms':>8} {'spread':>7}  verdict")
+    for name, procs, mine, ref, ref_ms, spread, ok in verdicts:
+        print(f"{name:>10} {procs:>5} {mine:>11.2f} {ref:>15} {ref_ms:>8.2f} {spread:>7.2f}  "
+              f"{'as fast or faster' if ok else 'SLOWER'}")
+
+
+if __name__ == "__main__":
+    main()
