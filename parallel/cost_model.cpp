@@ -18,6 +18,9 @@ namespace tessera {
 namespace {
 
 constexpr double kBytes = 4;  // fp32
+/// Up to this many source tiles per rank an exchange is priced message by message (each on or
+/// off the node); above, in aggregate.
+constexpr double kListSources = 64;
 
 /// A split's spatial parts, one per spatial dimension of a tensor with `dims` of them (a plan's
 /// D/H/W list on a 2-D layer starts with D = 1).
@@ -248,12 +251,12 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
   std::vector<std::vector<Part>> held(static_cast<std::size_t>(shape.rank()));
   for (int d = 0; d < shape.rank(); ++d) held[static_cast<std::size_t>(d)] = held_intervals(d);
 
-  // Ranks to evaluate: all of them, or 24 spread over a large job.
+  // Ranks to evaluate: all of them, or 12 spread over a large job.
   std::vector<int> ranks;
   if (P <= 24) {
     for (int r = 0; r < P; ++r) ranks.push_back(r);
   } else {
-    for (int i = 0; i < 24; ++i) ranks.push_back(static_cast<int>((static_cast<std::int64_t>(P - 1) * i) / 23));
+    for (int i = 0; i < 12; ++i) ranks.push_back(static_cast<int>((static_cast<std::int64_t>(P - 1) * i) / 11));
   }
   double worst = 0;
   for (int r : ranks) {
@@ -306,18 +309,24 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
     std::vector<std::vector<std::pair<const Part*, std::int64_t>>> hits(need.size());
     double sources = 1;
     for (std::size_t d = 0; d < need.size(); ++d) {
-      for (const auto& p : held[d]) {
-        const std::int64_t o = intersect(p.range, need[d]).size();
-        if (o > 0) hits[d].push_back({&p, o});
+      // The held parts of a dimension are in order and tile it: find the first that reaches
+      // into the needed interval, then walk while they start inside it.
+      const auto& parts = held[d];
+      auto it = std::partition_point(parts.begin(), parts.end(),
+                                     [&](const Part& p) { return p.range.end <= need[d].begin; });
+      for (; it != parts.end() && it->range.begin < need[d].end; ++it) {
+        const std::int64_t o = intersect(it->range, need[d]).size();
+        if (o > 0) hits[d].push_back({&*it, o});
       }
       sources *= static_cast<double>(hits[d].size());
     }
     double bytes_intra = 0, bytes_inter = 0, own = 0;
     int msgs_intra = 0, msgs_inter = 0;
-    if (sources <= 4096) {
+    if (sources <= kListSources) {
+      // Few sources (halos, most redistributions): each one, on this node or another.
       std::vector<std::size_t> idx(need.size(), 0);
+      std::vector<int> hc(hgrid.size(), 0);
       while (true) {
-        std::vector<int> hc(hgrid.size(), 0);
         double elems = 1;
         for (std::size_t d = 0; d < need.size(); ++d) {
           const auto& [part, o] = hits[d][idx[d]];
@@ -336,10 +345,27 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
         if (d == idx.size()) break;
       }
     } else {
-      // Too many sources to list: all of it across nodes when the job spans nodes.
-      const double moved = kBytes * needed;
-      if (P > rpn) bytes_inter = moved, msgs_inter = static_cast<int>(std::min(sources, 1e9));
-      else bytes_intra = moved, msgs_intra = static_cast<int>(std::min(sources, 1e9));
+      // Many sources: what this rank does not hold itself, in one message from each of the others,
+      // across nodes when the job spans nodes.
+      const auto hc = coords(hgrid, r);
+      double own_elems = 1;
+      for (std::size_t d = 0; d < need.size(); ++d) {
+        Interval mine{0, shape[static_cast<int>(d)]};
+        if (d == 0) mine = block(shape[0], hs.sample, hc[0]);
+        else if (d == 1 && !from_data) {
+          const Interval fb = block(channels, hs.filter, hc[1]);
+          const Interval cb = block(fb.size(), hs.channel, hc[2]);
+          mine = {fb.begin + cb.begin, fb.begin + cb.end};
+        } else if (d >= 2 && held_tiled) {
+          mine = block(shape[static_cast<int>(d)], hgrid[3 + (d - 2)], hc[3 + (d - 2)]);
+        }
+        own_elems *= static_cast<double>(intersect(mine, need[d]).size());
+      }
+      own = own_elems;
+      const double moved = kBytes * (needed - own_elems);
+      const int messages = static_cast<int>(std::min(sources, 1e9)) - (own_elems > 0 ? 1 : 0);
+      if (P > rpn) bytes_inter = moved, msgs_inter = messages;
+      else bytes_intra = moved, msgs_intra = messages;
     }
     if (bytes_intra + bytes_inter == 0 && own == needed) continue;  // nothing moves for this rank
     double t = msgs_intra * machine_.intra.p2p.alpha + bytes_intra * machine_.intra.p2p.beta +
