@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The planner against measured runs on this machine: for the Fashion-MNIST CNN and the 64^3
+r"""The planner against measured runs on this machine: for the Fashion-MNIST CNN and the 64^3
 CosmoFlow model at 1-4 ranks, the planner's plan and the pure batch / spatial / model plans it
 compares with (`tessera plan --explain`), each priced by the cost model (`tessera plan
 --evaluate`) and measured (bench_train, same run, interleaved). Prints a table of predicted
@@ -9,12 +9,16 @@ plans (within the run-to-run spread).
     /usr/bin/python3 bench/planner_bench.py --machine machines/local.yaml [--repeats 3]
 
 The machine file should come from `tessera calibrate` on this machine with the kernels of both
-models at the batches used here (see docs in machines/README.md):
+models at the batches used here, each rank count timed with that many ranks running together
+(machines/dev_vm_2core.yaml was made so):
 
-    mpirun -n 2 --bind-to none build/bin/tessera calibrate --model models/fashion_cnn.yaml --batch 64 \
-        --ranks 1,2,3,4 -o machines/local.yaml
-    build/bin/tessera calibrate --base machines/local.yaml --model models/cosmoflow.yaml --batch 4 \
-        --ranks 1,2,3,4 -o machines/local.yaml
+    mpirun -n 2 --bind-to none build/bin/tessera calibrate -o machines/local.yaml
+    for P in 1 2 3 4; do
+      mpirun -n $P --bind-to none --oversubscribe build/bin/tessera calibrate --base machines/local.yaml \
+          --model models/fashion_cnn.yaml --batch 64 --ranks $P -o machines/local.yaml
+      mpirun -n $P --bind-to none --oversubscribe build/bin/tessera calibrate --base machines/local.yaml \
+          --model models/cosmoflow.yaml --batch 4 --ranks $P -o machines/local.yaml
+    done
 
 Runs use the planner's threads per rank (the node's cores over the ranks, at least 1), as
 `tessera train` does.

@@ -422,13 +422,11 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
     SearchOutcome least_outcome = run_dp(model, cands, cost, memory, 1e12);
     result.states += least_outcome.states;
     PlanEstimate least = estimate_of(least_outcome.choice);
-    {
-      if (!least.fits)
-        fail_input("no plan of model '{}' at {} ranks fits machine '{}' ({:.1f} MiB per rank): the least memory the "
-                   "planner found is {:.1f} MiB per rank; use more ranks or a smaller batch",
-                   graph.model, options.ranks, machine.name, machine.memory_per_rank / (1 << 20),
-                   least.memory_bytes / (1 << 20));
-    }
+    if (!least.fits)
+      fail_input("no plan of model '{}' at {} ranks fits machine '{}' ({:.1f} MiB per rank): the least memory the "
+                 "planner found is {:.1f} MiB per rank; use more ranks or a smaller batch",
+                 graph.model, options.ranks, machine.name, machine.memory_per_rank / (1 << 20),
+                 least.memory_bytes / (1 << 20));
     // Raise the price of memory until the plan fits: from the time per byte of the first plan
     // upwards by factors of 4.
     double penalty = estimate.step_seconds / std::max(1.0, estimate.memory_bytes);
