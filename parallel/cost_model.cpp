@@ -151,6 +151,21 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   if (found != machine_.kernels.end()) {
     e.compute = found->second;
     e.measured = true;
+    const int on_node = machine_.ranks_on_node(P);
+    if (machine_.device == "cpu" && on_node > machine_.cores_per_node) {
+      // Timed with every rank of the node running this (the largest) tile: on an oversubscribed
+      // node the cores are shared, so when the tiles are uneven the step takes the node's total
+      // work over its cores, or the largest tile on a core of its own, whichever is longer.
+      double balance = 1;
+      auto share = [&](std::int64_t extent, int parts) {
+        return static_cast<double>(extent) / parts / static_cast<double>(std::max<std::int64_t>(1, ceil_div(extent, parts)));
+      };
+      balance *= share(l.output[0], split.sample);
+      if (l.output.rank() > 1) balance *= share(l.output[1], split.filter);
+      for (std::size_t j = 0; j < w.output_extent.size(); ++j)
+        balance *= share(l.output[static_cast<int>(j) + 2], spatial_parts(split, static_cast<int>(w.output_extent.size()))[j]);
+      e.compute *= std::max(static_cast<double>(machine_.cores_per_node) / on_node, balance);
+    }
   } else {
     const double sample_share = static_cast<double>(w.samples) / static_cast<double>(std::max<std::int64_t>(1, l.output[0]));
     const double flops = 3.0 * l.forward_flops * sample_share * spatial_share / (split.filter * split.channel);
@@ -172,7 +187,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     const int stride = std::max(1, split.spatial_product());
     const AlphaBeta& ab = stride * c > rpn ? machine_.inter.p2p : machine_.intra.p2p;
     e.model_comm += 2.0 * ((c - 1) * ab.alpha + (c - 1.0) / c * partial * ab.beta +
-                           2.0 * partial / machine_.rank_memory_bandwidth(P));
+                           2.0 * partial / machine_.rank_memory_bandwidth(P) + machine_.sync_wait_for(P));
   }
   // Batch-norm statistics: an allreduce of 2 x channels values forward and one backward over the
   // sample x spatial group.
@@ -180,7 +195,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     const int g = P / (split.filter * split.channel);
     const double bytes = kBytes * 2.0 * static_cast<double>(ceil_div(l.output[1], split.filter));
     const AlphaBeta& ab = P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce;
-    e.model_comm += 2.0 * allreduce_time(ab, g, bytes);
+    if (g > 1) e.model_comm += 2.0 * (allreduce_time(ab, g, bytes) + machine_.sync_wait_for(P));
   }
 
   // Gradient allreduce of the weight blocks over the ranks with the same filter and channel
@@ -375,8 +390,8 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
     t += 2.0 * kBytes * needed / bandwidth + machine_.kernel_overhead;
     worst = std::max(worst, t);
   }
-  // Forward, and its reverse in backward.
-  return 2.0 * worst;
+  // Forward, and its reverse in backward; each waits for its peers.
+  return worst > 0 ? 2.0 * (worst + machine_.sync_wait_for(P)) : 0.0;
 }
 
 void CostModel::finish(PlanEstimate& estimate) const {
@@ -399,7 +414,9 @@ void CostModel::finish(PlanEstimate& estimate) const {
   estimate.grad_exposed = estimate.grad_allreduce - hidden;
   // The loss allreduce, and the optimizer's pass over weights, gradients and state.
   const int rpn = machine_.ranks_on_node(P);
-  estimate.other = allreduce_time(P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce, P, 16) + optimizer;
+  // The loss allreduce and the wait for the last gradient bucket are blocking.
+  const double waits = P > 1 ? machine_.sync_wait_for(P) * (estimate.grad_allreduce > 0 ? 2.0 : 1.0) : 0.0;
+  estimate.other = allreduce_time(P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce, P, 16) + optimizer + waits;
   estimate.step_seconds =
       estimate.compute + estimate.exchange + estimate.model_comm + estimate.grad_exposed + estimate.other;
   // Transient: the largest layer's gradients next to what is kept.

@@ -117,7 +117,15 @@ Machine Machine::parse(const std::string& yaml_text, const std::string& source_n
         if (m.grad_overlap > 1) fail_input("{}: a share between 0 and 1, got {}", where, m.grad_overlap);
       } else if (key == "intra") m.intra = parse_level(v, where), has_intra = true;
       else if (key == "inter") m.inter = parse_level(v, where), has_inter = true;
-      else if (key == "kernels") {
+      else if (key == "sync_wait") {
+        if (v.IsNull()) continue;
+        if (!v.IsMap()) fail_input("{}: expected a mapping from ranks on a node to seconds, e.g. {{3: 0.01}}", where);
+        for (const auto& k : v) {
+          const std::string name = k.first.as<std::string>();
+          const int ranks = parse_count(k.first, fmt::format("{} key '{}'", where, name));
+          m.sync_wait[ranks] = parse_number(k.second, fmt::format("{} '{}'", where, name), true);
+        }
+      } else if (key == "kernels") {
         if (v.IsNull()) continue;
         if (!v.IsMap()) fail_input("{}: expected a mapping from workload keys to seconds", where);
         for (const auto& k : v)
@@ -126,7 +134,7 @@ Machine Machine::parse(const std::string& yaml_text, const std::string& source_n
       } else {
         fail_input("machine file '{}': unknown key '{}' (known: name, source, device, nodes, ranks_per_node, "
                    "cores_per_node, flops, memory_bandwidth, memory_per_rank, kernel_overhead, grad_overlap, intra, "
-                   "inter, kernels)",
+                   "inter, sync_wait, kernels)",
                    source_name, key);
       }
     }
@@ -151,6 +159,10 @@ std::string Machine::to_yaml() const {
                    memory_per_rank);
   s += fmt::format("kernel_overhead: {:.6g}\ngrad_overlap: {:.6g}\n", kernel_overhead, grad_overlap);
   s += fmt::format("intra: {}\ninter: {}\n", level_yaml(intra), level_yaml(inter));
+  if (!sync_wait.empty()) {
+    s += "sync_wait:\n";
+    for (const auto& [ranks, seconds] : sync_wait) s += fmt::format("  {}: {:.6g}\n", ranks, seconds);
+  }
   if (!kernels.empty()) {
     s += "kernels:\n";
     for (const auto& [key, seconds] : kernels) s += fmt::format("  {}: {:.6g}\n", yaml_quoted(key), seconds);
@@ -169,6 +181,11 @@ double Machine::rank_flops(int ranks) const { return device == "gpu" ? flops : f
 
 double Machine::rank_memory_bandwidth(int ranks) const {
   return device == "gpu" ? memory_bandwidth : memory_bandwidth / ranks_on_node(ranks);
+}
+
+double Machine::sync_wait_for(int ranks) const {
+  const auto it = sync_wait.find(ranks_on_node(ranks));
+  return it == sync_wait.end() ? 0.0 : it->second;
 }
 
 double Machine::oversubscription(int ranks) const {

@@ -573,6 +573,58 @@ void print_points(const char* what, const std::vector<CommPoint>& points, const 
 
 // --------------------------------------------------------------------------------------------
 
+/// Busy arithmetic for `iterations` steps (not optimized away).
+double spin(long iterations) {
+  volatile double x = 1.0;
+  for (long i = 0; i < iterations; ++i) x = x * 1.0000001 + 1e-9;
+  return x;
+}
+
+/// Seconds a blocking exchange waits for its peers beyond its alpha-beta cost with this job's
+/// ranks on the node: every rank alternates a few milliseconds of work with a small exchange with
+/// its ring neighbours (as a halo exchange between layers does). Without waiting, an iteration
+/// takes the work (stretched by the node's oversubscription) plus two messages; what it takes
+/// beyond that, per exchange, is the wait.
+double measure_sync_wait(Communicator& world, const Machine& machine, int cores, int repeats) {
+  const int size = world.size();
+  long iterations = 1 << 20;
+  double solo = 0;
+  on_rank0_alone(world, [&] {
+    // About 5 ms of work on one core.
+    const auto start = Clock::now();
+    spin(iterations);
+    const double t = seconds_since(start);
+    iterations = std::max<long>(1000, static_cast<long>(static_cast<double>(iterations) * 0.005 / std::max(t, 1e-6)));
+    const auto again = Clock::now();
+    spin(iterations);
+    solo = seconds_since(again);
+  });
+  MPI_Bcast(&iterations, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  MPI_Bcast(&solo, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  const int left = (world.rank() + size - 1) % size, right = (world.rank() + 1) % size;
+  char out[64] = {}, in_left[64], in_right[64];
+  constexpr int kRounds = 40;
+  std::vector<double> waits;
+  const double stretch = std::max(1.0, static_cast<double>(machine.ranks_on_node(size)) / cores);
+  const double expected = solo * stretch + machine.intra.p2p.alpha + 64 * machine.intra.p2p.beta;
+  for (int repeat = 0; repeat < repeats; ++repeat) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto start = Clock::now();
+    for (int round = 0; round < kRounds; ++round) {
+      spin(iterations);
+      MPI_Request requests[4];
+      MPI_Irecv(in_left, 64, MPI_CHAR, left, 7, MPI_COMM_WORLD, &requests[0]);
+      MPI_Irecv(in_right, 64, MPI_CHAR, right, 8, MPI_COMM_WORLD, &requests[1]);
+      MPI_Isend(out, 64, MPI_CHAR, right, 7, MPI_COMM_WORLD, &requests[2]);
+      MPI_Isend(out, 64, MPI_CHAR, left, 8, MPI_COMM_WORLD, &requests[3]);
+      MPI_Waitall(4, requests, MPI_STATUSES_IGNORE);
+    }
+    const double per_round = world.allreduce_value(seconds_since(start) / kRounds, ReduceOp::Max);
+    waits.push_back(std::max(0.0, per_round - expected));
+  }
+  return median(waits);  // the same on every rank (from allreduced values)
+}
+
 void run_calibrate(Communicator& world, const CalibrateArgs& args) {
   const int size = world.size();
   const bool measure = args.base.empty();
@@ -605,8 +657,9 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
       machine.memory_per_rank = args.memory_per_rank > 0 ? args.memory_per_rank : 0.8 * physical / cores;
     } else {
       machine = Machine::load(args.base);
-      if (args.model.empty())
-        fail_input("--base {}: nothing to do without --model (with --base only kernel timings are measured)",
+      if (args.model.empty() && size < 2)
+        fail_input("--base {}: nothing to do at 1 rank without --model (with --base only kernel timings and, at 2 or "
+                   "more ranks, the waiting at synchronisation points are measured)",
                    args.base);
     }
     if (!args.model.empty()) {
@@ -765,6 +818,18 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
       fmt::print("  {} kernels timed in {:.1f} s\n", rows.size(), seconds_since(start));
       std::fflush(stdout);
     });
+  }
+
+  // --- waiting at synchronisation points, at this job's rank count ----------------------------
+  if (size >= 2) {
+    double wait = 0;
+    collectively(world, [&] { wait = measure_sync_wait(world, machine, cores, repeats); });
+    machine.sync_wait[machine.ranks_on_node(size)] = wait;
+    if (world.rank() == 0) {
+      fmt::print("  sync_wait        {:.3g} ms per blocking exchange with {} ranks on the node\n", wait * 1e3,
+                 machine.ranks_on_node(size));
+      std::fflush(stdout);
+    }
   }
 
   // --- write -----------------------------------------------------------------------------------

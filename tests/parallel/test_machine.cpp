@@ -49,6 +49,7 @@ intra:
   alltoall: {alpha: 3.0e-6, beta: 3.0e-11}
 inter:
   p2p: {alpha: 4.0e-6, beta: 8.0e-11}
+sync_wait: {3: 0.004}
 kernels:
   "m/conv1|n4|c1x28x28|f1c1|t1": 0.0125
   "m/fc|n4|f2c1|t1": 3.5e-5
@@ -99,6 +100,7 @@ TEST(Machine, RoundTripsThroughYaml) {
   EXPECT_EQ(again.intra, m.intra);
   EXPECT_EQ(again.inter, m.inter);
   EXPECT_EQ(again.kernels, m.kernels);
+  EXPECT_EQ(again.sync_wait, m.sync_wait);
   // And once more: a fixed point.
   EXPECT_EQ(Machine::parse(again.to_yaml(), "third.yaml").to_yaml(), again.to_yaml());
 }
@@ -158,8 +160,23 @@ TEST(Machine, RefusesBadInput) {
   expect_parse_error(intra + "kernels: [1, 2]\n", {"'kernels'", "mapping from workload keys"});
   expect_parse_error(intra + "kernels: {\"a|n1\": 0}\n", {"'kernels'", "a|n1", "positive"});
   expect_parse_error(intra + "kernels: {\"a|n1\": soon}\n", {"'kernels'", "a|n1", "expected a number"});
+  expect_parse_error(intra + "sync_wait: [1]\n", {"'sync_wait'", "mapping from ranks on a node"});
+  expect_parse_error(intra + "sync_wait: {0: 0.01}\n", {"'sync_wait' key '0'", "positive"});
+  expect_parse_error(intra + "sync_wait: {3: -0.01}\n", {"'sync_wait'", "non-negative"});
   expect_input_error([] { (void)Machine::load("/nonexistent/machine.yaml"); },
                      {"cannot open machine file", "/nonexistent/machine.yaml"});
+}
+
+TEST(Machine, SyncWaitByRanksOnTheNode) {
+  const Machine m = Machine::parse(
+      "device: cpu\ncores_per_node: 2\nranks_per_node: 8\nsync_wait: {3: 0.011, 4: 0.009}\n"
+      "intra: {p2p: {alpha: 1e-6, beta: 1e-10}}\n",
+      "m.yaml");
+  EXPECT_DOUBLE_EQ(m.sync_wait_for(3), 0.011);
+  EXPECT_DOUBLE_EQ(m.sync_wait_for(4), 0.009);
+  EXPECT_DOUBLE_EQ(m.sync_wait_for(2), 0.0);   // not measured
+  EXPECT_DOUBLE_EQ(m.sync_wait_for(20), 0.0);  // 8 ranks on the node: not measured
+  EXPECT_NE(m.to_yaml().find("sync_wait:\n  3: 0.011\n  4: 0.009\n"), std::string::npos) << m.to_yaml();
 }
 
 TEST(Machine, RatesPerRankOnCpuNodes) {

@@ -202,6 +202,29 @@ TEST(CostModel, CpuRanksShareTheirNode) {
   EXPECT_NEAR(model.layer_cost(4, s).compute, 3.0 * 2.0 * 1 * 256 * 10 / 0.25e9, 1e-15);
 }
 
+TEST(CostModel, OversubscribedCpuNodes) {
+  // 3 ranks on a 2-core node, batch 4 split 2/1/1: the timing of the 2-sample tile was taken with
+  // all 3 ranks running it (6 samples' work on 2 cores); the node really does 4 samples' work,
+  // so the step takes 4/6 of it (at least the largest tile on a core of its own: 2/3).
+  Machine m = round_machine();
+  m.device = "cpu";
+  m.cores_per_node = 2;
+  m.ranks_per_node = 16;
+  const PlannerGraph g = small_chain(4);
+  CostModel model(g, m, {.ranks = 3});
+  LayerSplit s;
+  s.sample = 3;
+  m.kernels[model.workload(4, s).key(g)] = 0.3;
+  EXPECT_NEAR(model.layer_cost(4, s).compute, 0.3 * (4.0 / 3) / 2, 1e-15);
+  // Waiting for descheduled peers: each exchange that moves something, forward and backward.
+  LayerSplit t;
+  t.spatial = {3, 1};
+  const double without = model.exchange_cost(1, t, 2, t);
+  m.sync_wait[3] = 0.01;
+  EXPECT_NEAR(model.exchange_cost(1, t, 2, t), without + 2 * 0.01, 1e-15);
+  EXPECT_EQ(model.exchange_cost(0, t, 1, t), 0.0);  // nothing moves: no wait
+}
+
 TEST(CostModel, HaloExchangeByHand) {
   // c2 (3x3, padding 1) on 8x8, split [2, 1] over H at 2 ranks, batch 2, 4 channels, after r1
   // with the same split: each rank receives one row of 8 from the other for each sample and

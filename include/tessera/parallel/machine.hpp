@@ -16,6 +16,7 @@
 //   grad_overlap: 0.8         # share of backward compute the gradient allreduce hides (0..1)
 //   intra: {p2p: {alpha: 5e-6, beta: 2e-11}, allreduce: {...}, alltoall: {...}}
 //   inter: {p2p: {alpha: 1.5e-6, beta: 4e-11}, ...}
+//   sync_wait: {3: 0.011}    # cpu, measured: waiting per blocking exchange with 3 ranks on the node
 //   kernels: {"cosmoflow/conv1|n4|c1x64x64x64|f1c1|t2": 0.123}   # measured seconds (tessera calibrate)
 #include <cstdint>
 #include <map>
@@ -65,6 +66,12 @@ struct Machine {
   double grad_overlap = 0;
   CommLevel intra;
   CommLevel inter;
+  /// Seconds a blocking exchange or collective waits beyond its alpha-beta cost when this many
+  /// ranks share a node (cpu nodes with more ranks than cores: a peer may be descheduled), by
+  /// ranks on the node; measured by `tessera calibrate` at its own rank count. Absent: 0.
+  std::map<int, double> sync_wait;
+  /// sync_wait for a job of `ranks` ranks (0 when not measured).
+  double sync_wait_for(int ranks) const;
   /// Measured seconds of forward + backward of one layer on one local workload (see
   /// kernel_key in planner.hpp), written by `tessera calibrate`.
   std::map<std::string, double> kernels;
