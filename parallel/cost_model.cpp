@@ -134,17 +134,17 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   for (std::size_t j = 0; j < w.output_extent.size(); ++j) {
     out_local *= static_cast<double>(w.output_extent[j]);
     spatial_share *= static_cast<double>(w.output_extent[j]) / static_cast<double>(l.output[static_cast<int>(j) + 2]);
+    // The window of the tile, at most the whole (padded) input.
     const auto& win = l.windows.at(j);
-    in_local *= static_cast<double>(std::min<std::int64_t>((w.output_extent[j] - 1) * win.stride + win.kernel,
-                                                           l.input.rank() > static_cast<int>(j) + 2 ? l.input[static_cast<int>(j) + 2] + 2 * win.pad : 1 << 30));
+    std::int64_t window = (w.output_extent[j] - 1) * win.stride + win.kernel;
+    const int d = static_cast<int>(j) + 2;
+    if (l.input.rank() > d) window = std::min(window, l.input[d] + 2 * win.pad);
+    in_local *= static_cast<double>(window);
   }
   const std::int64_t in_channels = l.input.rank() > 1 ? l.input[1] : 1;
   if (l.model_splittable) in_local *= static_cast<double>(ceil_div(in_channels, split.channel));
   else if (split.filter > 1) in_local *= static_cast<double>(ceil_div(in_channels, split.filter));
   else in_local *= static_cast<double>(in_channels);
-  if (w.output_extent.empty()) {
-    // Flat layers: in_local counted features above only through channels (dimension 1).
-  }
 
   // Compute: a calibrated timing of exactly this workload, else the roofline.
   const auto found = machine_.kernels.find(w.key(graph_));
@@ -273,6 +273,25 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
   } else {
     for (int i = 0; i < 12; ++i) ranks.push_back(static_cast<int>((static_cast<std::int64_t>(P - 1) * i) / 11));
   }
+  // Elements of `need` that rank r holds itself (its own block of the held layout).
+  auto own_overlap = [&](int r, const std::vector<Interval>& need) {
+    const auto hc = coords(hgrid, r);
+    double elems = 1;
+    for (std::size_t d = 0; d < need.size(); ++d) {
+      Interval mine{0, shape[static_cast<int>(d)]};
+      if (d == 0) {
+        mine = block(shape[0], hs.sample, hc[0]);
+      } else if (d == 1 && !from_data) {  // from the data: every rank reads all channels
+        const Interval fb = block(channels, hs.filter, hc[1]);
+        const Interval cb = block(fb.size(), hs.channel, hc[2]);
+        mine = {fb.begin + cb.begin, fb.begin + cb.end};
+      } else if (d >= 2 && held_tiled) {
+        mine = block(shape[static_cast<int>(d)], hgrid[3 + (d - 2)], hc[3 + (d - 2)]);
+      }
+      elems *= static_cast<double>(intersect(mine, need[d]).size());
+    }
+    return elems;
+  };
   double worst = 0;
   for (int r : ranks) {
     const auto cc = coords(ngrid, r);
@@ -298,21 +317,7 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
     if (needed == 0) continue;
     if (!point_to_point) {
       // A redistribution (one alltoallv): what this rank does not hold itself, from anywhere.
-      const auto hc = coords(hgrid, r);
-      double own_elems = 1;
-      for (std::size_t d = 0; d < need.size(); ++d) {
-        Interval mine{0, shape[static_cast<int>(d)]};
-        if (d == 0) mine = block(shape[0], hs.sample, hc[0]);
-        else if (d == 1 && from_data) mine = {0, channels};
-        else if (d == 1) {
-          const Interval fb = block(channels, hs.filter, hc[1]);
-          const Interval cb = block(fb.size(), hs.channel, hc[2]);
-          mine = {fb.begin + cb.begin, fb.begin + cb.end};
-        } else if (held_tiled) {
-          mine = block(shape[static_cast<int>(d)], hgrid[3 + (d - 2)], hc[3 + (d - 2)]);
-        }
-        own_elems *= static_cast<double>(intersect(mine, need[d]).size());
-      }
+      const double own_elems = own_overlap(r, need);
       const double moved = kBytes * (needed - own_elems);
       if (moved == 0) continue;
       const AlphaBeta& ab = P > rpn ? machine_.inter.alltoall : machine_.intra.alltoall;
@@ -362,20 +367,7 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
     } else {
       // Many sources: what this rank does not hold itself, in one message from each of the others,
       // across nodes when the job spans nodes.
-      const auto hc = coords(hgrid, r);
-      double own_elems = 1;
-      for (std::size_t d = 0; d < need.size(); ++d) {
-        Interval mine{0, shape[static_cast<int>(d)]};
-        if (d == 0) mine = block(shape[0], hs.sample, hc[0]);
-        else if (d == 1 && !from_data) {
-          const Interval fb = block(channels, hs.filter, hc[1]);
-          const Interval cb = block(fb.size(), hs.channel, hc[2]);
-          mine = {fb.begin + cb.begin, fb.begin + cb.end};
-        } else if (d >= 2 && held_tiled) {
-          mine = block(shape[static_cast<int>(d)], hgrid[3 + (d - 2)], hc[3 + (d - 2)]);
-        }
-        own_elems *= static_cast<double>(intersect(mine, need[d]).size());
-      }
+      const double own_elems = own_overlap(r, need);
       own = own_elems;
       const double moved = kBytes * (needed - own_elems);
       const int messages = static_cast<int>(std::min(sources, 1e9)) - (own_elems > 0 ? 1 : 0);

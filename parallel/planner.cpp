@@ -280,15 +280,15 @@ SearchOutcome run_dp(const CostModel& model, const std::vector<std::vector<Layer
       const int holds = cv[k].sample <= batch ? 1 : 0;
       double best_here[2] = {kInf, kInf};  // per value of the key's last element
       // On a chain, the cheapest entry whose layer chose this very split first: its edge is at
-      // most a halo exchange, so the bound it sets cuts the scan below short.
-      std::vector<std::size_t> scan;
+      // most a halo exchange, so the bound it sets cuts the scan of `order` short. (Visiting it
+      // twice changes nothing.)
+      std::ptrdiff_t same = -1;
       if (!same_entry.empty()) {
         const auto it = producer_index.find(cv[k].to_string());
-        if (it != producer_index.end() && same_entry[it->second] >= 0)
-          scan.push_back(static_cast<std::size_t>(same_entry[it->second]));
+        if (it != producer_index.end()) same = same_entry[it->second];
       }
-      scan.insert(scan.end(), order.begin(), order.end());
-      for (std::size_t oi : scan) {
+      for (std::ptrdiff_t n = same >= 0 ? -1 : 0; n < static_cast<std::ptrdiff_t>(order.size()); ++n) {
+        const std::size_t oi = n < 0 ? static_cast<std::size_t>(same) : order[static_cast<std::size_t>(n)];
         const Entry& e = prev[oi];
         // With no other live layer, the key is this choice and the flag: an entry that alone
         // costs more than the best of every key it could reach cannot win.
@@ -399,19 +399,9 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
     }
     result.candidates += static_cast<std::int64_t>(cands[v].size());
   }
+  // A search's choices priced as the plan file they make (the same terms as any plan).
   auto estimate_of = [&](const std::vector<int>& choice) {
-    PlanEstimate e;
-    for (std::size_t v = 0; v < L; ++v) {
-      const LayerSplit& s = cands[v][static_cast<std::size_t>(choice[v])];
-      LayerEstimate le = model.layer_cost(static_cast<int>(v), s);
-      for (int u : graph.layers[v].inputs)
-        le.exchange += model.exchange_cost(
-            u, u >= 0 ? cands[static_cast<std::size_t>(u)][static_cast<std::size_t>(choice[static_cast<std::size_t>(u)])] : LayerSplit{},
-            static_cast<int>(v), s);
-      e.layers.push_back(std::move(le));
-    }
-    model.finish(e);
-    return e;
+    return model.estimate(plan_of(graph, cands, choice, options.ranks));
   };
   SearchOutcome outcome = run_dp(model, cands, cost, memory, 0.0);
   result.states += outcome.states;

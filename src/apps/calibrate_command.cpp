@@ -34,6 +34,7 @@
 #include <ctime>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -272,45 +273,52 @@ struct FlopsProbe {
   double rate() const { return flops / seconds; }
 };
 
-/// Forward + backward of a convolution or a linear layer: 3 x the forward multiply-adds x 2.
-FlopsProbe probe_conv(DnnBackend& backend, std::int64_t batch, std::int64_t channels, std::int64_t filters,
-                      std::vector<std::int64_t> size, std::int64_t kernel, int repeats) {
-  auto layer = simple_layer("conv", {{"filters", std::to_string(filters)},
-                                     {"kernel", std::to_string(kernel)},
-                                     {"padding", std::to_string(kernel / 2)}});
-  const Shape input = Shape::image(batch, channels, size);
+/// Times forward + backward of `layer` on a random `input`; `flops` gives the work of both from
+/// the output shape.
+FlopsProbe probe_layer(DnnBackend& backend, std::unique_ptr<Layer> layer, const Shape& input, std::uint64_t stream,
+                       std::string what, const std::function<double(const Shape&)>& flops, int repeats) {
   const Shape output = layer->setup({input});
   layer->init_parameters(3);
   Bench bench;
   bench.layer = std::move(layer);
-  bench.inputs.push_back(random_tensor(input, 1));
+  bench.inputs.push_back(random_tensor(input, stream));
   bench.needs_grad = {true};
   FlopsProbe p;
-  std::string extents;
-  for (auto s : size) extents += (extents.empty() ? "" : "x") + std::to_string(s);
-  p.what = fmt::format("conv {}-D {}->{} ch, {}, kernel {}, batch {}", size.size(), channels, filters, extents,
-                       kernel, batch);
-  double window = 1;
-  for (std::size_t i = 0; i < size.size(); ++i) window *= static_cast<double>(kernel);
-  p.flops = 3.0 * 2.0 * static_cast<double>(output.numel()) * static_cast<double>(channels) * window;
+  p.what = std::move(what);
+  p.flops = flops(output);
   p.seconds = time_bench(bench, backend, repeats);
   return p;
 }
 
+/// Forward + backward of a convolution or a linear layer: 3 x the forward multiply-adds x 2.
+FlopsProbe probe_conv(DnnBackend& backend, std::int64_t batch, std::int64_t channels, std::int64_t filters,
+                      std::vector<std::int64_t> size, std::int64_t kernel, int repeats) {
+  std::string extents;
+  for (auto s : size) extents += (extents.empty() ? "" : "x") + std::to_string(s);
+  double window = 1;
+  for (std::size_t i = 0; i < size.size(); ++i) window *= static_cast<double>(kernel);
+  return probe_layer(
+      backend,
+      simple_layer("conv", {{"filters", std::to_string(filters)},
+                            {"kernel", std::to_string(kernel)},
+                            {"padding", std::to_string(kernel / 2)}}),
+      Shape::image(batch, channels, size), 1,
+      fmt::format("conv {}-D {}->{} ch, {}, kernel {}, batch {}", size.size(), channels, filters, extents, kernel,
+                  batch),
+      [&](const Shape& output) {
+        return 3.0 * 2.0 * static_cast<double>(output.numel()) * static_cast<double>(channels) * window;
+      },
+      repeats);
+}
+
 FlopsProbe probe_linear(DnnBackend& backend, std::int64_t batch, std::int64_t in, std::int64_t out, int repeats) {
-  auto layer = simple_layer("linear", {{"out", std::to_string(out)}});
-  const Shape input({batch, in}, {DimKind::Sample, DimKind::Feature});
-  layer->setup({input});
-  layer->init_parameters(3);
-  Bench bench;
-  bench.layer = std::move(layer);
-  bench.inputs.push_back(random_tensor(input, 2));
-  bench.needs_grad = {true};
-  FlopsProbe p;
-  p.what = fmt::format("linear {}x{} -> {}", batch, in, out);
-  p.flops = 3.0 * 2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out);
-  p.seconds = time_bench(bench, backend, repeats);
-  return p;
+  return probe_layer(
+      backend, simple_layer("linear", {{"out", std::to_string(out)}}),
+      Shape({batch, in}, {DimKind::Sample, DimKind::Feature}), 2, fmt::format("linear {}x{} -> {}", batch, in, out),
+      [&](const Shape&) {
+        return 3.0 * 2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out);
+      },
+      repeats);
 }
 
 /// Sets up a fresh copy of model node `w.layer` on the local workload `w` (see planner.hpp): its

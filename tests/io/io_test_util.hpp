@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "expect_input_error.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/tensor/distribution.hpp"
 #include "tessera/tensor/tensor.hpp"
@@ -137,21 +138,6 @@ inline bool write_file(const std::string& path, const std::function<void(hid_t)>
   if (file < 0) return false;
   write(file);
   return H5Fclose(file) >= 0;
-}
-
-/// Expects `body` to throw an InputError whose message contains every one of `parts`.
-inline void expect_input_error(const std::function<void()>& body, std::initializer_list<std::string> parts) {
-  try {
-    body();
-    ADD_FAILURE() << "no InputError thrown";
-  } catch (const InputError& error) {
-    for (const auto& part : parts) {
-      EXPECT_NE(std::string(error.what()).find(part), std::string::npos)
-          << "message \"" << error.what() << "\" lacks \"" << part << "\"";
-    }
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "expected an InputError, got: " << error.what();
-  }
 }
 
 /// Checks every element of `inputs` (n x box extents) against the formula of the file's samples

@@ -8,24 +8,10 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/machine.hpp"
+#include "expect_input_error.hpp"
 
 namespace tessera {
 namespace {
-
-void expect_input_error(const std::function<void()>& body, const std::vector<std::string>& needles) {
-  try {
-    body();
-  } catch (const InputError& e) {
-    for (const auto& needle : needles)
-      EXPECT_NE(e.message().find(needle), std::string::npos) << "message '" << e.message() << "' lacks '" << needle
-                                                            << "'";
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw something other than an InputError: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "did not throw (expected '" << needles.front() << "')";
-}
 
 void expect_parse_error(const std::string& yaml, const std::vector<std::string>& needles) {
   SCOPED_TRACE(yaml);

@@ -9,6 +9,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/plan.hpp"
+#include "expect_input_error.hpp"
 
 namespace tessera {
 
@@ -16,22 +17,6 @@ namespace tessera {
 void PrintTo(const LayerSplit& split, std::ostream* os) { *os << split.to_string(); }
 
 namespace {
-
-/// Runs `body`, expects an InputError whose message contains every one of `needles`.
-void expect_input_error(const std::function<void()>& body, const std::vector<std::string>& needles) {
-  try {
-    body();
-  } catch (const InputError& e) {
-    for (const auto& needle : needles)
-      EXPECT_NE(e.message().find(needle), std::string::npos) << "message '" << e.message() << "' lacks '" << needle
-                                                            << "'";
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw something other than an InputError: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "did not throw (expected '" << needles.front() << "')";
-}
 
 void expect_parse_error(const std::string& yaml, const std::vector<std::string>& needles) {
   SCOPED_TRACE(yaml);
