@@ -8,37 +8,12 @@
 
 #include "layers/host_loops.hpp"
 #include "layers/onednn_common.hpp"
+#include "layers/pool_box.hpp"
 
 namespace tessera::onednn {
 namespace {
 
-/// A geometry with 2-D problems seen as 3-D ones of depth 1, so one loop nest serves both.
-struct Box {
-  std::int64_t planes;
-  std::int64_t in[3], out[3], kernel[3], stride[3], padding[3];
-  /// Tiles: global position of local input/output element 0, global input extent.
-  std::int64_t in_origin[3], limit[3], out_origin[3];
-  std::int64_t in_plane() const { return in[0] * in[1] * in[2]; }
-  std::int64_t out_plane() const { return out[0] * out[1] * out[2]; }
-};
-
-Box box_of(const PoolingGeometry& g) {
-  Box b{g.batch * g.channels, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {0, 0, 0},
-        {0, 0, 0},            {1, 1, 1}, {0, 0, 0}};
-  const std::size_t shift = 3 - g.input_size.size();
-  const bool tile = !g.input_origin.empty();
-  for (std::size_t i = 0; i < g.input_size.size(); ++i) {
-    b.in[i + shift] = g.input_size[i];
-    b.out[i + shift] = g.output_size[i];
-    b.kernel[i + shift] = g.kernel[i];
-    b.stride[i + shift] = g.stride[i];
-    b.padding[i + shift] = g.padding[i];
-    b.in_origin[i + shift] = tile ? g.input_origin[i] : 0;
-    b.limit[i + shift] = tile ? g.global_input_size[i] : g.input_size[i];
-    b.out_origin[i + shift] = tile ? g.output_origin[i] : 0;
-  }
-  return b;
-}
+using Box = PoolBox;
 
 /// The local input range [begin, end) a window covers in one dimension: the window of global
 /// output position out_origin + out_index, clipped to the global input, in local coordinates.
@@ -68,11 +43,11 @@ class HostPooling final : public PoolingKernels {
  public:
   std::size_t workspace_bytes(const PoolingGeometry& g) override {
     if (g.mode != PoolingMode::Max) return 0;
-    return static_cast<std::size_t>(box_of(g).out_plane() * g.batch * g.channels) * sizeof(std::int32_t);
+    return static_cast<std::size_t>(pool_box(g).out_plane() * g.batch * g.channels) * sizeof(std::int32_t);
   }
 
   void forward(const PoolingGeometry& g, const float* input, float* output, void* workspace) override {
-    const Box b = box_of(g);
+    const Box b = pool_box(g);
     const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane(), rows = b.in[1] * b.in[2], row = b.in[2];
     if (g.mode == PoolingMode::Max) {
       // The position of each maximum (within its plane) is what backward needs.
@@ -114,7 +89,7 @@ class HostPooling final : public PoolingKernels {
 
   void backward(const PoolingGeometry& g, const float* grad_output, const void* workspace,
                 float* grad_input) override {
-    const Box b = box_of(g);
+    const Box b = pool_box(g);
     const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane(), rows = b.in[1] * b.in[2], row = b.in[2];
     // One plane per iteration: windows may overlap, but never across planes, so the
     // accumulation below has no races however the planes are spread over threads.
@@ -148,3 +123,25 @@ class HostPooling final : public PoolingKernels {
 std::unique_ptr<PoolingKernels> make_pooling_kernels(Context&) { return std::make_unique<HostPooling>(); }
 
 }  // namespace tessera::onednn
+
+namespace tessera {
+
+PoolBox pool_box(const PoolingGeometry& g) {
+  PoolBox b{g.batch * g.channels, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {0, 0, 0},
+            {0, 0, 0},            {1, 1, 1}, {0, 0, 0}};
+  const std::size_t shift = 3 - g.input_size.size();
+  const bool tile = !g.input_origin.empty();
+  for (std::size_t i = 0; i < g.input_size.size(); ++i) {
+    b.in[i + shift] = g.input_size[i];
+    b.out[i + shift] = g.output_size[i];
+    b.kernel[i + shift] = g.kernel[i];
+    b.stride[i + shift] = g.stride[i];
+    b.padding[i + shift] = g.padding[i];
+    b.in_origin[i + shift] = tile ? g.input_origin[i] : 0;
+    b.limit[i + shift] = tile ? g.global_input_size[i] : g.input_size[i];
+    b.out_origin[i + shift] = tile ? g.output_origin[i] : 0;
+  }
+  return b;
+}
+
+}  // namespace tessera

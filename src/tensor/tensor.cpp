@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera {
@@ -20,12 +21,18 @@ std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
 }  // namespace
 
 Tensor::Tensor(Shape shape, Device device) : shape_(std::move(shape)), device_(device) {
-  TESSERA_CHECK(device_.is_host(), "Tensor: device {} is not available in this build", device_.to_string());
   strides_ = contiguous_strides(shape_);
   capacity_ = shape_.numel();
-  if (capacity_ > 0) {
+  if (capacity_ <= 0) return;
+  if (device_.is_host()) {
     buffer_ = std::shared_ptr<float[]>(new float[static_cast<std::size_t>(capacity_)]());
+    return;
   }
+  // GPU memory from the caching allocator, returned to it when the last view goes.
+  cuda::set_device(device_.index);
+  auto* memory = static_cast<float*>(cuda::allocate(static_cast<std::size_t>(capacity_) * sizeof(float)));
+  buffer_ = std::shared_ptr<float[]>(memory, [](float* pointer) { cuda::release(pointer); });
+  cuda::fill(memory, capacity_, 0.0f);
 }
 
 bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
@@ -57,14 +64,33 @@ Tensor Tensor::clone() const {
 
 void Tensor::fill(float value) {
   TESSERA_CHECK(is_contiguous(), "Tensor::fill of a non-contiguous tensor");
-  std::fill_n(data(), numel(), value);
+  if (device_.is_host()) {
+    std::fill_n(data(), numel(), value);
+  } else {
+    cuda::set_device(device_.index);
+    cuda::fill(data(), numel(), value);
+  }
 }
 
 void Tensor::copy_from(const Tensor& other) {
   TESSERA_CHECK(other.shape_.dims() == shape_.dims(), "Tensor::copy_from: shape {} into {}",
                 other.shape_.to_string(), shape_.to_string());
   TESSERA_CHECK(is_contiguous() && other.is_contiguous(), "Tensor::copy_from of a non-contiguous tensor");
-  if (numel() > 0) std::memcpy(data(), other.data(), static_cast<std::size_t>(numel()) * sizeof(float));
+  if (numel() == 0) return;
+  const auto bytes = static_cast<std::size_t>(numel()) * sizeof(float);
+  if (device_.is_host() && other.device_.is_host()) {
+    std::memcpy(data(), other.data(), bytes);
+  } else {
+    cuda::set_device(device_.is_host() ? other.device_.index : device_.index);
+    cuda::copy(data(), other.data(), bytes);
+  }
+}
+
+Tensor Tensor::to(Device device) const {
+  if (device == device_) return *this;
+  Tensor copy(shape_, device);
+  copy.copy_from(*this);
+  return copy;
 }
 
 void Tensor::resize(const Shape& shape) {
@@ -86,6 +112,8 @@ float Tensor::at(const std::vector<std::int64_t>& index) const {
 }
 
 float& Tensor::at(const std::vector<std::int64_t>& index) {
+  TESSERA_CHECK(device_.is_host(), "Tensor::at on a tensor on {}: copy it to the host first (Tensor::to)",
+                device_.to_string());
   TESSERA_CHECK(static_cast<int>(index.size()) == rank(), "Tensor::at: {} indices for rank {}", index.size(), rank());
   std::int64_t off = 0;
   for (std::size_t i = 0; i < index.size(); ++i) {
@@ -98,6 +126,9 @@ float& Tensor::at(const std::vector<std::int64_t>& index) {
 double max_relative_difference(const Tensor& a, const Tensor& b, double floor) {
   TESSERA_CHECK(a.shape().dims() == b.shape().dims(), "max_relative_difference: shapes {} and {}",
                 a.shape().to_string(), b.shape().to_string());
+  TESSERA_CHECK(a.device().is_host() && b.device().is_host(),
+                "max_relative_difference compares host tensors (got {} and {})", a.device().to_string(),
+                b.device().to_string());
   double worst = 0.0;
   for (std::int64_t i = 0; i < a.numel(); ++i) {
     const double x = a.data()[i], y = b.data()[i];

@@ -1,6 +1,7 @@
 #pragma once
 // The heavy kernels behind the layers: one small interface per kernel family (convolution,
-// pooling, linear), implemented by oneDNN on the host and, later, by cuDNN/cuBLAS on CUDA.
+// pooling, linear), implemented by oneDNN on the host and by cuDNN/cuBLAS (+ Tessera's own
+// kernels) on CUDA.
 // Layers describe a call by a geometry value; a backend builds whatever it needs for a geometry
 // once (oneDNN primitives, cuDNN descriptors), caches it, and reuses it on every later call.
 //
@@ -141,5 +142,18 @@ struct HostBackendOptions {
 
 /// The oneDNN backend (threads: see set_backend_threads in runtime.hpp).
 std::unique_ptr<DnnBackend> make_host_backend(const HostBackendOptions& options = {});
+
+struct CudaBackendOptions {
+  /// Lets cuDNN and cuBLAS use TF32 tensor cores for fp32 (faster, ~1e-3 relative). Off: strict
+  /// fp32, results within ~1e-6 of the host backend.
+  bool allow_tf32 = false;
+  /// The largest workspace a cuDNN algorithm may use.
+  std::size_t workspace_limit = std::size_t{1} << 30;
+};
+
+/// The cuDNN/cuBLAS backend on the current GPU (cuda::set_device); its kernels take device
+/// pointers and run on cuda::stream(). In a build without CUDA, or with no GPU, it throws an
+/// Error that says why.
+std::unique_ptr<DnnBackend> make_cuda_backend(const CudaBackendOptions& options = {});
 
 }  // namespace tessera

@@ -13,7 +13,8 @@ namespace tessera {
 class Tensor {
  public:
   Tensor() = default;
-  /// Allocates a zero-filled contiguous tensor.
+  /// Allocates a zero-filled contiguous tensor (GPU memory from the caching allocator for a
+  /// CUDA device; a build without CUDA refuses one with a clear error).
   explicit Tensor(Shape shape, Device device = Device::host());
 
   const Shape& shape() const { return shape_; }
@@ -37,6 +38,8 @@ class Tensor {
   Tensor reshape(Shape shape) const;
   /// Deep copy.
   Tensor clone() const;
+  /// This tensor on another device (a copy; the tensor itself when it is there already).
+  Tensor to(Device device) const;
   void fill(float value);
   void zero() { fill(0.0f); }
   /// Copies another tensor of the same shape into this one.
@@ -44,7 +47,7 @@ class Tensor {
   /// Ensures shape (reallocates only when the element count grows beyond capacity).
   void resize(const Shape& shape);
 
-  /// Element at a multi-index (for tests and small tools, not for kernels).
+  /// Element at a multi-index (for tests and small tools, not for kernels; host tensors only).
   float at(const std::vector<std::int64_t>& index) const;
   float& at(const std::vector<std::int64_t>& index);
 

@@ -1,0 +1,352 @@
+// The CUDA DnnBackend: convolutions on cuDNN (the fastest algorithm for each geometry is
+// measured once with cudnnFind*AlgorithmEx and cached, as PyTorch's cudnn.benchmark does),
+// linear layers on cuBLAS, pooling on Tessera's own kernels (the host kernels' semantics, tiles
+// included). fp32 by default means strict fp32: no TF32 tensor-core math in cuDNN or cuBLAS, so
+// that results agree with the host backend to ~1e-6.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <map>
+#include <memory>
+
+#include "layers/cuda_kernels.hpp"
+#include "tessera/core/cuda.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/layers/dnn_backend.hpp"
+
+namespace tessera {
+namespace {
+
+void check(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS) fail("cuDNN: {} failed: {}", what, cudnnGetErrorString(status));
+}
+void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) fail("cuBLAS: {} failed: {}", what, cublasGetStatusString(status));
+}
+
+/// Workspace from the caching allocator for the length of one queued call.
+class Workspace {
+ public:
+  explicit Workspace(std::size_t bytes) : bytes_(bytes), pointer_(bytes ? cuda::allocate(bytes) : nullptr) {}
+  ~Workspace() { cuda::release(pointer_); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  void* get() const { return pointer_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::size_t bytes_;
+  void* pointer_;
+};
+
+template <typename T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
+class Descriptor {
+ public:
+  Descriptor() { check(Create(&handle_), "creating a descriptor"); }
+  ~Descriptor() { Destroy(handle_); }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  T get() const { return handle_; }
+
+ private:
+  T handle_{};
+};
+using TensorDescriptor = Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDescriptor = Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDescriptor =
+    Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor>;
+
+std::vector<int> as_int(const std::vector<std::int64_t>& values) { return {values.begin(), values.end()}; }
+
+void set_tensor(const TensorDescriptor& descriptor, std::vector<int> dims) {
+  check(cudnnSetTensorNdDescriptorEx(descriptor.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, static_cast<int>(dims.size()),
+                                     dims.data()),
+        "cudnnSetTensorNdDescriptorEx");
+}
+
+/// The descriptors of one convolution geometry and the algorithm chosen for each direction.
+/// Each direction has its own convolution descriptor, so each can carry the math type its
+/// algorithm was measured with.
+struct ConvolutionPlan {
+  TensorDescriptor input, output, bias;
+  FilterDescriptor weights;
+  ConvDescriptor forward_conv, data_conv, filter_conv;
+  bool have_forward = false, have_data = false, have_filter = false;
+  cudnnConvolutionFwdAlgo_t forward_algorithm{};
+  cudnnConvolutionBwdDataAlgo_t data_algorithm{};
+  cudnnConvolutionBwdFilterAlgo_t filter_algorithm{};
+  std::size_t forward_workspace = 0, data_workspace = 0, filter_workspace = 0;
+};
+
+class CudnnConvolution final : public ConvolutionKernels {
+ public:
+  CudnnConvolution(cudnnHandle_t handle, const CudaBackendOptions& options, std::vector<std::string>& log)
+      : handle_(handle), options_(options), log_(log) {}
+
+  void forward(const ConvolutionGeometry& g, const float* input, const float* weights, const float* bias,
+               float* output) override {
+    ConvolutionPlan& plan = plan_for(g);
+    if (!plan.have_forward) {
+      Workspace search(search_workspace());
+      std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+      int returned = 0;
+      check(cudnnFindConvolutionForwardAlgorithmEx(handle_, plan.input.get(), input, plan.weights.get(), weights,
+                                                   plan.forward_conv.get(), plan.output.get(), output,
+                                                   static_cast<int>(perf.size()), &returned, perf.data(),
+                                                   search.get(), search.bytes()),
+            "cudnnFindConvolutionForwardAlgorithmEx");
+      const auto& best = first_usable(perf, returned, "forward", g);
+      plan.forward_algorithm = best.algo;
+      plan.forward_workspace = best.memory;
+      check(cudnnSetConvolutionMathType(plan.forward_conv.get(), best.mathType), "cudnnSetConvolutionMathType");
+      record("convolution forward", g, static_cast<int>(best.algo), best.memory, best.time, best.mathType);
+      plan.have_forward = true;
+    }
+    Workspace workspace(plan.forward_workspace);
+    const float one = 1.0f, zero = 0.0f;
+    check(cudnnConvolutionForward(handle_, &one, plan.input.get(), input, plan.weights.get(), weights,
+                                  plan.forward_conv.get(), plan.forward_algorithm, workspace.get(), workspace.bytes(),
+                                  &zero, plan.output.get(), output),
+          "cudnnConvolutionForward");
+    if (g.bias) check(cudnnAddTensor(handle_, &one, plan.bias.get(), bias, &one, plan.output.get(), output), "cudnnAddTensor");
+  }
+
+  void backward_data(const ConvolutionGeometry& g, const float* grad_output, const float* weights,
+                     float* grad_input) override {
+    ConvolutionPlan& plan = plan_for(g);
+    if (!plan.have_data) {
+      Workspace search(search_workspace());
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+      int returned = 0;
+      check(cudnnFindConvolutionBackwardDataAlgorithmEx(handle_, plan.weights.get(), weights, plan.output.get(),
+                                                        grad_output, plan.data_conv.get(), plan.input.get(),
+                                                        grad_input, static_cast<int>(perf.size()), &returned,
+                                                        perf.data(), search.get(), search.bytes()),
+            "cudnnFindConvolutionBackwardDataAlgorithmEx");
+      const auto& best = first_usable(perf, returned, "backward data", g);
+      plan.data_algorithm = best.algo;
+      plan.data_workspace = best.memory;
+      check(cudnnSetConvolutionMathType(plan.data_conv.get(), best.mathType), "cudnnSetConvolutionMathType");
+      record("convolution backward data", g, static_cast<int>(best.algo), best.memory, best.time, best.mathType);
+      plan.have_data = true;
+    }
+    Workspace workspace(plan.data_workspace);
+    const float one = 1.0f, zero = 0.0f;
+    check(cudnnConvolutionBackwardData(handle_, &one, plan.weights.get(), weights, plan.output.get(), grad_output,
+                                       plan.data_conv.get(), plan.data_algorithm, workspace.get(), workspace.bytes(),
+                                       &zero, plan.input.get(), grad_input),
+          "cudnnConvolutionBackwardData");
+  }
+
+  void backward_weights(const ConvolutionGeometry& g, const float* input, const float* grad_output,
+                        float* grad_weights, float* grad_bias) override {
+    ConvolutionPlan& plan = plan_for(g);
+    if (!plan.have_filter) {
+      Workspace search(search_workspace());
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+      int returned = 0;
+      check(cudnnFindConvolutionBackwardFilterAlgorithmEx(handle_, plan.input.get(), input, plan.output.get(),
+                                                          grad_output, plan.filter_conv.get(), plan.weights.get(),
+                                                          grad_weights, static_cast<int>(perf.size()), &returned,
+                                                          perf.data(), search.get(), search.bytes()),
+            "cudnnFindConvolutionBackwardFilterAlgorithmEx");
+      const auto& best = first_usable(perf, returned, "backward weights", g);
+      plan.filter_algorithm = best.algo;
+      plan.filter_workspace = best.memory;
+      check(cudnnSetConvolutionMathType(plan.filter_conv.get(), best.mathType), "cudnnSetConvolutionMathType");
+      record("convolution backward weights", g, static_cast<int>(best.algo), best.memory, best.time, best.mathType);
+      plan.have_filter = true;
+    }
+    Workspace workspace(plan.filter_workspace);
+    const float one = 1.0f, zero = 0.0f;
+    check(cudnnConvolutionBackwardFilter(handle_, &one, plan.input.get(), input, plan.output.get(), grad_output,
+                                         plan.filter_conv.get(), plan.filter_algorithm, workspace.get(),
+                                         workspace.bytes(), &zero, plan.weights.get(), grad_weights),
+          "cudnnConvolutionBackwardFilter");
+    if (g.bias)
+      check(cudnnConvolutionBackwardBias(handle_, &one, plan.output.get(), grad_output, &zero, plan.bias.get(), grad_bias),
+            "cudnnConvolutionBackwardBias");
+  }
+
+ private:
+  ConvolutionPlan& plan_for(const ConvolutionGeometry& g) {
+    auto it = plans_.find(g);
+    if (it != plans_.end()) return *it->second;
+    auto plan = std::make_unique<ConvolutionPlan>();
+    const int spatial = static_cast<int>(g.input_size.size());
+    TESSERA_CHECK(spatial == 2 || spatial == 3, "cuDNN convolution: {} spatial dimensions (2 or 3 supported)", spatial);
+    std::vector<int> input{static_cast<int>(g.batch), static_cast<int>(g.in_channels)};
+    std::vector<int> output{static_cast<int>(g.batch), static_cast<int>(g.out_channels)};
+    std::vector<int> filter{static_cast<int>(g.out_channels), static_cast<int>(g.in_channels)};
+    std::vector<int> bias(static_cast<std::size_t>(spatial) + 2, 1);
+    bias[1] = static_cast<int>(g.out_channels);
+    for (int i = 0; i < spatial; ++i) {
+      input.push_back(static_cast<int>(g.input_size[static_cast<std::size_t>(i)]));
+      output.push_back(static_cast<int>(g.output_size[static_cast<std::size_t>(i)]));
+      filter.push_back(static_cast<int>(g.kernel[static_cast<std::size_t>(i)]));
+    }
+    set_tensor(plan->input, input);
+    set_tensor(plan->output, output);
+    set_tensor(plan->bias, bias);
+    check(cudnnSetFilterNdDescriptor(plan->weights.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                     static_cast<int>(filter.size()), filter.data()),
+          "cudnnSetFilterNdDescriptor");
+    const auto padding = as_int(g.padding), stride = as_int(g.stride), dilation = as_int(g.dilation);
+    const cudnnMathType_t math = options_.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    for (const ConvDescriptor* conv : {&plan->forward_conv, &plan->data_conv, &plan->filter_conv}) {
+      check(cudnnSetConvolutionNdDescriptor(conv->get(), spatial, padding.data(), stride.data(), dilation.data(),
+                                            CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+            "cudnnSetConvolutionNdDescriptor");
+      check(cudnnSetConvolutionMathType(conv->get(), math), "cudnnSetConvolutionMathType");
+    }
+    // The geometry's output size must be cuDNN's: a mismatch is a bug in the caller.
+    std::vector<int> computed(output.size());
+    check(cudnnGetConvolutionNdForwardOutputDim(plan->forward_conv.get(), plan->input.get(), plan->weights.get(),
+                                                static_cast<int>(computed.size()), computed.data()),
+          "cudnnGetConvolutionNdForwardOutputDim");
+    TESSERA_CHECK(computed == output, "cuDNN convolution {}: cuDNN computes another output size", g.to_string());
+    return *plans_.emplace(g, std::move(plan)).first->second;
+  }
+
+  /// The workspace the algorithm search may try: the option's limit, at most half the free memory.
+  std::size_t search_workspace() const {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      cudaGetLastError();
+      free_bytes = 0;
+    }
+    return std::min(options_.workspace_limit, free_bytes / 2);
+  }
+
+  /// Results come sorted by time; the first that ran and fits the workspace limit wins.
+  template <typename Perf>
+  const Perf& first_usable(const std::vector<Perf>& perf, int returned, const char* what, const ConvolutionGeometry& g) {
+    for (int i = 0; i < returned; ++i) {
+      const Perf& candidate = perf[static_cast<std::size_t>(i)];
+      if (candidate.status == CUDNN_STATUS_SUCCESS && candidate.memory <= options_.workspace_limit) return candidate;
+    }
+    fail("cuDNN found no usable {} algorithm for the convolution {}", what, g.to_string());
+  }
+
+  void record(const char* what, const ConvolutionGeometry& g, int algorithm, std::size_t workspace, float ms,
+              cudnnMathType_t math) {
+    log_.push_back(fmt::format("{} {}: cuDNN algorithm {} ({}), workspace {} KiB, {:.3f} ms", what, g.to_string(),
+                               algorithm, math == CUDNN_FMA_MATH ? "fp32 FMA" : "tensor-op math", workspace / 1024,
+                               ms));
+  }
+
+  cudnnHandle_t handle_;
+  CudaBackendOptions options_;
+  std::vector<std::string>& log_;
+  std::map<ConvolutionGeometry, std::unique_ptr<ConvolutionPlan>> plans_;
+};
+
+class CudaPooling final : public PoolingKernels {
+ public:
+  std::size_t workspace_bytes(const PoolingGeometry& g) override {
+    if (g.mode != PoolingMode::Max) return 0;
+    const PoolBox box = pool_box(g);
+    return static_cast<std::size_t>(box.planes * box.out_plane()) * sizeof(std::int32_t);
+  }
+  void forward(const PoolingGeometry& g, const float* input, float* output, void* workspace) override {
+    const PoolBox box = pool_box(g);
+    if (g.mode == PoolingMode::Max)
+      cuda_kernels::max_pool_forward(box, input, output, static_cast<std::int32_t*>(workspace));
+    else
+      cuda_kernels::average_pool_forward(box, input, output);
+  }
+  void backward(const PoolingGeometry& g, const float* grad_output, const void* workspace, float* grad_input) override {
+    const PoolBox box = pool_box(g);
+    if (g.mode == PoolingMode::Max)
+      cuda_kernels::max_pool_backward(box, grad_output, static_cast<const std::int32_t*>(workspace), grad_input);
+    else
+      cuda_kernels::average_pool_backward(box, grad_output, grad_input);
+  }
+};
+
+/// Row-major linear layers as column-major cuBLAS GEMMs (a row-major R x C buffer is a
+/// column-major C x R one):
+///   forward          Y^T[O,N]  = W^T-as-stored[I,O]^T * X^T[I,N]
+///   backward data    dX^T[I,N] = W-as-stored[I,O] * dY^T[O,N]
+///   backward weights dW[I,O]   = X^T[I,N] * dY^T[O,N]^T
+class CublasLinear final : public LinearKernels {
+ public:
+  explicit CublasLinear(cublasHandle_t handle) : handle_(handle) {}
+
+  void forward(const LinearGeometry& g, const float* input, const float* weights, const float* bias,
+               float* output) override {
+    const float one = 1.0f, zero = 0.0f;
+    const int n = static_cast<int>(g.batch), in = static_cast<int>(g.in_features), out = static_cast<int>(g.out_features);
+    check(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, weights, in, input, in, &zero, output, out),
+          "cublasSgemm (linear forward)");
+    if (g.bias) cuda_kernels::add_row_bias(output, bias, g.batch, g.out_features);
+  }
+  void backward_data(const LinearGeometry& g, const float* grad_output, const float* weights,
+                     float* grad_input) override {
+    const float one = 1.0f, zero = 0.0f;
+    const int n = static_cast<int>(g.batch), in = static_cast<int>(g.in_features), out = static_cast<int>(g.out_features);
+    check(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &one, weights, in, grad_output, out, &zero,
+                      grad_input, in),
+          "cublasSgemm (linear backward data)");
+  }
+  void backward_weights(const LinearGeometry& g, const float* input, const float* grad_output, float* grad_weights,
+                        float* grad_bias) override {
+    const float one = 1.0f, zero = 0.0f;
+    const int n = static_cast<int>(g.batch), in = static_cast<int>(g.in_features), out = static_cast<int>(g.out_features);
+    check(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &one, input, in, grad_output, out, &zero,
+                      grad_weights, in),
+          "cublasSgemm (linear backward weights)");
+    if (g.bias) cuda_kernels::row_bias_gradient(grad_output, grad_bias, g.batch, g.out_features);
+  }
+
+ private:
+  cublasHandle_t handle_;
+};
+
+class CudaBackend final : public DnnBackend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& options) : device_(cuda::current_device()) {
+    auto* stream = static_cast<cudaStream_t>(cuda::stream());
+    check(cudnnCreate(&cudnn_), "cudnnCreate");
+    check(cudnnSetStream(cudnn_, stream), "cudnnSetStream");
+    check(cublasCreate(&cublas_), "cublasCreate");
+    check(cublasSetStream(cublas_, stream), "cublasSetStream");
+    check(cublasSetMathMode(cublas_, options.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH),
+          "cublasSetMathMode");
+    convolution_ = std::make_unique<CudnnConvolution>(cudnn_, options, log_);
+    linear_ = std::make_unique<CublasLinear>(cublas_);
+    log_.push_back(fmt::format("device {}: {}; cuDNN {}, cuBLAS, {}", device_, cuda::describe_device(device_),
+                               cudnnGetVersion(), options.allow_tf32 ? "TF32 allowed" : "strict fp32"));
+  }
+  ~CudaBackend() override {
+    convolution_.reset();
+    linear_.reset();
+    cublasDestroy(cublas_);
+    cudnnDestroy(cudnn_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  ConvolutionKernels& convolution() override { return *convolution_; }
+  PoolingKernels& pooling() override { return pooling_; }
+  LinearKernels& linear() override { return *linear_; }
+  std::vector<std::string> implementations() const override { return log_; }
+
+ private:
+  int device_;
+  cudnnHandle_t cudnn_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::vector<std::string> log_;
+  std::unique_ptr<CudnnConvolution> convolution_;
+  CudaPooling pooling_;
+  std::unique_ptr<CublasLinear> linear_;
+};
+
+}  // namespace
+
+std::unique_ptr<DnnBackend> make_cuda_backend(const CudaBackendOptions& options) {
+  TESSERA_CHECK(cuda::device_count() > 0, "the CUDA backend needs a GPU, but {}", cuda::unavailable_reason());
+  return std::make_unique<CudaBackend>(options);
+}
+
+}  // namespace tessera

@@ -1,0 +1,10 @@
+// make_cuda_backend in a build without CUDA: a clear error.
+#include "tessera/core/cuda.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/layers/dnn_backend.hpp"
+
+namespace tessera {
+std::unique_ptr<DnnBackend> make_cuda_backend(const CudaBackendOptions&) {
+  fail("the CUDA backend: {}. Rebuild with -DTESSERA_ENABLE_CUDA=ON.", cuda::unavailable_reason());
+}
+}  // namespace tessera

@@ -1,0 +1,229 @@
+// Tessera's CUDA kernels: pooling (the host kernels' exact semantics, tiles included), bias of
+// linear layers, and the element-wise work of the layers, losses and optimizer.
+#include <cuda_runtime.h>
+
+#include <math_constants.h>
+#include <stdexcept>
+#include <string>
+
+#include "layers/cuda_kernels.hpp"
+#include "tessera/core/cuda.hpp"
+
+namespace tessera::cuda_kernels {
+namespace {
+
+cudaStream_t current_stream() { return static_cast<cudaStream_t>(cuda::stream()); }
+
+/// Launch errors become exceptions (the runtime turns them into Tessera errors with the rank).
+void check_launch(const char* kernel) {
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess)
+    throw std::runtime_error(std::string("CUDA: launch of ") + kernel + " failed: " + cudaGetErrorString(status));
+}
+
+constexpr int kThreads = 256;
+unsigned blocks_for(std::int64_t count) {
+  const std::int64_t blocks = (count + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
+}
+
+#define TESSERA_GRID_LOOP(i, count)                                                                     \
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (count); \
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+
+struct Span {
+  std::int64_t begin, end;
+};
+
+/// The local input range of output `index` in dimension `dim` (as the host kernels compute it).
+__device__ inline Span window(const PoolBox& b, int dim, std::int64_t index) {
+  const std::int64_t start = (b.out_origin[dim] + index) * b.stride[dim] - b.padding[dim];
+  const std::int64_t begin = start > 0 ? start : 0;
+  const std::int64_t end = start + b.kernel[dim] < b.limit[dim] ? start + b.kernel[dim] : b.limit[dim];
+  return {begin - b.in_origin[dim], end - b.in_origin[dim]};
+}
+
+struct Window {
+  std::int64_t plane, o;
+  Span d, h, w;
+};
+
+__device__ inline Window window_of(const PoolBox& b, std::int64_t i) {
+  const std::int64_t out_plane = b.out[0] * b.out[1] * b.out[2];
+  const std::int64_t plane = i / out_plane, o = i % out_plane;
+  const std::int64_t ow = o % b.out[2], oh = o / b.out[2] % b.out[1], od = o / (b.out[1] * b.out[2]);
+  return {plane, o, window(b, 0, od), window(b, 1, oh), window(b, 2, ow)};
+}
+
+__global__ void max_pool_forward_kernel(PoolBox b, const float* input, float* output, std::int32_t* argmax) {
+  const std::int64_t total = b.planes * b.out[0] * b.out[1] * b.out[2];
+  const std::int64_t rows = b.in[1] * b.in[2], row = b.in[2], in_plane = b.in[0] * rows;
+  TESSERA_GRID_LOOP(i, total) {
+    const Window win = window_of(b, i);
+    const float* x = input + win.plane * in_plane;
+    float best = -CUDART_INF_F;  // as the host kernels start
+    std::int64_t best_at = win.d.begin * rows + win.h.begin * row + win.w.begin;
+    for (std::int64_t d = win.d.begin; d < win.d.end; ++d)
+      for (std::int64_t h = win.h.begin; h < win.h.end; ++h)
+        for (std::int64_t w = win.w.begin; w < win.w.end; ++w) {
+          const std::int64_t at = d * rows + h * row + w;
+          if (x[at] > best) {
+            best = x[at];
+            best_at = at;
+          }
+        }
+    output[i] = best;
+    argmax[i] = static_cast<std::int32_t>(best_at);
+  }
+}
+
+__global__ void max_pool_backward_kernel(PoolBox b, const float* grad_output, const std::int32_t* argmax,
+                                         float* grad_input) {
+  const std::int64_t out_plane = b.out[0] * b.out[1] * b.out[2];
+  const std::int64_t in_plane = b.in[0] * b.in[1] * b.in[2];
+  TESSERA_GRID_LOOP(i, b.planes * out_plane) {
+    atomicAdd(grad_input + (i / out_plane) * in_plane + argmax[i], grad_output[i]);
+  }
+}
+
+__global__ void average_pool_forward_kernel(PoolBox b, const float* input, float* output) {
+  const std::int64_t total = b.planes * b.out[0] * b.out[1] * b.out[2];
+  const std::int64_t rows = b.in[1] * b.in[2], row = b.in[2], in_plane = b.in[0] * rows;
+  TESSERA_GRID_LOOP(i, total) {
+    const Window win = window_of(b, i);
+    const float* x = input + win.plane * in_plane;
+    float sum = 0.0f;
+    for (std::int64_t d = win.d.begin; d < win.d.end; ++d)
+      for (std::int64_t h = win.h.begin; h < win.h.end; ++h)
+        for (std::int64_t w = win.w.begin; w < win.w.end; ++w) sum += x[d * rows + h * row + w];
+    output[i] = sum / static_cast<float>((win.d.end - win.d.begin) * (win.h.end - win.h.begin) *
+                                         (win.w.end - win.w.begin));
+  }
+}
+
+__global__ void average_pool_backward_kernel(PoolBox b, const float* grad_output, float* grad_input) {
+  const std::int64_t total = b.planes * b.out[0] * b.out[1] * b.out[2];
+  const std::int64_t rows = b.in[1] * b.in[2], row = b.in[2], in_plane = b.in[0] * rows;
+  TESSERA_GRID_LOOP(i, total) {
+    const Window win = window_of(b, i);
+    float* dx = grad_input + win.plane * in_plane;
+    const float share = grad_output[i] / static_cast<float>((win.d.end - win.d.begin) * (win.h.end - win.h.begin) *
+                                                            (win.w.end - win.w.begin));
+    for (std::int64_t d = win.d.begin; d < win.d.end; ++d)
+      for (std::int64_t h = win.h.begin; h < win.h.end; ++h)
+        for (std::int64_t w = win.w.begin; w < win.w.end; ++w) atomicAdd(dx + d * rows + h * row + w, share);
+  }
+}
+
+__global__ void add_row_bias_kernel(float* values, const float* bias, std::int64_t rows, std::int64_t features) {
+  TESSERA_GRID_LOOP(i, rows * features) { values[i] += bias[i % features]; }
+}
+
+/// One thread per feature, summing its column in row order (deterministic).
+__global__ void row_bias_gradient_kernel(const float* grad, float* bias_grad, std::int64_t rows,
+                                         std::int64_t features) {
+  TESSERA_GRID_LOOP(f, features) {
+    float sum = 0.0f;
+    for (std::int64_t r = 0; r < rows; ++r) sum += grad[r * features + f];
+    bias_grad[f] = sum;
+  }
+}
+
+__global__ void leaky_relu_forward_kernel(const float* x, float* y, std::int64_t count, float slope) {
+  TESSERA_GRID_LOOP(i, count) { y[i] = fmaxf(x[i], 0.0f) + slope * fminf(x[i], 0.0f); }
+}
+
+__global__ void leaky_relu_backward_kernel(const float* x, const float* dy, float* dx, std::int64_t count,
+                                           float slope) {
+  TESSERA_GRID_LOOP(i, count) { dx[i] = dy[i] * (x[i] > 0.0f ? 1.0f : slope); }
+}
+
+/// One block: the gradient element-wise, the loss as a block reduction (losses are small).
+__global__ void mean_squared_error_kernel(const float* prediction, const float* target, std::int64_t count,
+                                          float* loss, float* grad) {
+  __shared__ float partial[kThreads];
+  float sum = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+    const float difference = prediction[i] - target[i];
+    sum += difference * difference;
+    grad[i] = 2.0f * difference / static_cast<float>(count);
+  }
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *loss = partial[0] / static_cast<float>(count);
+}
+
+__global__ void sgd_update_kernel(float* weights, const float* grad, std::int64_t count, float rate) {
+  TESSERA_GRID_LOOP(i, count) { weights[i] -= rate * grad[i]; }
+}
+
+std::int64_t outputs(const PoolBox& b) { return b.planes * b.out[0] * b.out[1] * b.out[2]; }
+std::int64_t inputs(const PoolBox& b) { return b.planes * b.in[0] * b.in[1] * b.in[2]; }
+
+void zero(float* values, std::int64_t count) {
+  const cudaError_t status =
+      cudaMemsetAsync(values, 0, static_cast<std::size_t>(count) * sizeof(float), current_stream());
+  if (status != cudaSuccess) throw std::runtime_error(std::string("CUDA: cudaMemsetAsync: ") + cudaGetErrorString(status));
+}
+
+}  // namespace
+
+void max_pool_forward(const PoolBox& box, const float* input, float* output, std::int32_t* argmax) {
+  max_pool_forward_kernel<<<blocks_for(outputs(box)), kThreads, 0, current_stream()>>>(box, input, output, argmax);
+  check_launch("max pool forward");
+}
+
+void max_pool_backward(const PoolBox& box, const float* grad_output, const std::int32_t* argmax, float* grad_input) {
+  zero(grad_input, inputs(box));
+  max_pool_backward_kernel<<<blocks_for(outputs(box)), kThreads, 0, current_stream()>>>(box, grad_output, argmax,
+                                                                                       grad_input);
+  check_launch("max pool backward");
+}
+
+void average_pool_forward(const PoolBox& box, const float* input, float* output) {
+  average_pool_forward_kernel<<<blocks_for(outputs(box)), kThreads, 0, current_stream()>>>(box, input, output);
+  check_launch("average pool forward");
+}
+
+void average_pool_backward(const PoolBox& box, const float* grad_output, float* grad_input) {
+  zero(grad_input, inputs(box));
+  average_pool_backward_kernel<<<blocks_for(outputs(box)), kThreads, 0, current_stream()>>>(box, grad_output,
+                                                                                           grad_input);
+  check_launch("average pool backward");
+}
+
+void add_row_bias(float* values, const float* bias, std::int64_t rows, std::int64_t features) {
+  add_row_bias_kernel<<<blocks_for(rows * features), kThreads, 0, current_stream()>>>(values, bias, rows, features);
+  check_launch("bias");
+}
+
+void row_bias_gradient(const float* grad, float* bias_grad, std::int64_t rows, std::int64_t features) {
+  row_bias_gradient_kernel<<<blocks_for(features), kThreads, 0, current_stream()>>>(grad, bias_grad, rows, features);
+  check_launch("bias gradient");
+}
+
+void leaky_relu_forward(const float* x, float* y, std::int64_t count, float slope) {
+  leaky_relu_forward_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, y, count, slope);
+  check_launch("leaky_relu forward");
+}
+
+void leaky_relu_backward(const float* x, const float* dy, float* dx, std::int64_t count, float slope) {
+  leaky_relu_backward_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, dy, dx, count, slope);
+  check_launch("leaky_relu backward");
+}
+
+void mean_squared_error(const float* prediction, const float* target, std::int64_t count, float* loss, float* grad) {
+  mean_squared_error_kernel<<<1, kThreads, 0, current_stream()>>>(prediction, target, count, loss, grad);
+  check_launch("mean squared error");
+}
+
+void sgd_update(float* weights, const float* grad, std::int64_t count, float rate) {
+  sgd_update_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(weights, grad, count, rate);
+  check_launch("sgd update");
+}
+
+}  // namespace tessera::cuda_kernels

@@ -1,0 +1,38 @@
+#pragma once
+// Tessera's own CUDA kernels (layers/cuda_kernels.cu), declared without CUDA types so that
+// host-compiled code can call them. Every launch goes to cuda::stream() of the current device;
+// pointers are device memory. Built only with TESSERA_ENABLE_CUDA=ON.
+#include <cstdint>
+
+#include "layers/pool_box.hpp"
+
+namespace tessera::cuda_kernels {
+
+using tessera::PoolBox;
+
+/// Max pooling; `argmax` gets each maximum's position within its input plane.
+void max_pool_forward(const PoolBox& box, const float* input, float* output, std::int32_t* argmax);
+/// Overwrites grad_input.
+void max_pool_backward(const PoolBox& box, const float* grad_output, const std::int32_t* argmax, float* grad_input);
+/// Average pooling over the part of each window inside the global input.
+void average_pool_forward(const PoolBox& box, const float* input, float* output);
+void average_pool_backward(const PoolBox& box, const float* grad_output, float* grad_input);
+
+/// values (rows x features) += bias (features) on every row.
+void add_row_bias(float* values, const float* bias, std::int64_t rows, std::int64_t features);
+/// bias_grad (features) = the sum over rows of grad (rows x features).
+void row_bias_gradient(const float* grad, float* bias_grad, std::int64_t rows, std::int64_t features);
+
+/// y = max(x, 0) + slope * min(x, 0); dx = dy * (x > 0 ? 1 : slope).
+void leaky_relu_forward(const float* x, float* y, std::int64_t count, float slope);
+void leaky_relu_backward(const float* x, const float* dy, float* dx, std::int64_t count, float slope);
+
+/// Mean squared error over `count` values: writes the mean of (prediction - target)^2 to *loss
+/// (one device float) and grad = 2 (prediction - target) / count.
+void mean_squared_error(const float* prediction, const float* target, std::int64_t count, float* loss,
+                        float* grad);
+
+/// weights -= rate * grad.
+void sgd_update(float* weights, const float* grad, std::int64_t count, float rate);
+
+}  // namespace tessera::cuda_kernels

@@ -1,0 +1,269 @@
+// The CUDA backend against the host backend: every kernel family (convolution forward and both
+// backward passes, 2-D and 3-D, strides, padding, dilation, with and without bias; max and
+// average pooling, overlapping windows and spatial tiles; linear layers) and Tessera's own
+// element-wise kernels give the host's results within 1e-5 (fp32), plus the device memory the
+// layers stand on (caching allocator, host <-> device copies).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "layers/cuda_kernels.hpp"
+#include "layers/pool_box.hpp"
+#include "tessera/core/cuda.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/layers/dnn_backend.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera {
+namespace {
+
+constexpr double kTolerance = 1e-5;
+const Device kGpu = Device::cuda(0);
+
+Tensor random_tensor(std::int64_t count, unsigned seed) {
+  Tensor t(Shape({count}));
+  std::mt19937 generator(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::int64_t i = 0; i < count; ++i) t.data()[i] = normal(generator);
+  return t;
+}
+
+/// Relative to the largest magnitude of the reference, so that near-zero entries of long sums
+/// (where both backends are right to ~1e-7 absolute) do not dominate.
+double difference(const Tensor& reference, const Tensor& gpu) {
+  const Tensor back = gpu.to(Device::host());
+  float largest = 0.0f;
+  for (std::int64_t i = 0; i < reference.numel(); ++i) largest = std::max(largest, std::fabs(reference.data()[i]));
+  return max_relative_difference(reference, back, std::max(1e-3 * largest, 1e-6));
+}
+
+std::int64_t product(const std::vector<std::int64_t>& values) {
+  std::int64_t p = 1;
+  for (auto v : values) p *= v;
+  return p;
+}
+
+class GpuKernels : public ::testing::Test {
+ protected:
+  std::unique_ptr<DnnBackend> host = make_host_backend();
+  std::unique_ptr<DnnBackend> gpu = make_cuda_backend();
+};
+
+ConvolutionGeometry convolution(std::int64_t n, std::int64_t c, std::int64_t f, std::vector<std::int64_t> size,
+                                std::int64_t kernel, std::int64_t stride, std::int64_t padding, std::int64_t dilation,
+                                bool bias) {
+  ConvolutionGeometry g;
+  g.batch = n;
+  g.in_channels = c;
+  g.out_channels = f;
+  g.input_size = size;
+  g.bias = bias;
+  for (auto extent : size) {
+    g.kernel.push_back(kernel);
+    g.stride.push_back(stride);
+    g.padding.push_back(padding);
+    g.dilation.push_back(dilation);
+    g.output_size.push_back((extent + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1);
+  }
+  return g;
+}
+
+TEST_F(GpuKernels, ConvolutionMatchesHost) {
+  const std::vector<ConvolutionGeometry> geometries = {
+      convolution(2, 3, 8, {17, 13}, 3, 1, 1, 1, true),
+      convolution(3, 4, 5, {20, 19}, 5, 2, 0, 2, true),
+      convolution(2, 16, 8, {9, 9}, 1, 1, 0, 1, false),
+      convolution(2, 2, 6, {11, 10, 9}, 3, 1, 1, 1, true),
+      convolution(1, 4, 8, {12, 12, 12}, 3, 2, 1, 1, true),
+      convolution(2, 3, 4, {13, 11, 12}, 3, 1, 2, 2, false),
+  };
+  unsigned seed = 1;
+  for (const auto& g : geometries) {
+    SCOPED_TRACE(g.to_string());
+    const std::int64_t in = g.batch * g.in_channels * product(g.input_size);
+    const std::int64_t out = g.batch * g.out_channels * product(g.output_size);
+    const std::int64_t w = g.out_channels * g.in_channels * product(g.kernel);
+    const Tensor x = random_tensor(in, seed++), weights = random_tensor(w, seed++), bias = random_tensor(g.out_channels, seed++);
+    const Tensor dy = random_tensor(out, seed++);
+    Tensor y(Shape({out})), dx(Shape({in})), dw(Shape({w})), db(Shape({g.out_channels}));
+    host->convolution().forward(g, x.data(), weights.data(), bias.data(), y.data());
+    host->convolution().backward(g, x.data(), dy.data(), weights.data(), dx.data(), dw.data(), db.data());
+
+    const Tensor gx = x.to(kGpu), gweights = weights.to(kGpu), gbias = bias.to(kGpu), gdy = dy.to(kGpu);
+    Tensor gy(Shape({out}), kGpu), gdx(Shape({in}), kGpu), gdw(Shape({w}), kGpu), gdb(Shape({g.out_channels}), kGpu);
+    for (int repeat = 0; repeat < 2; ++repeat) {  // the first call also searches the algorithms
+      gpu->convolution().forward(g, gx.data(), gweights.data(), gbias.data(), gy.data());
+      gpu->convolution().backward(g, gx.data(), gdy.data(), gweights.data(), gdx.data(), gdw.data(), gdb.data());
+      EXPECT_LT(difference(y, gy), kTolerance) << "forward, call " << repeat;
+      EXPECT_LT(difference(dx, gdx), kTolerance) << "backward data, call " << repeat;
+      EXPECT_LT(difference(dw, gdw), kTolerance) << "backward weights, call " << repeat;
+      if (g.bias) {
+        EXPECT_LT(difference(db, gdb), kTolerance) << "bias gradient, call " << repeat;
+      }
+    }
+  }
+  // Strict fp32 by default: no algorithm may run on TF32 tensor-op math.
+  for (const auto& line : gpu->implementations()) EXPECT_EQ(line.find("tensor-op"), std::string::npos) << line;
+}
+
+PoolingGeometry pooling(PoolingMode mode, std::int64_t n, std::int64_t c, std::vector<std::int64_t> size,
+                        std::int64_t kernel, std::int64_t stride, std::int64_t padding) {
+  PoolingGeometry g;
+  g.mode = mode;
+  g.batch = n;
+  g.channels = c;
+  g.input_size = size;
+  for (auto extent : size) {
+    g.kernel.push_back(kernel);
+    g.stride.push_back(stride);
+    g.padding.push_back(padding);
+    g.output_size.push_back((extent + 2 * padding - kernel) / stride + 1);
+  }
+  return g;
+}
+
+/// A spatial tile of a 3-D average pooling: this rank holds global input rows [4, 12) of H (plus
+/// a halo row on each side) and computes global outputs [4, 12) of H.
+PoolingGeometry tile() {
+  PoolingGeometry g = pooling(PoolingMode::AverageExcludePadding, 2, 3, {8, 10, 8}, 3, 1, 1);
+  g.global_input_size = {8, 16, 8};
+  g.input_origin = {0, 3, 0};
+  g.output_origin = {0, 4, 0};
+  g.output_size = {8, 8, 8};
+  return g;
+}
+
+TEST_F(GpuKernels, PoolingMatchesHost) {
+  const std::vector<PoolingGeometry> geometries = {
+      pooling(PoolingMode::Max, 2, 3, {16, 12}, 2, 2, 0),
+      pooling(PoolingMode::Max, 2, 4, {9, 10, 11}, 3, 2, 1),
+      pooling(PoolingMode::Max, 1, 8, {16, 16, 16}, 2, 2, 0),
+      pooling(PoolingMode::AverageExcludePadding, 2, 3, {9, 10, 11}, 3, 1, 1),
+      pooling(PoolingMode::AverageExcludePadding, 3, 2, {15, 14}, 3, 2, 1),
+      tile(),
+  };
+  unsigned seed = 100;
+  for (const auto& g : geometries) {
+    SCOPED_TRACE(g.to_string());
+    const PoolBox box = pool_box(g);
+    const std::int64_t in = box.planes * box.in_plane(), out = box.planes * box.out_plane();
+    const Tensor x = random_tensor(in, seed++), dy = random_tensor(out, seed++);
+    const std::size_t workspace_bytes = host->pooling().workspace_bytes(g);
+    ASSERT_EQ(workspace_bytes, gpu->pooling().workspace_bytes(g));
+    const auto workspace_floats = static_cast<std::int64_t>((workspace_bytes + 3) / 4);
+    Tensor y(Shape({out})), dx(Shape({in})), workspace(Shape({std::max<std::int64_t>(workspace_floats, 1)}));
+    host->pooling().forward(g, x.data(), y.data(), workspace.data());
+    host->pooling().backward(g, dy.data(), workspace.data(), dx.data());
+
+    const Tensor gx = x.to(kGpu), gdy = dy.to(kGpu);
+    Tensor gy(Shape({out}), kGpu), gdx(Shape({in}), kGpu), gworkspace(workspace.shape(), kGpu);
+    gdx.fill(7.0f);  // backward must overwrite, not accumulate
+    gpu->pooling().forward(g, gx.data(), gy.data(), gworkspace.data());
+    gpu->pooling().backward(g, gdy.data(), gworkspace.data(), gdx.data());
+    EXPECT_LT(difference(y, gy), kTolerance) << "forward";
+    EXPECT_LT(difference(dx, gdx), kTolerance) << "backward";
+  }
+}
+
+TEST_F(GpuKernels, LinearMatchesHost) {
+  for (bool bias : {true, false}) {
+    const LinearGeometry g{7, 33, 17, bias};
+    SCOPED_TRACE(g.to_string());
+    const Tensor x = random_tensor(7 * 33, 1), weights = random_tensor(17 * 33, 2), b = random_tensor(17, 3);
+    const Tensor dy = random_tensor(7 * 17, 4);
+    Tensor y(Shape({7 * 17})), dx(Shape({7 * 33})), dw(Shape({17 * 33})), db(Shape({17}));
+    host->linear().forward(g, x.data(), weights.data(), b.data(), y.data());
+    host->linear().backward_data(g, dy.data(), weights.data(), dx.data());
+    host->linear().backward_weights(g, x.data(), dy.data(), dw.data(), db.data());
+
+    const Tensor gx = x.to(kGpu), gweights = weights.to(kGpu), gb = b.to(kGpu), gdy = dy.to(kGpu);
+    Tensor gy(y.shape(), kGpu), gdx(dx.shape(), kGpu), gdw(dw.shape(), kGpu), gdb(db.shape(), kGpu);
+    gpu->linear().forward(g, gx.data(), gweights.data(), gb.data(), gy.data());
+    gpu->linear().backward_data(g, gdy.data(), gweights.data(), gdx.data());
+    gpu->linear().backward_weights(g, gx.data(), gdy.data(), gdw.data(), gdb.data());
+    EXPECT_LT(difference(y, gy), kTolerance);
+    EXPECT_LT(difference(dx, gdx), kTolerance);
+    EXPECT_LT(difference(dw, gdw), kTolerance);
+    if (bias) {
+      EXPECT_LT(difference(db, gdb), kTolerance);
+    }
+  }
+}
+
+TEST(GpuElementwise, LeakyReluLossAndUpdateMatchHost) {
+  const std::int64_t n = 100003;  // not a multiple of the block size
+  const Tensor x = random_tensor(n, 11), dy = random_tensor(n, 12), target = random_tensor(n, 13);
+  const float slope = 0.3f, rate = 0.05f;
+  Tensor y(Shape({n})), dx(Shape({n})), grad(Shape({n})), updated = x.clone();
+  double loss = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = x.data()[i];
+    y.data()[i] = std::max(v, 0.0f) + slope * std::min(v, 0.0f);
+    dx.data()[i] = dy.data()[i] * (v > 0 ? 1.0f : slope);
+    const double d = static_cast<double>(v) - target.data()[i];
+    loss += d * d;
+    grad.data()[i] = static_cast<float>(2.0 * d / static_cast<double>(n));
+    updated.data()[i] = v - rate * dy.data()[i];
+  }
+  loss /= static_cast<double>(n);
+
+  const Tensor gx = x.to(kGpu), gdy = dy.to(kGpu), gtarget = target.to(kGpu);
+  Tensor gy(Shape({n}), kGpu), gdx(Shape({n}), kGpu), ggrad(Shape({n}), kGpu), gloss(Shape({1}), kGpu);
+  Tensor gupdated = gx.clone();
+  cuda_kernels::leaky_relu_forward(gx.data(), gy.data(), n, slope);
+  cuda_kernels::leaky_relu_backward(gx.data(), gdy.data(), gdx.data(), n, slope);
+  cuda_kernels::mean_squared_error(gx.data(), gtarget.data(), n, gloss.data(), ggrad.data());
+  cuda_kernels::sgd_update(gupdated.data(), gdy.data(), n, rate);
+  EXPECT_LT(difference(y, gy), kTolerance);
+  EXPECT_LT(difference(dx, gdx), kTolerance);
+  EXPECT_LT(difference(grad, ggrad), kTolerance);
+  EXPECT_LT(difference(updated, gupdated), kTolerance);
+  EXPECT_NEAR(gloss.to(Device::host()).data()[0], loss, 1e-5 * loss);
+}
+
+TEST(GpuMemory, TensorsMoveBetweenHostAndDevice) {
+  const Tensor host = random_tensor(1000, 21);
+  const Tensor device = host.to(kGpu);
+  EXPECT_EQ(device.device(), kGpu);
+  EXPECT_EQ(max_relative_difference(host, device.to(Device::host())), 0.0);
+  Tensor filled(Shape({5, 7}), kGpu);
+  const Tensor zeros = filled.to(Device::host());
+  for (std::int64_t i = 0; i < zeros.numel(); ++i) EXPECT_EQ(zeros.data()[i], 0.0f);
+  filled.fill(2.5f);
+  const Tensor back = filled.slice(1, 3).clone().to(Device::host());
+  EXPECT_EQ(back.shape().dims(), (std::vector<std::int64_t>{2, 7}));
+  for (std::int64_t i = 0; i < back.numel(); ++i) EXPECT_EQ(back.data()[i], 2.5f);
+  EXPECT_THROW(filled.at({0, 0}), Error);  // elements of a device tensor are not host memory
+}
+
+TEST(GpuMemory, CachingAllocatorReusesReleasedBlocks) {
+  cuda::empty_cache();
+  const auto before = cuda::allocator_stats();
+  void* first = cuda::allocate(3 << 20);
+  const auto during = cuda::allocator_stats();
+  EXPECT_EQ(during.device_allocations, before.device_allocations + 1);
+  EXPECT_GE(during.bytes_in_use, before.bytes_in_use + (3u << 20));
+  cuda::release(first);
+  void* second = cuda::allocate((3 << 20) - 1000);  // rounds to the same block
+  const auto after = cuda::allocator_stats();
+  EXPECT_EQ(second, first);
+  EXPECT_EQ(after.device_allocations, during.device_allocations);
+  EXPECT_EQ(after.cache_hits, during.cache_hits + 1);
+  cuda::release(second);
+  cuda::empty_cache();
+  EXPECT_EQ(cuda::allocator_stats().bytes_cached, 0u);
+}
+
+TEST(GpuMemory, OutOfMemoryIsAClearError) {
+  try {
+    cuda::allocate(std::size_t{1} << 50);  // a petabyte
+    FAIL() << "no error for a petabyte";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("out of memory"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera
