@@ -25,9 +25,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#ifndef TESSERA_CUDA_BUILT
-#define TESSERA_CUDA_BUILT 0
-#endif
+/// Whether `tessera train` runs models on GPUs. Not yet in any build: TESSERA_ENABLE_CUDA=ON
+/// builds the CUDA kernels, the NCCL communicator and their tests, but the executor runs on the host.
+constexpr bool kGpuTrainingBuilt = false;
 
 // The process as it was started, before MPI_Init: a singleton MPI start adds OMPI_MCA_ess=singleton,
 // PMIX_SERVER_URI* (a server that is gone once we exit) and more to this process's environment, and
@@ -122,7 +122,7 @@ void run_job(Communicator& world, const JobArgs& args) {
     const auto& argv = launch_arguments();
     if (!args.spec.train_args.empty() && std::find(argv.begin(), argv.end(), "--") == argv.end())
       fail_input("unexpected argument '{}': arguments for 'tessera train' go after '--'", args.spec.train_args[0]);
-    check_job_request(args.spec, TESSERA_CUDA_BUILT != 0);
+    check_job_request(args.spec, kGpuTrainingBuilt);
     job = resolve_job(args.spec, fs::current_path().string());
     if (args.submit) {
       sbatch = find_on_path("sbatch");

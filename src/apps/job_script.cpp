@@ -144,15 +144,16 @@ std::optional<long> parse_slurm_time(const std::string& text) {
   return total;
 }
 
-void check_job_request(const JobSpec& spec, bool cuda_built) {
+void check_job_request(const JobSpec& spec, bool gpu_training_built) {
   if (spec.nodes < 1) fail_input("--nodes must be at least 1 (got {})", spec.nodes);
   if (spec.tasks_per_node < 1) fail_input("--tasks-per-node must be at least 1 (got {})", spec.tasks_per_node);
   if (spec.cpus_per_task < 1) fail_input("--cpus-per-task must be at least 1 (got {})", spec.cpus_per_task);
   if (spec.gpus_per_task < 0) fail_input("--gpus-per-task must be 0 or more (got {})", spec.gpus_per_task);
-  if (spec.gpus_per_task > 0 && !cuda_built)
+  if (spec.gpus_per_task > 0 && !gpu_training_built)
     fail_input(
-        "--gpus-per-task {}: the GPU path is not built in this tessera (TESSERA_ENABLE_CUDA is off); "
-        "ask for CPU tasks only (--gpus-per-task 0)",
+        "--gpus-per-task {}: the GPU path is not built for training in this tessera (`tessera train` runs "
+        "models on the host; TESSERA_ENABLE_CUDA=ON so far builds the GPU kernels and the NCCL communicator "
+        "only); ask for CPU tasks only (--gpus-per-task 0)",
         spec.gpus_per_task);
   if (!parse_slurm_time(spec.time))
     fail_input(

@@ -57,10 +57,10 @@ std::string shell_quote(const std::string& word);
 /// Seconds in a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S; nullopt if malformed.
 std::optional<long> parse_slurm_time(const std::string& text);
 
-/// Checks what needs no files: the task layout (`cuda_built`: whether this build has the GPU
-/// path), the time limit, the job name, extra #SBATCH lines and the arguments for `tessera
+/// Checks what needs no files: the task layout (`gpu_training_built`: whether this build trains
+/// on GPUs), the time limit, the job name, extra #SBATCH lines and the arguments for `tessera
 /// train`. Throws InputError with one clear message.
-void check_job_request(const JobSpec& spec, bool cuda_built);
+void check_job_request(const JobSpec& spec, bool gpu_training_built);
 
 /// Makes the paths absolute, fills in the defaults and checks the files: the model parses, the
 /// data files exist, the plan loads, fits nodes x tasks-per-node and the model, the working folder

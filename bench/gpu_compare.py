@@ -1,0 +1,72 @@
+#!/usr/bin/python3
+"""Tessera's GPU training step beside PyTorch's, in the same run, on the same GPU.
+
+Runs gpu_step_bench (Tessera's CUDA kernels) and bench/gpu_cosmoflow_torch.py (PyTorch, cuDNN) on
+the CosmoFlow reference network with the same input, batch and FLOP count, and prints one table
+with the ratio of Tessera's throughput to PyTorch's at the same precision (strict fp32: no TF32 on
+either side) and each one's TFLOP/s against the GPU's measured matmul rate.
+
+    python3 bench/gpu_compare.py --tessera build-cuda/bin/gpu_step_bench [--batch 4] [--size 128]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(command, log):
+    print("$ " + " ".join(command), flush=True)
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(result.stdout, flush=True)
+    log.write(result.stdout)
+    return result.returncode
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tessera", required=True, help="the gpu_step_bench binary")
+    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--in-channels", type=int, default=4)
+    parser.add_argument("--base-filters", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--log", default=os.devnull, help="also write both programs' output here")
+    args = parser.parse_args()
+    shape = ["--size", str(args.size), "--in-channels", str(args.in_channels), "--base-filters",
+             str(args.base_filters), "--batch", str(args.batch), "--steps", str(args.steps), "--warmup",
+             str(args.warmup)]
+    with tempfile.TemporaryDirectory() as tmp, open(args.log, "w") as log:
+        records = os.path.join(tmp, "records.jsonl")
+        failed = run([args.tessera, *shape, "--matmul", "--verbose", "--json", records], log)
+        failed |= run([sys.executable, os.path.join(HERE, "gpu_cosmoflow_torch.py"), *shape, "--matmul",
+                       "--json", records], log)
+        rows = [json.loads(line) for line in open(records)] if os.path.exists(records) else []
+    steps = {(r.get("framework", "pytorch"), r["precision"]): r for r in rows if r["record"] == "step"}
+    matmul = {(r.get("framework", "pytorch"), r["precision"]): r["tflops"] for r in rows if r["record"] == "matmul"}
+    print(f"CosmoFlow {args.batch} x {args.in_channels} x {args.size}^3, base filters {args.base_filters}: "
+          "training step on one GPU")
+    print(f"{'framework':10s} {'precision':9s} {'ms/step':>9s} {'samples/s':>10s} {'TFLOP/s':>8s} "
+          f"{'of matmul':>9s} {'vs PyTorch':>10s}")
+    for (framework, precision), r in sorted(steps.items()):
+        ms = r.get("mean_ms", r.get("step_ms"))
+        rate = matmul.get((framework, "fp32" if precision == "fp32" else precision))
+        peer = steps.get(("pytorch", precision))
+        peer_ms = peer.get("step_ms") if peer else None
+        ratio = f"{peer_ms / ms:9.2f}x" if peer_ms and framework == "tessera" else "-"
+        of = f"{r['tflops'] / rate:9.1%}" if rate else "-"
+        print(f"{framework:10s} {precision:9s} {ms:9.2f} {args.batch / (ms * 1e-3):10.2f} {r['tflops']:8.2f} "
+              f"{of:>9s} {ratio:>10s}")
+    if ("tessera", "bf16") not in steps:
+        print("tessera    bf16      not built yet (bf16 mixed precision is still to come)")
+    for (framework, precision), tflops in sorted(matmul.items()):
+        print(f"matmul 8192^3 {framework} {precision}: {tflops:.1f} TFLOP/s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

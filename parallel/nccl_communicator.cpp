@@ -1,0 +1,220 @@
+// The NCCL Communicator (see tessera/parallel/nccl_communicator.hpp). Every operation goes to
+// cuda::stream() of the current GPU.
+#include "tessera/parallel/nccl_communicator.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdlib>
+#include <vector>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "tessera/core/cuda.hpp"
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+    case DType::U8: return ncclUint8;
+  }
+  fail("unknown dtype");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+  }
+  fail("unknown reduce op");
+}
+
+cudaStream_t current_stream() { return static_cast<cudaStream_t>(cuda::stream()); }
+
+/// Events for nonblocking collectives: wait() waits for the GPU work queued before it.
+class EventRequest final : public CommRequest {
+ public:
+  EventRequest() {
+    if (cudaEventCreateWithFlags(&event_, cudaEventDisableTiming) != cudaSuccess) fail("CUDA: cudaEventCreate failed");
+    if (cudaEventRecord(event_, current_stream()) != cudaSuccess) fail("CUDA: cudaEventRecord failed");
+  }
+  ~EventRequest() override {
+    cudaEventSynchronize(event_);
+    cudaEventDestroy(event_);
+  }
+  void wait() override {
+    const cudaError_t status = cudaEventSynchronize(event_);
+    if (status != cudaSuccess) fail("CUDA: a nonblocking NCCL collective failed: {}", cudaGetErrorString(status));
+  }
+  bool test() override { return cudaEventQuery(event_) == cudaSuccess; }
+
+ private:
+  cudaEvent_t event_{};
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(std::unique_ptr<Communicator> control) : control_(std::move(control)) {
+    check_one_gpu_per_rank();
+    ncclUniqueId id{};
+    if (control_->rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    control_->broadcast(&id, sizeof(id), DType::U8, 0);
+    check(ncclCommInitRank(&comm_, control_->size(), id, control_->rank()), "ncclCommInitRank");
+  }
+  ~NcclCommunicator() override {
+    if (comm_) ncclCommDestroy(comm_);
+  }
+
+  int rank() const override { return control_->rank(); }
+  int size() const override { return control_->size(); }
+  std::string name() const override { return "nccl over " + control_->name(); }
+  int mpi_handle() const override { return control_->mpi_handle(); }
+
+  void barrier() override {
+    cuda::synchronize();
+    control_->barrier();
+  }
+  void broadcast(void* data, std::size_t count, DType type, int root) override {
+    device_buffer(data, "broadcast");
+    check(ncclBroadcast(data, data, count, nccl_type(type), root, comm_, current_stream()), "ncclBroadcast");
+    cuda::synchronize();
+  }
+  void allreduce(void* data, std::size_t count, DType type, ReduceOp op) override {
+    enqueue_allreduce(data, count, type, op);
+    cuda::synchronize();
+  }
+  std::unique_ptr<CommRequest> iallreduce(void* data, std::size_t count, DType type, ReduceOp op) override {
+    enqueue_allreduce(data, count, type, op);
+    return std::make_unique<EventRequest>();
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override {
+    device_buffer(send, "reduce_scatter");
+    device_buffer(recv, "reduce_scatter");
+    check(ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), comm_, current_stream()),
+          "ncclReduceScatter");
+    cuda::synchronize();
+  }
+  void allgather(const void* send, void* recv, std::size_t count, DType type) override {
+    device_buffer(send, "allgather");
+    device_buffer(recv, "allgather");
+    check(ncclAllGather(send, recv, count, nccl_type(type), comm_, current_stream()), "ncclAllGather");
+    cuda::synchronize();
+  }
+  void alltoallv(const void* send, std::span<const std::int64_t> send_counts, std::span<const std::int64_t> send_displs,
+                 void* recv, std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
+                 DType type) override {
+    const auto element = static_cast<std::int64_t>(dtype_size(type));
+    const auto* source = static_cast<const char*>(send);
+    auto* destination = static_cast<char*>(recv);
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (int peer = 0; peer < size(); ++peer) {
+      const auto p = static_cast<std::size_t>(peer);
+      if (send_counts[p] > 0) {
+        device_buffer(source, "alltoallv");
+        check(ncclSend(source + send_displs[p] * element, static_cast<std::size_t>(send_counts[p]), nccl_type(type), peer,
+                       comm_, current_stream()),
+              "ncclSend");
+      }
+      if (recv_counts[p] > 0) {
+        device_buffer(destination, "alltoallv");
+        check(ncclRecv(destination + recv_displs[p] * element, static_cast<std::size_t>(recv_counts[p]),
+                       nccl_type(type), peer, comm_, current_stream()),
+              "ncclRecv");
+      }
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+    cuda::synchronize();
+  }
+  void send(const void* data, std::size_t count, DType type, int dest, int) override {
+    device_buffer(data, "send");
+    check(ncclSend(data, count, nccl_type(type), dest, comm_, current_stream()), "ncclSend");
+    cuda::synchronize();
+  }
+  void recv(void* data, std::size_t count, DType type, int source, int) override {
+    device_buffer(data, "recv");
+    check(ncclRecv(data, count, nccl_type(type), source, comm_, current_stream()), "ncclRecv");
+    cuda::synchronize();
+  }
+  std::unique_ptr<CommRequest> isend(const void*, std::size_t, DType, int, int) override {
+    fail("NCCL communicator: isend is not built yet (separate NCCL sends can deadlock); use alltoallv");
+  }
+  std::unique_ptr<CommRequest> irecv(void*, std::size_t, DType, int, int) override {
+    fail("NCCL communicator: irecv is not built yet (separate NCCL receives can deadlock); use alltoallv");
+  }
+  std::unique_ptr<Communicator> split(int color, int key) const override {
+    return std::make_unique<NcclCommunicator>(control_->split(color, key));
+  }
+  std::unique_ptr<Communicator> duplicate() const override {
+    return std::make_unique<NcclCommunicator>(control_->duplicate());
+  }
+  [[noreturn]] void abort(int exit_code) override {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    control_->abort(exit_code);
+    std::abort();  // not reached: the MPI abort ends the process
+  }
+
+ private:
+  void check(ncclResult_t result, const char* what) const {
+    if (result == ncclSuccess) return;
+    const char* detail = comm_ ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
+    fail("NCCL: {} failed on {}: {}{}{}", what, name(), ncclGetErrorString(result), detail && *detail ? ": " : "",
+         detail ? detail : "");
+  }
+
+  void enqueue_allreduce(void* data, std::size_t count, DType type, ReduceOp op) {
+    device_buffer(data, "allreduce");
+    check(ncclAllReduce(data, data, count, nccl_type(type), nccl_op(op), comm_, current_stream()), "ncclAllReduce");
+  }
+
+  /// NCCL moves GPU memory only; a host pointer is a caller's mistake, named clearly.
+  void device_buffer(const void* pointer, const char* what) const {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) cudaGetLastError();
+    if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
+      fail("NCCL communicator {}: {} got a buffer in host memory; NCCL moves GPU buffers (use the MPI communicator "
+           "for host data)",
+           name(), what);
+  }
+
+  /// Two ranks on one GPU cannot share an NCCL communicator: say which ranks, before NCCL fails.
+  void check_one_gpu_per_rank() const {
+    std::array<char, 256> host{};
+    gethostname(host.data(), host.size() - 1);
+    const auto node = static_cast<std::int64_t>(std::hash<std::string>{}(host.data()) & 0x7fffffffffffffff);
+    const std::array<std::int64_t, 2> mine{node, cuda::current_device()};
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size()));
+    control_->allgather(mine.data(), all.data(), 2, DType::I64);
+    for (int a = 0; a < size(); ++a)
+      for (int b = a + 1; b < size(); ++b) {
+        const auto i = static_cast<std::size_t>(2 * a), j = static_cast<std::size_t>(2 * b);
+        if (all[i] == all[j] && all[i + 1] == all[j + 1])
+          fail_input("NCCL needs one GPU per rank, but ranks {} and {} of {} both use GPU {} of one node ({} GPU(s) "
+                     "there): run at most as many ranks per node as it has GPUs",
+                     a, b, control_->name(), all[i + 1], cuda::device_count());
+      }
+  }
+
+  std::unique_ptr<Communicator> control_;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(const Communicator& control) {
+  TESSERA_CHECK(cuda::device_count() > 0, "the NCCL communicator needs a GPU per rank, but {}",
+                cuda::unavailable_reason());
+  return std::make_unique<NcclCommunicator>(control.duplicate());
+}
+
+}  // namespace tessera

@@ -1,0 +1,58 @@
+// The main of the multi-rank GPU tests: one GPU per rank, chosen from the node-local rank.
+// Where the node has fewer usable GPUs than ranks on it (none at all included), every rank
+// exits with 77 after rank 0 printed why, which ctest reports as Skipped, never as Passed.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <string>
+
+#include "tessera/core/cuda.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/layers/runtime.hpp"
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, local_rank = 0, local_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  tessera::set_process_rank(rank);
+  int gpus = tessera::cuda::device_count(), fewest = 0;
+  MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  int crowded = local_size > gpus ? 1 : 0, any_crowded = 0;
+  MPI_Allreduce(&crowded, &any_crowded, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (fewest == 0 || any_crowded) {
+    if (rank == 0) {
+      if (fewest == 0)
+        std::printf("SKIPPED: no GPU to test on: %s\n", tessera::cuda::unavailable_reason().c_str());
+      else
+        std::printf("SKIPPED: %d ranks on a node with %d GPU(s): these tests need one GPU per rank\n", local_size, gpus);
+    }
+    MPI_Finalize();
+    return 77;
+  }
+  int result = 1;
+  try {
+    const int device = tessera::cuda::select_device_for_local_rank(local_rank);
+    if (rank == 0) std::printf("rank 0 on GPU %d: %s\n", device, tessera::cuda::describe_device(device).c_str());
+    tessera::LayersRuntime runtime(1);
+    ::testing::InitGoogleTest(&argc, argv);
+    if (rank != 0) {
+      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+      delete listeners.Release(listeners.default_result_printer());
+    }
+    result = RUN_ALL_TESTS();
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "[rank %d] GPU tests could not start: %s\n", rank, error.what());
+  }
+  int worst = 0;
+  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (result != 0) std::fprintf(stderr, "[rank %d] tests failed on this rank\n", rank);
+  MPI_Finalize();
+  return worst;
+}
