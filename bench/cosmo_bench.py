@@ -7,7 +7,7 @@ side by side in one run, interleaved so all see the same machine. Prints two tab
 1. models/cosmoflow_128.yaml (128^3 volumes), global batch --batch-128 (default 1: one sample):
    one rank against two ranks splitting the first three conv blocks along D
    (plans/cosmoflow_spatial2.yaml; the small dense tail is split by sample, so with one sample one
-   rank idles there), four ranks over D x H (oversubscribed on a 2-core machine: its times say
+   rank idles there; plans/cosmoflow_spatial2_deep.yaml splits every conv block, so neither idles), four ranks over D x H (oversubscribed on a 2-core machine: its times say
    nothing about speed, only the exchange share), and with a batch of 2 or more also two ranks
    splitting by sample. Columns: step time, speed-up over
    one rank, peak activation memory per rank (activations, their gradients, halo windows), and
@@ -58,6 +58,7 @@ def main():
 
     if not args.skip_128:
         configs = [("1 rank", 1, None, args.batch_128), ("2 ranks, spatial D", 2, "cosmoflow_spatial2.yaml", args.batch_128),
+                   ("2 ranks, spatial D, every conv block", 2, "cosmoflow_spatial2_deep.yaml", args.batch_128),
                    ("4 ranks, spatial DxH (oversubscribed)", 4, "cosmoflow_spatial4.yaml", args.batch_128)]
         if args.batch_128 >= 2:
             configs.insert(2, ("2 ranks, sample", 2, None, args.batch_128))

@@ -18,9 +18,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run(command, log):
+def run(command, log, env=None):
     print("$ " + " ".join(command), flush=True)
-    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     print(result.stdout, flush=True)
     log.write(result.stdout)
     return result.returncode
@@ -36,13 +36,17 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--log", default=os.devnull, help="also write both programs' output here")
+    parser.add_argument("--library-path", help="LD_LIBRARY_PATH for Tessera's program only (PyTorch keeps its own)")
     args = parser.parse_args()
     shape = ["--size", str(args.size), "--in-channels", str(args.in_channels), "--base-filters",
              str(args.base_filters), "--batch", str(args.batch), "--steps", str(args.steps), "--warmup",
              str(args.warmup)]
     with tempfile.TemporaryDirectory() as tmp, open(args.log, "w") as log:
         records = os.path.join(tmp, "records.jsonl")
-        failed = run([args.tessera, *shape, "--matmul", "--verbose", "--json", records], log)
+        env = dict(os.environ)
+        if args.library_path:
+            env["LD_LIBRARY_PATH"] = args.library_path + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+        failed = run([args.tessera, *shape, "--matmul", "--verbose", "--json", records], log, env)
         failed |= run([sys.executable, os.path.join(HERE, "gpu_cosmoflow_torch.py"), *shape, "--matmul",
                        "--json", records], log)
         rows = [json.loads(line) for line in open(records)] if os.path.exists(records) else []

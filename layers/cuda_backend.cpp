@@ -1,8 +1,8 @@
 // The CUDA DnnBackend: convolutions on cuDNN (the fastest algorithm for each geometry is
 // measured once with cudnnFind*AlgorithmEx and cached, as PyTorch's cudnn.benchmark does),
 // linear layers on cuBLAS, pooling on Tessera's own kernels (the host kernels' semantics, tiles
-// included). fp32 by default means strict fp32: no TF32 tensor-core math in cuDNN or cuBLAS, so
-// that results agree with the host backend to ~1e-6.
+// included). fp32 by default means strict fp32: no TF32 tensor-core math in cuDNN (FMA math) or
+// cuBLAS (its default math never uses TF32 for fp32), so results agree with the host backend to ~1e-6.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -99,8 +99,8 @@ class CudnnConvolution final : public ConvolutionKernels {
       const auto& best = first_usable(perf, returned, "forward", g);
       plan.forward_algorithm = best.algo;
       plan.forward_workspace = best.memory;
-      check(cudnnSetConvolutionMathType(plan.forward_conv.get(), best.mathType), "cudnnSetConvolutionMathType");
-      record("convolution forward", g, static_cast<int>(best.algo), best.memory, best.time, best.mathType);
+      use_math(plan.forward_conv, best.mathType);
+      record("convolution forward", g, static_cast<int>(best.algo), best.memory, best.time, math_of(plan.forward_conv));
       plan.have_forward = true;
     }
     Workspace workspace(plan.forward_workspace);
@@ -127,8 +127,8 @@ class CudnnConvolution final : public ConvolutionKernels {
       const auto& best = first_usable(perf, returned, "backward data", g);
       plan.data_algorithm = best.algo;
       plan.data_workspace = best.memory;
-      check(cudnnSetConvolutionMathType(plan.data_conv.get(), best.mathType), "cudnnSetConvolutionMathType");
-      record("convolution backward data", g, static_cast<int>(best.algo), best.memory, best.time, best.mathType);
+      use_math(plan.data_conv, best.mathType);
+      record("convolution backward data", g, static_cast<int>(best.algo), best.memory, best.time, math_of(plan.data_conv));
       plan.have_data = true;
     }
     Workspace workspace(plan.data_workspace);
@@ -154,8 +154,9 @@ class CudnnConvolution final : public ConvolutionKernels {
       const auto& best = first_usable(perf, returned, "backward weights", g);
       plan.filter_algorithm = best.algo;
       plan.filter_workspace = best.memory;
-      check(cudnnSetConvolutionMathType(plan.filter_conv.get(), best.mathType), "cudnnSetConvolutionMathType");
-      record("convolution backward weights", g, static_cast<int>(best.algo), best.memory, best.time, best.mathType);
+      use_math(plan.filter_conv, best.mathType);
+      record("convolution backward weights", g, static_cast<int>(best.algo), best.memory, best.time,
+             math_of(plan.filter_conv));
       plan.have_filter = true;
     }
     Workspace workspace(plan.filter_workspace);
@@ -219,21 +220,51 @@ class CudnnConvolution final : public ConvolutionKernels {
     return std::min(options_.workspace_limit, free_bytes / 2);
   }
 
-  /// Results come sorted by time; the first that ran and fits the workspace limit wins.
+  static bool tensor_op(cudnnMathType_t math) {
+    return math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  }
+
+  /// Results come sorted by time; the first that ran, fits the workspace limit and, in strict
+  /// fp32, does not run on tensor-op (TF32) math wins.
   template <typename Perf>
   const Perf& first_usable(const std::vector<Perf>& perf, int returned, const char* what, const ConvolutionGeometry& g) {
     for (int i = 0; i < returned; ++i) {
       const Perf& candidate = perf[static_cast<std::size_t>(i)];
-      if (candidate.status == CUDNN_STATUS_SUCCESS && candidate.memory <= options_.workspace_limit) return candidate;
+      if (candidate.status != CUDNN_STATUS_SUCCESS || candidate.memory > options_.workspace_limit) continue;
+      if (!options_.allow_tf32 && tensor_op(candidate.mathType)) continue;
+      return candidate;
     }
-    fail("cuDNN found no usable {} algorithm for the convolution {}", what, g.to_string());
+    fail("cuDNN found no usable {} algorithm for the convolution {}{}", what, g.to_string(),
+         options_.allow_tf32 ? "" : " in strict fp32");
+  }
+
+  /// With TF32 allowed, an algorithm runs with the math type it was measured with (as PyTorch
+  /// does); in strict fp32 the descriptor keeps FMA math whatever Find reports (it reports
+  /// algorithms without tensor-op kernels as DEFAULT math, which would allow TF32 elsewhere).
+  void use_math(const ConvDescriptor& conv, cudnnMathType_t measured) {
+    if (options_.allow_tf32) check(cudnnSetConvolutionMathType(conv.get(), measured), "cudnnSetConvolutionMathType");
+  }
+
+  static cudnnMathType_t math_of(const ConvDescriptor& conv) {
+    cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+    check(cudnnGetConvolutionMathType(conv.get(), &math), "cudnnGetConvolutionMathType");
+    return math;
+  }
+
+  static const char* math_name(cudnnMathType_t math) {
+    switch (math) {
+      case CUDNN_DEFAULT_MATH: return "CUDNN_DEFAULT_MATH";
+      case CUDNN_TENSOR_OP_MATH: return "CUDNN_TENSOR_OP_MATH (tensor-op)";
+      case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: return "CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION (tensor-op)";
+      case CUDNN_FMA_MATH: return "CUDNN_FMA_MATH (strict fp32)";
+    }
+    return "unknown math";
   }
 
   void record(const char* what, const ConvolutionGeometry& g, int algorithm, std::size_t workspace, float ms,
               cudnnMathType_t math) {
     log_.push_back(fmt::format("{} {}: cuDNN algorithm {} ({}), workspace {} KiB, {:.3f} ms", what, g.to_string(),
-                               algorithm, math == CUDNN_FMA_MATH ? "fp32 FMA" : "tensor-op math", workspace / 1024,
-                               ms));
+                               algorithm, math_name(math), workspace / 1024, ms));
   }
 
   cudnnHandle_t handle_;
@@ -312,7 +343,7 @@ class CudaBackend final : public DnnBackend {
     check(cudnnSetStream(cudnn_, stream), "cudnnSetStream");
     check(cublasCreate(&cublas_), "cublasCreate");
     check(cublasSetStream(cublas_, stream), "cublasSetStream");
-    check(cublasSetMathMode(cublas_, options.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH),
+    check(cublasSetMathMode(cublas_, options.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
           "cublasSetMathMode");
     convolution_ = std::make_unique<CudnnConvolution>(cudnn_, options, log_);
     linear_ = std::make_unique<CublasLinear>(cublas_);

@@ -4,13 +4,10 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
-#include <unistd.h>
 
-#include <array>
 #include <cstdlib>
 #include <vector>
 #include <cstring>
-#include <functional>
 #include <string>
 
 #include "tessera/core/cuda.hpp"
@@ -56,7 +53,15 @@ class EventRequest final : public CommRequest {
     const cudaError_t status = cudaEventSynchronize(event_);
     if (status != cudaSuccess) fail("CUDA: a nonblocking NCCL collective failed: {}", cudaGetErrorString(status));
   }
-  bool test() override { return cudaEventQuery(event_) == cudaSuccess; }
+  bool test() override {
+    const cudaError_t status = cudaEventQuery(event_);
+    if (status == cudaErrorNotReady) {
+      cudaGetLastError();  // "not ready" is no error: do not leave it for the next launch check
+      return false;
+    }
+    if (status != cudaSuccess) fail("CUDA: a nonblocking NCCL collective failed: {}", cudaGetErrorString(status));
+    return true;
+  }
 
  private:
   cudaEvent_t event_{};
@@ -85,19 +90,22 @@ class NcclCommunicator final : public Communicator {
     control_->barrier();
   }
   void broadcast(void* data, std::size_t count, DType type, int root) override {
+    if (count == 0) return;
     device_buffer(data, "broadcast");
     check(ncclBroadcast(data, data, count, nccl_type(type), root, comm_, current_stream()), "ncclBroadcast");
     cuda::synchronize();
   }
   void allreduce(void* data, std::size_t count, DType type, ReduceOp op) override {
+    if (count == 0) return;
     enqueue_allreduce(data, count, type, op);
     cuda::synchronize();
   }
   std::unique_ptr<CommRequest> iallreduce(void* data, std::size_t count, DType type, ReduceOp op) override {
-    enqueue_allreduce(data, count, type, op);
+    if (count > 0) enqueue_allreduce(data, count, type, op);
     return std::make_unique<EventRequest>();
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override {
+    if (count == 0) return;
     device_buffer(send, "reduce_scatter");
     device_buffer(recv, "reduce_scatter");
     check(ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), comm_, current_stream()),
@@ -105,6 +113,7 @@ class NcclCommunicator final : public Communicator {
     cuda::synchronize();
   }
   void allgather(const void* send, void* recv, std::size_t count, DType type) override {
+    if (count == 0) return;
     device_buffer(send, "allgather");
     device_buffer(recv, "allgather");
     check(ncclAllGather(send, recv, count, nccl_type(type), comm_, current_stream()), "ncclAllGather");
@@ -116,17 +125,23 @@ class NcclCommunicator final : public Communicator {
     const auto element = static_cast<std::int64_t>(dtype_size(type));
     const auto* source = static_cast<const char*>(send);
     auto* destination = static_cast<char*>(recv);
+    // Checked before the group opens: an error inside it would leave the group open.
+    std::int64_t sent = 0, received = 0;
+    for (int peer = 0; peer < size(); ++peer) {
+      sent += send_counts[static_cast<std::size_t>(peer)];
+      received += recv_counts[static_cast<std::size_t>(peer)];
+    }
+    if (sent > 0) device_buffer(source, "alltoallv");
+    if (received > 0) device_buffer(destination, "alltoallv");
     check(ncclGroupStart(), "ncclGroupStart");
     for (int peer = 0; peer < size(); ++peer) {
       const auto p = static_cast<std::size_t>(peer);
       if (send_counts[p] > 0) {
-        device_buffer(source, "alltoallv");
         check(ncclSend(source + send_displs[p] * element, static_cast<std::size_t>(send_counts[p]), nccl_type(type), peer,
                        comm_, current_stream()),
               "ncclSend");
       }
       if (recv_counts[p] > 0) {
-        device_buffer(destination, "alltoallv");
         check(ncclRecv(destination + recv_displs[p] * element, static_cast<std::size_t>(recv_counts[p]),
                        nccl_type(type), peer, comm_, current_stream()),
               "ncclRecv");
@@ -136,11 +151,13 @@ class NcclCommunicator final : public Communicator {
     cuda::synchronize();
   }
   void send(const void* data, std::size_t count, DType type, int dest, int) override {
+    if (count == 0) return;
     device_buffer(data, "send");
     check(ncclSend(data, count, nccl_type(type), dest, comm_, current_stream()), "ncclSend");
     cuda::synchronize();
   }
   void recv(void* data, std::size_t count, DType type, int source, int) override {
+    if (count == 0) return;
     device_buffer(data, "recv");
     check(ncclRecv(data, count, nccl_type(type), source, comm_, current_stream()), "ncclRecv");
     cuda::synchronize();
@@ -188,21 +205,18 @@ class NcclCommunicator final : public Communicator {
   }
 
   /// Two ranks on one GPU cannot share an NCCL communicator: say which ranks, before NCCL fails.
+  /// GPUs are compared by UUID (device numbers repeat under per-rank CUDA_VISIBLE_DEVICES).
   void check_one_gpu_per_rank() const {
-    std::array<char, 256> host{};
-    gethostname(host.data(), host.size() - 1);
-    const auto node = static_cast<std::int64_t>(std::hash<std::string>{}(host.data()) & 0x7fffffffffffffff);
-    const std::array<std::int64_t, 2> mine{node, cuda::current_device()};
-    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size()));
-    control_->allgather(mine.data(), all.data(), 2, DType::I64);
+    const std::string mine = cuda::device_uuid(cuda::current_device());
+    std::vector<char> all(mine.size() * static_cast<std::size_t>(size()));
+    control_->allgather(mine.data(), all.data(), mine.size(), DType::U8);
+    auto uuid = [&](int r) { return std::string(all.data() + mine.size() * static_cast<std::size_t>(r), mine.size()); };
     for (int a = 0; a < size(); ++a)
-      for (int b = a + 1; b < size(); ++b) {
-        const auto i = static_cast<std::size_t>(2 * a), j = static_cast<std::size_t>(2 * b);
-        if (all[i] == all[j] && all[i + 1] == all[j + 1])
-          fail_input("NCCL needs one GPU per rank, but ranks {} and {} of {} both use GPU {} of one node ({} GPU(s) "
-                     "there): run at most as many ranks per node as it has GPUs",
-                     a, b, control_->name(), all[i + 1], cuda::device_count());
-      }
+      for (int b = a + 1; b < size(); ++b)
+        if (uuid(a) == uuid(b))
+          fail_input("NCCL needs one GPU per rank, but ranks {} and {} of {} both use the GPU {}: run at most as "
+                     "many ranks per node as it has GPUs",
+                     a, b, control_->name(), uuid(a));
   }
 
   std::unique_ptr<Communicator> control_;

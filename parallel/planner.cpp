@@ -443,4 +443,32 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
   return result;
 }
 
+PlanResult choose_plan(const PlannerGraph& graph, const Machine& machine, const PlannerOptions& options,
+                       double margin) {
+  PlanResult best = plan_search(graph, machine, options);
+  if (margin <= 0) return best;
+  const auto start = std::chrono::steady_clock::now();
+  const CostModel model(graph, machine, options);
+  std::string simplest;
+  Plan simplest_plan;
+  PlanEstimate simplest_estimate;
+  for (auto& [name, plan] : reference_plans(model)) {
+    PlanEstimate e = model.estimate(plan);
+    if (!e.fits || e.step_seconds > best.estimate.step_seconds * (1.0 + margin)) continue;
+    if (simplest.empty() || e.step_seconds < simplest_estimate.step_seconds)
+      simplest = name, simplest_plan = std::move(plan), simplest_estimate = std::move(e);
+  }
+  best.search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (simplest.empty()) return best;
+  bool same = simplest_estimate.layers.size() == best.estimate.layers.size();
+  for (std::size_t i = 0; same && i < best.estimate.layers.size(); ++i)
+    same = simplest_estimate.layers[i].split == best.estimate.layers[i].split;
+  if (same) return best;
+  best.optimum_seconds = best.estimate.step_seconds;
+  best.simpler_choice = simplest;
+  best.plan = std::move(simplest_plan);
+  best.estimate = std::move(simplest_estimate);
+  return best;
+}
+
 }  // namespace tessera

@@ -22,10 +22,14 @@ Plan auto_plan(const Model& model, const std::string& machine_file, int ranks, s
     fail_input("--plan auto needs --machine FILE: a machine file written by 'tessera calibrate', or one of machines/");
   const Machine machine = Machine::load(machine_file);
   const PlannerGraph graph = model.planner_graph(batch);
-  const PlanResult result = plan_search(graph, machine, planner_options(ranks, optimizer));
-  report = fmt::format("planned for {} ranks on '{}' in {:.3f} s: predicted step {:.3f} ms, {:.1f} MiB per rank\n",
+  const PlanResult result = choose_plan(graph, machine, planner_options(ranks, optimizer), kDefaultPlanMargin);
+  report = fmt::format("planned for {} ranks on '{}' in {:.3f} s: predicted step {:.3f} ms, {:.1f} MiB per rank{}\n",
                        ranks, machine.name, result.search_seconds, 1e3 * result.estimate.step_seconds,
-                       result.estimate.memory_bytes / (1 << 20)) +
+                       result.estimate.memory_bytes / (1 << 20),
+                       result.simpler_choice.empty()
+                           ? std::string()
+                           : fmt::format(" ({}: within {:.0f} % of the optimum's {:.3f} ms)", result.simpler_choice,
+                                         100 * kDefaultPlanMargin, 1e3 * result.optimum_seconds)) +
            result.plan.to_yaml();
   return result.plan;
 }

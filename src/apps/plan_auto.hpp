@@ -8,6 +8,10 @@
 
 namespace tessera {
 
+/// How close (a fraction of the step) a pure plan's prediction must come to the search's optimum
+/// for the commands to prefer it (choose_plan): the planner's median error on this project's machines.
+constexpr double kDefaultPlanMargin = 0.10;
+
 /// Planner options for a job of `ranks` ranks training with `optimizer` (sgd, adam, adamw).
 PlannerOptions planner_options(int ranks, const std::string& optimizer);
 /// The planner's plan of `model` for `ranks` ranks on the machine of `machine_file`; `report`

@@ -1,6 +1,7 @@
 // `tessera plan`: the planner's command. Writes the cheapest plan of a model at a rank count on a
 // machine (a machine file: measured here by `tessera calibrate`, or one of a published system in
-// machines/), with its predicted per-layer costs; --explain compares it with the pure batch,
+// machines/), with its predicted per-layer costs (a pure plan within --margin of the optimum is
+// preferred: see choose_plan); --explain compares it with the pure batch,
 // spatial and model plans; --evaluate prices a given plan file instead of searching.
 #include <fmt/format.h>
 
@@ -24,6 +25,7 @@ struct PlanArgs {
   bool explain = false;
   bool no_spatial = false, no_model = false;
   std::int64_t max_states = 200000;
+  double margin = kDefaultPlanMargin;
 };
 
 void run_plan(Communicator& world, const PlanArgs& args) {
@@ -46,8 +48,12 @@ void run_plan(Communicator& world, const PlanArgs& args) {
       text += fmt::format("predicted step {:.6f} s\n", e.step_seconds);
       return;
     }
-    const PlanResult result = plan_search(graph, machine, options);
+    const PlanResult result = choose_plan(graph, machine, options, args.margin);
     text = header + format_estimate(result.estimate);
+    if (!result.simpler_choice.empty())
+      text += fmt::format("chosen: the {} plan, predicted within {:.0f} % of the search's optimum ({:.3f} ms; "
+                          "--margin 0 takes the optimum)\n",
+                          result.simpler_choice, 100 * args.margin, 1e3 * result.optimum_seconds);
     text += fmt::format("search: {} candidate splits over {} layers, {} states, {:.3f} s{}{}\n", result.candidates,
                         graph.layers.size(), result.states, result.search_seconds,
                         result.exact ? " (exact)" : " (states were capped: not provably optimal)",
@@ -119,6 +125,11 @@ std::function<void(Communicator&)> add_plan_command(CLI::App& app) {
   cmd->add_option("--references-dir", args->references,
                   "With --explain: also write the compared plans there (pure_batch.yaml, pure_spatial.yaml, pure_model.yaml)")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--margin", args->margin,
+                  "Prefer a pure batch, spatial or model plan predicted within this fraction of the optimum "
+                  "(fewer exchanges, less exposed to what the cost model does not see; 0: the optimum)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_flag("--no-spatial", args->no_spatial, "Do not split layers spatially");
   cmd->add_flag("--no-model", args->no_model, "Do not split layers by filter or channel");
   cmd->add_option("--max-states", args->max_states, "Bound of the search's states on DAGs (chains never reach it)")

@@ -171,6 +171,14 @@ std::string describe_device(int device) {
                      runtime % 1000 / 10);
 }
 
+std::string device_uuid(int device) {
+  cudaDeviceProp properties{};
+  check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+  std::string hex;
+  for (char byte : properties.uuid.bytes) hex += fmt::format("{:02x}", static_cast<unsigned char>(byte));
+  return hex;
+}
+
 void set_device(int device) {
   const int count = device_count();
   if (device < 0 || device >= count) {

@@ -14,6 +14,7 @@ bool built() { return false; }
 int device_count() { return 0; }
 std::string unavailable_reason() { return "this Tessera was built without CUDA (TESSERA_ENABLE_CUDA=OFF)"; }
 std::string describe_device(int) { not_built("describe a GPU"); }
+std::string device_uuid(int) { not_built("identify a GPU"); }
 void set_device(int) { not_built("select a GPU"); }
 int current_device() { not_built("query the current GPU"); }
 int select_device_for_local_rank(int) { not_built("select a GPU"); }

@@ -1,11 +1,13 @@
 // The main of the multi-rank GPU tests: one GPU per rank, chosen from the node-local rank.
-// Where the node has fewer usable GPUs than ranks on it (none at all included), every rank
-// exits with 77 after rank 0 printed why, which ctest reports as Skipped, never as Passed.
+// Where two ranks would share a GPU (compared by UUID) or there is none, every rank exits with
+// 77 after rank 0 printed why, which ctest reports as Skipped, never as Passed.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdio>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
@@ -22,16 +24,26 @@ int main(int argc, char** argv) {
   MPI_Comm_size(node, &local_size);
   MPI_Comm_free(&node);
   tessera::set_process_rank(rank);
-  int gpus = tessera::cuda::device_count(), fewest = 0;
+  const int gpus = tessera::cuda::device_count();
+  int fewest = 0;
   MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  int crowded = local_size > gpus ? 1 : 0, any_crowded = 0;
-  MPI_Allreduce(&crowded, &any_crowded, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (fewest == 0 || any_crowded) {
+  // Each rank's GPU by UUID (device numbers repeat under per-rank CUDA_VISIBLE_DEVICES).
+  std::string uuid(32, '-');
+  if (fewest > 0) uuid = tessera::cuda::device_uuid(local_rank % gpus);
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<char> all(uuid.size() * static_cast<std::size_t>(size));
+  MPI_Allgather(uuid.data(), static_cast<int>(uuid.size()), MPI_CHAR, all.data(), static_cast<int>(uuid.size()),
+                MPI_CHAR, MPI_COMM_WORLD);
+  std::set<std::string> distinct;
+  for (int r = 0; r < size; ++r) distinct.insert(std::string(all.data() + uuid.size() * static_cast<std::size_t>(r), uuid.size()));
+  if (fewest == 0 || static_cast<int>(distinct.size()) < size) {
     if (rank == 0) {
       if (fewest == 0)
         std::printf("SKIPPED: no GPU to test on: %s\n", tessera::cuda::unavailable_reason().c_str());
       else
-        std::printf("SKIPPED: %d ranks on a node with %d GPU(s): these tests need one GPU per rank\n", local_size, gpus);
+        std::printf("SKIPPED: %d ranks share %zu GPU(s) (%d ranks on a node with %d): these tests need one GPU per rank\n",
+                    size, distinct.size(), local_size, gpus);
     }
     MPI_Finalize();
     return 77;

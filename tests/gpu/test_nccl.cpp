@@ -78,11 +78,11 @@ TEST_F(Nccl, CollectivesMatchMpi) {
 }
 
 TEST_F(Nccl, AllToAllVWithUnevenAndEmptyBlocks) {
-  // Rank r sends (r + p) % 3 * 5 elements to peer p (some blocks empty).
+  // Rank r sends (r + p + 1) % 3 * 5 elements to peer p (some blocks empty; at 1 rank, 5 to itself).
   std::vector<std::int64_t> send_counts(size), send_displs(size), recv_counts(size), recv_displs(size);
   for (int p = 0; p < size; ++p) {
-    send_counts[p] = (rank + p) % 3 * 5;
-    recv_counts[p] = (p + rank) % 3 * 5;
+    send_counts[p] = (rank + p + 1) % 3 * 5;
+    recv_counts[p] = (p + rank + 1) % 3 * 5;
   }
   std::exclusive_scan(send_counts.begin(), send_counts.end(), send_displs.begin(), std::int64_t{0});
   std::exclusive_scan(recv_counts.begin(), recv_counts.end(), recv_displs.begin(), std::int64_t{0});

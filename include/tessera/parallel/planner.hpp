@@ -165,10 +165,22 @@ struct PlanResult {
   std::int64_t states = 0;      ///< DP states visited
   bool exact = true;            ///< false when the DAG search had to drop states
   double memory_penalty = 0;    ///< the Lagrangian weight that made it fit (0: none needed)
+  /// Set by choose_plan when it preferred a pure plan ("pure batch", ...) to the search's optimum,
+  /// whose predicted step is then `optimum_seconds`.
+  std::string simpler_choice;
+  double optimum_seconds = 0;
 };
 
 /// The cheapest plan for `options.ranks` ranks. InputError when no plan fits the machine's memory.
 PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const PlannerOptions& options);
+
+/// The commands' choice: the search's optimum, unless a pure plan (batch, spatial or model;
+/// fitting in memory) is predicted within `margin` of it (a fraction of its step time). Then the
+/// pure plan: its fewer exchanges expose it less to what the cost model does not see (waits for
+/// slower or descheduled ranks, kernel-timing noise); the planner's median error measured on this
+/// project's machines is ~10 %, the commands' default margin. `margin` 0 gives the optimum.
+PlanResult choose_plan(const PlannerGraph& graph, const Machine& machine, const PlannerOptions& options,
+                       double margin);
 
 /// The plans --explain compares with: every layer split by sample (as far as the batch goes);
 /// every splittable layer split spatially (the rest by sample); every model-splittable layer by
