@@ -20,18 +20,18 @@ set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 find_package(CUDAToolkit REQUIRED)
 
 get_filename_component(TESSERA_CUDA_ROOT "${CUDAToolkit_BIN_DIR}" DIRECTORY)
-find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV CUDNN_ROOT PATH_SUFFIXES include)
-find_library(CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} "${TESSERA_CUDA_ROOT}/lib64" ENV CUDNN_ROOT
-             PATH_SUFFIXES lib lib64)
-if(NOT CUDNN_INCLUDE_DIR OR NOT CUDNN_LIBRARY)
-  message(FATAL_ERROR "TESSERA_ENABLE_CUDA=ON needs cuDNN 9 (cudnn.h and libcudnn); set CUDNN_ROOT")
-endif()
-find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_ROOT PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} "${TESSERA_CUDA_ROOT}/lib64" ENV NCCL_ROOT
-             PATH_SUFFIXES lib lib64)
-if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
-  message(FATAL_ERROR "TESSERA_ENABLE_CUDA=ON needs NCCL 2 (nccl.h and libnccl); set NCCL_ROOT")
-endif()
+# A library of the CUDA stack (cuDNN, NCCL): its header and shared library, in the toolkit's
+# folders or under $ENV{<PREFIX>_ROOT}; a clear error when either is missing.
+function(tessera_find_cuda_library prefix header library what)
+  find_path(${prefix}_INCLUDE_DIR ${header} HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV ${prefix}_ROOT PATH_SUFFIXES include)
+  find_library(${prefix}_LIBRARY ${library} HINTS ${CUDAToolkit_LIBRARY_DIR} "${TESSERA_CUDA_ROOT}/lib64"
+               ENV ${prefix}_ROOT PATH_SUFFIXES lib lib64)
+  if(NOT ${prefix}_INCLUDE_DIR OR NOT ${prefix}_LIBRARY)
+    message(FATAL_ERROR "TESSERA_ENABLE_CUDA=ON needs ${what} (${header} and lib${library}); set ${prefix}_ROOT")
+  endif()
+endfunction()
+tessera_find_cuda_library(CUDNN cudnn.h cudnn "cuDNN 9")
+tessera_find_cuda_library(NCCL nccl.h nccl "NCCL 2")
 
 add_library(tessera_cudnn INTERFACE)
 target_include_directories(tessera_cudnn SYSTEM INTERFACE "${CUDNN_INCLUDE_DIR}")

@@ -452,10 +452,13 @@ PlanResult choose_plan(const PlannerGraph& graph, const Machine& machine, const 
   std::string simplest;
   Plan simplest_plan;
   PlanEstimate simplest_estimate;
+  // Pure batch first (no exchanges between layers, one gradient allreduce that overlaps
+  // backward), else the cheapest of the others within the margin.
   for (auto& [name, plan] : reference_plans(model)) {
     PlanEstimate e = model.estimate(plan);
     if (!e.fits || e.step_seconds > best.estimate.step_seconds * (1.0 + margin)) continue;
-    if (simplest.empty() || e.step_seconds < simplest_estimate.step_seconds)
+    if (simplest == "pure batch") continue;
+    if (simplest.empty() || name == "pure batch" || e.step_seconds < simplest_estimate.step_seconds)
       simplest = name, simplest_plan = std::move(plan), simplest_estimate = std::move(e);
   }
   best.search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -17,8 +17,11 @@
 // - inter = intra (one node), grad_overlap = 0 (host MPI has no progress thread: a gradient
 //   allreduce hides little behind backward), as `source` says;
 // - kernels (with --model): every local workload the planner can consider for the rank counts
-//   of --ranks, each timed forward + backward on a fresh layer (median of --repeats after a
-//   warm-up) at the threads per rank the machine gives that rank count.
+//   of --ranks, each timed forward + backward on a fresh layer at the threads per rank the
+//   machine gives that rank count: --repeats rounds over all the workloads (each round a fresh
+//   layer, a warm-up call and one timed call per workload), the median per workload. A slow
+//   period of the machine (a VM's neighbours, clock changes) then costs one round of every
+//   workload instead of every repeat of a few, which the median discards.
 // Compute and kernel timings run on rank 0 alone while the other ranks wait in a nonblocking
 // barrier polled with sleeps (a blocking MPI wait spins a core and would steal it from the
 // timing); rank 0 widens its CPU affinity to the whole node first (launchers bind ranks to cores).
@@ -257,6 +260,12 @@ struct Bench {
     return seconds + seconds_since(again);
   }
 };
+
+/// Seconds of one forward + backward after one warm-up call.
+double time_once(Bench& bench, DnnBackend& backend) {
+  bench.run(backend);  // warm-up: primitive creation, first touch
+  return bench.run(backend);
+}
 
 /// Median seconds of forward + backward after one warm-up call.
 double time_bench(Bench& bench, DnnBackend& backend, int repeats) {
@@ -801,21 +810,32 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
         widen_affinity(cores);
         if (!backend) backend = make_host_backend();
       }
-      for (const auto& [w, ranks] : together) {
-        set_backend_threads(w.threads);
-        Bench bench = workload_bench(*model, graph, w);
-        MPI_Barrier(MPI_COMM_WORLD);
-        const double mine = std::max(time_bench(bench, *backend, repeats), 1e-9);
-        const double seconds = world.allreduce_value(mine, ReduceOp::Max);
+      std::vector<std::vector<double>> times(together.size());
+      for (int round = 0; round < repeats; ++round)
+        for (std::size_t k = 0; k < together.size(); ++k) {
+          set_backend_threads(together[k].first.threads);
+          Bench bench = workload_bench(*model, graph, together[k].first);
+          MPI_Barrier(MPI_COMM_WORLD);
+          times[k].push_back(time_once(bench, *backend));
+        }
+      for (std::size_t k = 0; k < together.size(); ++k) {
+        const auto& [w, ranks] = together[k];
+        const double seconds = world.allreduce_value(std::max(median(times[k]), 1e-9), ReduceOp::Max);
         machine.kernels[w.key(graph)] = seconds;
         rows.push_back({w.key(graph), graph.layers[static_cast<std::size_t>(w.layer)].name, ranks, seconds});
       }
     });
     on_rank0_alone(world, [&] {
-      for (const auto& [w, ranks] : alone) {
-        set_backend_threads(w.threads);
-        Bench bench = workload_bench(*model, graph, w);
-        const double seconds = std::max(time_bench(bench, *backend, repeats), 1e-9) * machine.oversubscription(ranks);
+      std::vector<std::vector<double>> times(alone.size());
+      for (int round = 0; round < repeats; ++round)
+        for (std::size_t k = 0; k < alone.size(); ++k) {
+          set_backend_threads(alone[k].first.threads);
+          Bench bench = workload_bench(*model, graph, alone[k].first);
+          times[k].push_back(time_once(bench, *backend));
+        }
+      for (std::size_t k = 0; k < alone.size(); ++k) {
+        const auto& [w, ranks] = alone[k];
+        const double seconds = std::max(median(times[k]), 1e-9) * machine.oversubscription(ranks);
         machine.kernels[w.key(graph)] = seconds;
         rows.push_back({w.key(graph), graph.layers[static_cast<std::size_t>(w.layer)].name, ranks, seconds});
       }

@@ -175,8 +175,8 @@ struct PlanResult {
 PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const PlannerOptions& options);
 
 /// The commands' choice: the search's optimum, unless a pure plan (batch, spatial or model;
-/// fitting in memory) is predicted within `margin` of it (a fraction of its step time). Then the
-/// pure plan: its fewer exchanges expose it less to what the cost model does not see (waits for
+/// fitting in memory) is predicted within `margin` of it (a fraction of its step time). Then that
+/// pure plan (pure batch if it is one of them, else the cheapest): its fewer exchanges expose it less to what the cost model does not see (waits for
 /// slower or descheduled ranks, kernel-timing noise); the planner's median error measured on this
 /// project's machines is ~10 %, the commands' default margin. `margin` 0 gives the optimum.
 PlanResult choose_plan(const PlannerGraph& graph, const Machine& machine, const PlannerOptions& options,
