@@ -1,7 +1,4 @@
 // "relu" and "leaky_relu" (slope for negative inputs; relu is slope 0).
-#include <algorithm>
-
-#include "layers/host_loops.hpp"
 #include "layers/layer_common.hpp"
 
 namespace tessera {
@@ -32,30 +29,17 @@ class LeakyReluLayer final : public Layer {
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
     check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
-    output.resize(input.shape());
-    const float* x = input.data();
-    float* y = output.data();
-    const float slope = slope_;
-    // Written branch-free (max/min) so the compiler vectorizes it; exact for every input.
-    host_for("leaky_relu forward", input.numel(), [=](std::int64_t i) {
-      const float value = x[i];
-      y[i] = std::max(value, 0.0f) + slope * std::min(value, 0.0f);
-    });
+    output.resize(input.shape(), input.device());
+    elementwise_of(ctx, input).leaky_relu_forward(input.data(), output.data(), input.numel(), slope_);
   }
 
   void backward(std::span<const Tensor* const> inputs, const Tensor&, const Tensor& grad_output,
-                std::span<Tensor* const> grad_inputs, LayerContext&) override {
+                std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
     if (!grad_inputs[0]) return;
     const Tensor& input = *inputs[0];
-    grad_inputs[0]->resize(input.shape());
-    const float* x = input.data();
-    const float* dy = grad_output.data();
-    float* dx = grad_inputs[0]->data();
-    const float slope = slope_;
-    host_for("leaky_relu backward", input.numel(), [=](std::int64_t i) {
-      const float factor = x[i] > 0 ? 1.0f : slope;
-      dx[i] = dy[i] * factor;
-    });
+    grad_inputs[0]->resize(input.shape(), input.device());
+    elementwise_of(ctx, input).leaky_relu_backward(input.data(), grad_output.data(), grad_inputs[0]->data(),
+                                                   input.numel(), slope_);
   }
 
  private:

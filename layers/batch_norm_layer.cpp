@@ -78,6 +78,7 @@ class BatchNormLayer final : public Layer {
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
     check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
+    check_on_host(*this, input);
     output.resize(input.shape());
     const std::int64_t batch = input.dim(0), channels = channels_, inner = input.shape().sample_numel() / channels_;
     mean_.assign(static_cast<std::size_t>(channels), 0.0);

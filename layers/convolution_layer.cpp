@@ -116,7 +116,7 @@ class ConvolutionLayer final : public Layer {
     const Tensor& input = *inputs[0];
     check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
     const ConvolutionGeometry& g = geometry_for(input, ctx);
-    output.resize(Shape::image(g.batch, geometry_.out_channels, g.output_size));
+    output.resize(Shape::image(g.batch, geometry_.out_channels, g.output_size), input.device());
     if (g.batch == 0) return;
     backend_of(*this, ctx).convolution().forward(g, input.data(), weights_.value.data(),
                                                   bias_ ? bias_parameter_.value.data() : nullptr, output.data());
@@ -126,7 +126,7 @@ class ConvolutionLayer final : public Layer {
                 std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
     const ConvolutionGeometry& g = geometry_for(input, ctx);
-    if (grad_inputs[0]) grad_inputs[0]->resize(input.shape());
+    if (grad_inputs[0]) grad_inputs[0]->resize(input.shape(), input.device());
     if (g.batch == 0) {
       // No samples here: this rank's share of the parameter gradients is zero.
       weights_.grad.zero();

@@ -335,6 +335,24 @@ class CublasLinear final : public LinearKernels {
   cublasHandle_t handle_;
 };
 
+class CudaElementwise final : public ElementwiseKernels {
+ public:
+  void leaky_relu_forward(const float* x, float* y, std::int64_t count, float slope) override {
+    cuda_kernels::leaky_relu_forward(x, y, count, slope);
+  }
+  void leaky_relu_backward(const float* x, const float* dy, float* dx, std::int64_t count, float slope) override {
+    cuda_kernels::leaky_relu_backward(x, dy, dx, count, slope);
+  }
+  double squared_error(const float* prediction, const float* target, std::int64_t count, double weight, double scale,
+                       float* grad) override {
+    Workspace sum(sizeof(double));
+    cuda_kernels::squared_error(prediction, target, count, weight, scale, static_cast<double*>(sum.get()), grad);
+    double value = 0;
+    cuda::copy(&value, sum.get(), sizeof(double));  // waits for the kernel
+    return value;
+  }
+};
+
 class CudaBackend final : public DnnBackend {
  public:
   explicit CudaBackend(const CudaBackendOptions& options) : device_(cuda::current_device()) {
@@ -361,6 +379,7 @@ class CudaBackend final : public DnnBackend {
   ConvolutionKernels& convolution() override { return *convolution_; }
   PoolingKernels& pooling() override { return pooling_; }
   LinearKernels& linear() override { return *linear_; }
+  ElementwiseKernels& elementwise() override { return elementwise_; }
   std::vector<std::string> implementations() const override { return log_; }
 
  private:
@@ -371,6 +390,7 @@ class CudaBackend final : public DnnBackend {
   std::unique_ptr<CudnnConvolution> convolution_;
   CudaPooling pooling_;
   std::unique_ptr<CublasLinear> linear_;
+  CudaElementwise elementwise_;
 };
 
 }  // namespace

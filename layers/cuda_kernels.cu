@@ -138,15 +138,15 @@ __global__ void leaky_relu_backward_kernel(const float* x, const float* dy, floa
   TESSERA_GRID_LOOP(i, count) { dx[i] = dy[i] * (x[i] > 0.0f ? 1.0f : slope); }
 }
 
-/// One block: the gradient element-wise, the loss as a block reduction (losses are small).
-__global__ void mean_squared_error_kernel(const float* prediction, const float* target, std::int64_t count,
-                                          float* loss, float* grad) {
-  __shared__ float partial[kThreads];
-  float sum = 0.0f;
+/// One block: the gradient element-wise, the loss as a block reduction in double (losses are small).
+__global__ void squared_error_kernel(const float* prediction, const float* target, std::int64_t count, double weight,
+                                     double scale, double* loss, float* grad) {
+  __shared__ double partial[kThreads];
+  double sum = 0.0;
   for (std::int64_t i = threadIdx.x; i < count; i += blockDim.x) {
-    const float difference = prediction[i] - target[i];
-    sum += difference * difference;
-    grad[i] = 2.0f * difference / static_cast<float>(count);
+    const double difference = static_cast<double>(prediction[i]) - target[i];
+    sum += difference * difference * weight;
+    if (grad) grad[i] = static_cast<float>(2.0 * difference * weight * scale);
   }
   partial[threadIdx.x] = sum;
   __syncthreads();
@@ -154,7 +154,7 @@ __global__ void mean_squared_error_kernel(const float* prediction, const float* 
     if (static_cast<int>(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
     __syncthreads();
   }
-  if (threadIdx.x == 0) *loss = partial[0] / static_cast<float>(count);
+  if (threadIdx.x == 0) *loss = partial[0];
 }
 
 __global__ void sgd_update_kernel(float* weights, const float* grad, std::int64_t count, float rate) {
@@ -216,9 +216,10 @@ void leaky_relu_backward(const float* x, const float* dy, float* dx, std::int64_
   check_launch("leaky_relu backward");
 }
 
-void mean_squared_error(const float* prediction, const float* target, std::int64_t count, float* loss, float* grad) {
-  mean_squared_error_kernel<<<1, kThreads, 0, current_stream()>>>(prediction, target, count, loss, grad);
-  check_launch("mean squared error");
+void squared_error(const float* prediction, const float* target, std::int64_t count, double weight, double scale,
+                   double* loss, float* grad) {
+  squared_error_kernel<<<1, kThreads, 0, current_stream()>>>(prediction, target, count, weight, scale, loss, grad);
+  check_launch("squared error");
 }
 
 void sgd_update(float* weights, const float* grad, std::int64_t count, float rate) {

@@ -27,10 +27,11 @@ void row_bias_gradient(const float* grad, float* bias_grad, std::int64_t rows, s
 void leaky_relu_forward(const float* x, float* y, std::int64_t count, float slope);
 void leaky_relu_backward(const float* x, const float* dy, float* dx, std::int64_t count, float slope);
 
-/// Mean squared error over `count` values: writes the mean of (prediction - target)^2 to *loss
-/// (one device float) and grad = 2 (prediction - target) / count.
-void mean_squared_error(const float* prediction, const float* target, std::int64_t count, float* loss,
-                        float* grad);
+/// Writes the sum over i of weight * (prediction_i - target_i)^2 to *loss (one device double;
+/// one block, so the order of the sum is fixed) and, when `grad` is not null,
+/// grad_i = 2 * weight * scale * (prediction_i - target_i).
+void squared_error(const float* prediction, const float* target, std::int64_t count, double weight, double scale,
+                   double* loss, float* grad);
 
 /// weights -= rate * grad.
 void sgd_update(float* weights, const float* grad, std::int64_t count, float rate);

@@ -40,6 +40,7 @@ class DropoutLayer final : public Layer {
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
     check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
+    check_on_host(*this, input);
     output.resize(input.shape());
     applied_ = ctx.training && rate_ > 0;
     if (!applied_) {

@@ -20,14 +20,14 @@ class FlattenLayer final : public Layer {
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
     check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
-    output.resize(Shape::flat(input.dim(0), input.shape().sample_numel()));
+    output.resize(Shape::flat(input.dim(0), input.shape().sample_numel()), input.device());
     output.copy_from(input.reshape(output.shape()));
   }
 
   void backward(std::span<const Tensor* const> inputs, const Tensor&, const Tensor& grad_output,
                 std::span<Tensor* const> grad_inputs, LayerContext&) override {
     if (!grad_inputs[0]) return;
-    grad_inputs[0]->resize(inputs[0]->shape());
+    grad_inputs[0]->resize(inputs[0]->shape(), inputs[0]->device());
     grad_inputs[0]->copy_from(grad_output.reshape(inputs[0]->shape()));
   }
 

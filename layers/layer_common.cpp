@@ -87,6 +87,19 @@ DnnBackend& backend_of(const Layer& layer, const LayerContext& context) {
   return *context.backend;
 }
 
+ElementwiseKernels& elementwise_of(const LayerContext& context, const Tensor& tensor) {
+  if (context.backend) return context.backend->elementwise();
+  if (!tensor.device().is_host()) fail("a tensor on {} but no DNN backend in the layer context (executor bug)",
+                                       tensor.device().to_string());
+  return host_elementwise();
+}
+
+void check_on_host(const Layer& layer, const Tensor& tensor) {
+  if (!tensor.device().is_host())
+    fail_layer(layer, "runs on the host only so far: its GPU kernels are not built yet (got a tensor on {})",
+               tensor.device().to_string());
+}
+
 void he_uniform_init(Tensor& tensor, std::uint64_t seed, int layer_id, int parameter_index, std::int64_t fan_in) {
   const float bound = static_cast<float>(std::sqrt(6.0 / static_cast<double>(std::max<std::int64_t>(fan_in, 1))));
   const std::uint64_t stream = rng_substream(RngStream::WeightInit, static_cast<std::uint64_t>(layer_id),
@@ -152,6 +165,14 @@ Box Layer::buffer_box(std::size_t index, std::vector<std::int64_t>& global_shape
   box.extent = global_shape;
   box.begin.assign(global_shape.size(), 0);
   return box;
+}
+
+void Layer::move_to(Device device) {
+  for (Parameter* parameter : parameters()) {
+    parameter->value = parameter->value.to(device);
+    parameter->grad = parameter->grad.to(device);
+  }
+  for (Tensor* buffer : buffers()) *buffer = buffer->to(device);
 }
 
 void Layer::set_model_split(const ModelSplit& split) {

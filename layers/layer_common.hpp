@@ -41,6 +41,13 @@ std::vector<std::int64_t> expand_per_dimension(const Layer& layer, const char* o
 /// The backend from the context, or an error that says the executor forgot it.
 DnnBackend& backend_of(const Layer& layer, const LayerContext& context);
 
+/// The element-wise kernels for a tensor: the context's backend's, or the host's when the
+/// context has no backend and the tensor is on the host.
+ElementwiseKernels& elementwise_of(const LayerContext& context, const Tensor& tensor);
+
+/// Layers whose kernels run on the host only so far refuse tensors on another device clearly.
+void check_on_host(const Layer& layer, const Tensor& tensor);
+
 /// Uniform(-b, b) with b = sqrt(6 / fan_in) (He), drawn per global flat index so every tiling
 /// of the tensor gets the same values.
 void he_uniform_init(Tensor& tensor, std::uint64_t seed, int layer_id, int parameter_index, std::int64_t fan_in);

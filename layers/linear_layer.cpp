@@ -70,7 +70,7 @@ class LinearLayer final : public Layer {
     const Tensor& input = *inputs[0];
     check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
     geometry_.batch = input.dim(0);
-    output.resize(Shape::flat(geometry_.batch, geometry_.out_features));
+    output.resize(Shape::flat(geometry_.batch, geometry_.out_features), input.device());
     if (geometry_.batch == 0) return;
     backend_of(*this, ctx).linear().forward(geometry_, input.data(), weights_.value.data(),
                                              adds_bias() ? bias_parameter_.value.data() : nullptr, output.data());
@@ -80,7 +80,7 @@ class LinearLayer final : public Layer {
                 std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
     geometry_.batch = input.dim(0);
-    if (grad_inputs[0]) grad_inputs[0]->resize(input.shape());
+    if (grad_inputs[0]) grad_inputs[0]->resize(input.shape(), input.device());
     if (geometry_.batch == 0) {
       weights_.grad.zero();
       if (bias_) bias_parameter_.grad.zero();

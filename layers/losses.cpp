@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "layers/host_loops.hpp"
+#include "layers/layer_common.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/layers/layer.hpp"
 
@@ -31,14 +32,18 @@ class SummedLoss : public Loss {
   double forward_backward(const Tensor& prediction, const Tensor& target, Tensor& grad_prediction,
                           const LayerContext& ctx) final {
     const double scale = 1.0 / global_batch_of(ctx, type());
-    grad_prediction.resize(prediction.shape());
-    return run(prediction, target, grad_prediction.data(), scale);
+    grad_prediction.resize(prediction.shape(), prediction.device());
+    return run(prediction, target, grad_prediction.data(), scale, elementwise_of(ctx, prediction));
   }
 
-  double forward(const Tensor& prediction, const Tensor& target) final { return run(prediction, target, nullptr, 0.0); }
+  double forward(const Tensor& prediction, const Tensor& target) final {
+    return run(prediction, target, nullptr, 0.0, elementwise_of(LayerContext{}, prediction));
+  }
 
  protected:
-  virtual double run(const Tensor& prediction, const Tensor& target, float* grad, double scale) = 0;
+  /// `kernels`: the element-wise kernels of the prediction's device.
+  virtual double run(const Tensor& prediction, const Tensor& target, float* grad, double scale,
+                     ElementwiseKernels& kernels) = 0;
 };
 
 class SoftmaxCrossEntropy final : public SummedLoss {
@@ -81,7 +86,11 @@ class SoftmaxCrossEntropy final : public SummedLoss {
   }
 
   /// Loss sum; when `grad` is given, also (softmax - one_hot) * scale. Log-sum-exp in double.
-  double run(const Tensor& prediction, const Tensor& target, float* grad, double scale) override {
+  double run(const Tensor& prediction, const Tensor& target, float* grad, double scale, ElementwiseKernels&) override {
+    if (!prediction.device().is_host())
+      fail("loss softmax_cross_entropy runs on the host only so far: its GPU kernels are not built yet (got a "
+           "prediction on {})",
+           prediction.device().to_string());
     check(prediction, target);
     const std::int64_t classes = prediction.dim(1);
     const float* scores = prediction.data();
@@ -114,17 +123,15 @@ class MeanSquaredError final : public SummedLoss {
 
 
  private:
-  double run(const Tensor& prediction, const Tensor& target, float* grad, double scale) override {
+  double run(const Tensor& prediction, const Tensor& target, float* grad, double scale,
+             ElementwiseKernels& kernels) override {
     const std::int64_t per_sample = prediction.shape().sample_numel();
     check_batch(type(), prediction, target, per_sample);
-    const float* p = prediction.data();
-    const float* t = target.data();
+    if (target.device() != prediction.device())
+      fail("loss mse: prediction on {}, target on {} (executor bug)", prediction.device().to_string(),
+           target.device().to_string());
     const double inverse_count = 1.0 / static_cast<double>(std::max<std::int64_t>(per_sample, 1));
-    return host_sum("mse", prediction.numel(), [=](std::int64_t i) {
-      const double difference = static_cast<double>(p[i]) - t[i];
-      if (grad) grad[i] = static_cast<float>(2.0 * difference * inverse_count * scale);
-      return difference * difference * inverse_count;
-    });
+    return kernels.squared_error(prediction.data(), target.data(), prediction.numel(), inverse_count, scale, grad);
   }
 };
 

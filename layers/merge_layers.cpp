@@ -26,6 +26,7 @@ class AddLayer final : public Layer {
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     for (const Tensor* input : inputs) {
       check_same_sample_shape(*this, input_shape_, input->shape(), ctx);
+      check_on_host(*this, *input);
       if (input->dim(0) != inputs[0]->dim(0))
         fail_layer(*this, "inputs have different batch extents: {} and {}", inputs[0]->shape().to_string(),
                    input->shape().to_string());
@@ -78,6 +79,7 @@ class ConcatLayer final : public Layer {
     const std::int64_t batch = inputs[0]->dim(0);
     for (std::size_t k = 0; k < inputs.size(); ++k) {
       check_same_sample_shape(*this, input_shapes_[k], inputs[k]->shape(), ctx);
+      check_on_host(*this, *inputs[k]);
       if (inputs[k]->dim(0) != batch)
         fail_layer(*this, "inputs have different batch extents: {} and {}", inputs[0]->shape().to_string(),
                    inputs[k]->shape().to_string());

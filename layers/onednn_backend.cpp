@@ -35,6 +35,7 @@ class HostBackend final : public DnnBackend {
   ConvolutionKernels& convolution() override { return *convolution_; }
   PoolingKernels& pooling() override { return *pooling_; }
   LinearKernels& linear() override { return *linear_; }
+  ElementwiseKernels& elementwise() override { return host_elementwise(); }
   std::vector<std::string> implementations() const override { return context_.implementations; }
 
  private:

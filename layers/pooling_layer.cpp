@@ -81,18 +81,19 @@ class PoolingLayer final : public Layer {
       call_.global_input_size = ctx.tile->input_global;
       call_.output_origin = ctx.tile->output_begin;
     }
-    output.resize(Shape::image(call_.batch, call_.channels, call_.output_size));
+    output.resize(Shape::image(call_.batch, call_.channels, call_.output_size), input.device());
     if (call_.batch == 0) return;
     auto& kernels = backend_of(*this, ctx).pooling();
-    workspace_.resize(kernels.workspace_bytes(call_));
-    kernels.forward(call_, input.data(), output.data(), workspace_.empty() ? nullptr : workspace_.data());
+    const std::size_t bytes = kernels.workspace_bytes(call_);
+    workspace_.resize(Shape({static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}), input.device());
+    kernels.forward(call_, input.data(), output.data(), bytes ? workspace_.data() : nullptr);
   }
 
   void backward(std::span<const Tensor* const> inputs, const Tensor& output, const Tensor& grad_output,
                 std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
     if (!grad_inputs[0]) return;
     const Tensor& input = *inputs[0];
-    grad_inputs[0]->resize(input.shape());
+    grad_inputs[0]->resize(input.shape(), input.device());
     if (call_.batch == 0) return;
     backend_of(*this, ctx).pooling().backward(call_, grad_output.data(),
                                               workspace_.empty() ? nullptr : workspace_.data(),
@@ -106,8 +107,8 @@ class PoolingLayer final : public Layer {
   PoolingGeometry geometry_;
   /// The geometry of the last forward call (whole samples or a tile); backward reuses it.
   PoolingGeometry call_;
-  /// Where forward's maxima were, for backward (opaque; sized by the backend).
-  std::vector<std::byte> workspace_;
+  /// Where forward's maxima were, for backward (opaque; sized by the backend; on the input's device).
+  Tensor workspace_;
 };
 
 }  // namespace

@@ -88,6 +88,11 @@ void Tensor::copy_from(const Tensor& other) {
 
 Tensor Tensor::to(Device device) const {
   if (device == device_) return *this;
+  if (!buffer_) {  // nothing allocated yet: the same (empty) tensor, on the other device
+    Tensor moved = *this;
+    moved.device_ = device;
+    return moved;
+  }
   Tensor copy(shape_, device);
   copy.copy_from(*this);
   return copy;
@@ -105,6 +110,14 @@ void Tensor::resize(const Shape& shape) {
   }
   shape_ = shape;
   strides_ = contiguous_strides(shape_);
+}
+
+void Tensor::resize(const Shape& shape, Device device) {
+  if (device != device_) {
+    *this = Tensor(shape, device);
+    return;
+  }
+  resize(shape);
 }
 
 float Tensor::at(const std::vector<std::int64_t>& index) const {

@@ -112,6 +112,25 @@ class LinearKernels {
                                 const float* grad_output, float* grad_weights, float* grad_bias) = 0;
 };
 
+/// The element-wise work of the layers and losses, on the backend's device (host loops, or
+/// Tessera's CUDA kernels). Layers call these instead of looping themselves, so that the same
+/// layer code runs on either device.
+class ElementwiseKernels {
+ public:
+  virtual ~ElementwiseKernels() = default;
+  /// y = max(x, 0) + slope * min(x, 0).
+  virtual void leaky_relu_forward(const float* x, float* y, std::int64_t count, float slope) = 0;
+  /// dx = dy * (x > 0 ? 1 : slope).
+  virtual void leaky_relu_backward(const float* x, const float* dy, float* dx, std::int64_t count, float slope) = 0;
+  /// Returns the sum over i of weight * (prediction_i - target_i)^2 (accumulated in double) and,
+  /// when `grad` is not null, writes grad_i = 2 * weight * scale * (prediction_i - target_i).
+  virtual double squared_error(const float* prediction, const float* target, std::int64_t count, double weight,
+                               double scale, float* grad) = 0;
+};
+
+/// The host's element-wise kernels (what the host backend's elementwise() returns).
+ElementwiseKernels& host_elementwise();
+
 class DnnBackend {
  public:
   virtual ~DnnBackend() = default;
@@ -119,6 +138,7 @@ class DnnBackend {
   virtual ConvolutionKernels& convolution() = 0;
   virtual PoolingKernels& pooling() = 0;
   virtual LinearKernels& linear() = 0;
+  virtual ElementwiseKernels& elementwise() = 0;
   /// One line per kernel built so far: what it computes and which implementation the library
   /// chose for it (for diagnostics and for tests that reject slow reference kernels).
   virtual std::vector<std::string> implementations() const = 0;

@@ -130,6 +130,10 @@ class Layer {
   /// (with channel parts: a partial sum; the bias is added by channel block 0 only). Call after
   /// setup, at most once. The default refuses anything but no split.
   virtual void set_model_split(const ModelSplit& split);
+  /// Moves the parameters (values and gradients) and the buffers to `device`; the layer then
+  /// takes its inputs there. Layers whose kernels run on the host only refuse tensors on another
+  /// device in forward, with a message that says so.
+  void move_to(Device device);
   const ModelSplit& model_split() const { return model_split_; }
 
   /// Non-trainable state that evaluation and checkpoints need (batch-norm running statistics).

@@ -46,6 +46,8 @@ class Tensor {
   void copy_from(const Tensor& other);
   /// Ensures shape (reallocates only when the element count grows beyond capacity).
   void resize(const Shape& shape);
+  /// Ensures shape and device (a tensor on another device is replaced by a new one there).
+  void resize(const Shape& shape, Device device);
 
   /// Element at a multi-index (for tests and small tools, not for kernels; host tensors only).
   float at(const std::vector<std::int64_t>& index) const;
