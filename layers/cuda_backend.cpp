@@ -9,6 +9,7 @@
 
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "layers/cuda_kernels.hpp"
 #include "tessera/core/cuda.hpp"
@@ -350,6 +351,28 @@ class CudaElementwise final : public ElementwiseKernels {
     double value = 0;
     cuda::copy(&value, sum.get(), sizeof(double));  // waits for the kernel
     return value;
+  }
+  double softmax_cross_entropy(const float* scores, const float* labels, std::int64_t rows, std::int64_t classes,
+                               double scale, float* grad) override {
+    Workspace per_row(static_cast<std::size_t>(rows) * sizeof(double));
+    cuda_kernels::softmax_cross_entropy(scores, labels, rows, classes, scale, static_cast<double*>(per_row.get()), grad);
+    return sum_in_row_order(per_row, rows);
+  }
+  std::int64_t count_correct(const float* scores, const float* labels, std::int64_t rows,
+                             std::int64_t classes) override {
+    Workspace per_row(static_cast<std::size_t>(rows) * sizeof(double));
+    cuda_kernels::count_correct(scores, labels, rows, classes, static_cast<double*>(per_row.get()));
+    return static_cast<std::int64_t>(sum_in_row_order(per_row, rows));
+  }
+
+ private:
+  /// The rows' values summed on the host in row order (as the host kernels do, one row at a time).
+  static double sum_in_row_order(const Workspace& per_row, std::int64_t rows) {
+    std::vector<double> values(static_cast<std::size_t>(rows));
+    cuda::copy(values.data(), per_row.get(), values.size() * sizeof(double));  // waits for the kernel
+    double total = 0;
+    for (double v : values) total += v;
+    return total;
   }
 };
 

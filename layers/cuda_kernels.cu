@@ -157,6 +157,33 @@ __global__ void squared_error_kernel(const float* prediction, const float* targe
   if (threadIdx.x == 0) *loss = partial[0];
 }
 
+__global__ void softmax_cross_entropy_kernel(const float* scores, const float* labels, std::int64_t rows,
+                                             std::int64_t classes, double scale, double* row_loss, float* grad) {
+  TESSERA_GRID_LOOP(n, rows) {
+    const float* row = scores + n * classes;
+    double largest = row[0];
+    for (std::int64_t k = 1; k < classes; ++k) largest = fmax(largest, static_cast<double>(row[k]));
+    double total = 0.0;
+    for (std::int64_t k = 0; k < classes; ++k) total += exp(row[k] - largest);
+    const auto label = static_cast<std::int64_t>(labels[n]);
+    if (grad)
+      for (std::int64_t k = 0; k < classes; ++k)
+        grad[n * classes + k] = static_cast<float>((exp(row[k] - largest) / total - (k == label ? 1.0 : 0.0)) * scale);
+    row_loss[n] = log(total) + largest - row[label];
+  }
+}
+
+__global__ void count_correct_kernel(const float* scores, const float* labels, std::int64_t rows,
+                                     std::int64_t classes, double* row_correct) {
+  TESSERA_GRID_LOOP(n, rows) {
+    const float* row = scores + n * classes;
+    std::int64_t best = 0;
+    for (std::int64_t k = 1; k < classes; ++k)
+      if (row[k] > row[best]) best = k;
+    row_correct[n] = best == static_cast<std::int64_t>(labels[n]) ? 1.0 : 0.0;
+  }
+}
+
 __global__ void sgd_update_kernel(float* weights, const float* grad, std::int64_t count, float rate) {
   TESSERA_GRID_LOOP(i, count) { weights[i] -= rate * grad[i]; }
 }
@@ -220,6 +247,19 @@ void squared_error(const float* prediction, const float* target, std::int64_t co
                    double* loss, float* grad) {
   squared_error_kernel<<<1, kThreads, 0, current_stream()>>>(prediction, target, count, weight, scale, loss, grad);
   check_launch("squared error");
+}
+
+void softmax_cross_entropy(const float* scores, const float* labels, std::int64_t rows, std::int64_t classes,
+                           double scale, double* row_loss, float* grad) {
+  softmax_cross_entropy_kernel<<<blocks_for(rows), kThreads, 0, current_stream()>>>(scores, labels, rows, classes, scale,
+                                                                                   row_loss, grad);
+  check_launch("softmax cross-entropy");
+}
+
+void count_correct(const float* scores, const float* labels, std::int64_t rows, std::int64_t classes,
+                   double* row_correct) {
+  count_correct_kernel<<<blocks_for(rows), kThreads, 0, current_stream()>>>(scores, labels, rows, classes, row_correct);
+  check_launch("count correct");
 }
 
 void sgd_update(float* weights, const float* grad, std::int64_t count, float rate) {

@@ -33,6 +33,14 @@ void leaky_relu_backward(const float* x, const float* dy, float* dx, std::int64_
 void squared_error(const float* prediction, const float* target, std::int64_t count, double weight, double scale,
                    double* loss, float* grad);
 
+/// Softmax cross-entropy, one thread per row: row_loss[n] = log-sum-exp(row) - row[label] (in
+/// double) and, when `grad` is not null, grad = (softmax(row) - one_hot(label)) * scale.
+void softmax_cross_entropy(const float* scores, const float* labels, std::int64_t rows, std::int64_t classes,
+                           double scale, double* row_loss, float* grad);
+/// row_correct[n] = 1 when row n's largest score (the first of equal ones) is at its label, else 0.
+void count_correct(const float* scores, const float* labels, std::int64_t rows, std::int64_t classes,
+                   double* row_correct);
+
 /// weights -= rate * grad.
 void sgd_update(float* weights, const float* grad, std::int64_t count, float rate);
 

@@ -1,5 +1,6 @@
 // The host's element-wise kernels (ElementwiseKernels), as Kokkos loops.
 #include <algorithm>
+#include <cmath>
 
 #include "layers/host_loops.hpp"
 #include "tessera/layers/dnn_backend.hpp"
@@ -31,6 +32,36 @@ class HostElementwise final : public ElementwiseKernels {
       if (grad) grad[i] = static_cast<float>(2.0 * difference * weight * scale);
       return difference * difference * weight;
     });
+  }
+
+  double softmax_cross_entropy(const float* scores, const float* labels, std::int64_t rows, std::int64_t classes,
+                               double scale, float* grad) override {
+    return host_sum("softmax_cross_entropy", rows, [=](std::int64_t n) {
+      const float* row = scores + n * classes;
+      double largest = row[0];
+      for (std::int64_t k = 1; k < classes; ++k) largest = std::max(largest, static_cast<double>(row[k]));
+      double total = 0.0;
+      for (std::int64_t k = 0; k < classes; ++k) total += std::exp(row[k] - largest);
+      const auto label = static_cast<std::int64_t>(labels[n]);
+      if (grad) {
+        for (std::int64_t k = 0; k < classes; ++k) {
+          const double probability = std::exp(row[k] - largest) / total;
+          grad[n * classes + k] = static_cast<float>((probability - (k == label ? 1.0 : 0.0)) * scale);
+        }
+      }
+      return std::log(total) + largest - row[label];
+    });
+  }
+
+  std::int64_t count_correct(const float* scores, const float* labels, std::int64_t rows,
+                             std::int64_t classes) override {
+    return static_cast<std::int64_t>(host_sum("softmax_cross_entropy correct", rows, [=](std::int64_t n) {
+      const float* row = scores + n * classes;
+      std::int64_t best = 0;
+      for (std::int64_t k = 1; k < classes; ++k)
+        if (row[k] > row[best]) best = k;
+      return best == static_cast<std::int64_t>(labels[n]) ? 1.0 : 0.0;
+    }));
   }
 };
 

@@ -6,7 +6,6 @@
 
 #include <fmt/ranges.h>
 
-#include "layers/host_loops.hpp"
 #include "layers/layer_common.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/layers/layer.hpp"
@@ -60,57 +59,46 @@ class SoftmaxCrossEntropy final : public SummedLoss {
 
   std::int64_t correct(const Tensor& prediction, const Tensor& target) const override {
     check(prediction, target);
-    const std::int64_t classes = prediction.dim(1);
-    const float* scores = prediction.data();
-    const float* labels = target.data();
-    return static_cast<std::int64_t>(host_sum("softmax_cross_entropy correct", prediction.dim(0), [=](std::int64_t n) {
-      const float* row = scores + n * classes;
-      std::int64_t best = 0;
-      for (std::int64_t k = 1; k < classes; ++k)
-        if (row[k] > row[best]) best = k;
-      return best == static_cast<std::int64_t>(labels[n]) ? 1.0 : 0.0;
-    }));
+    return kernels_of(prediction).count_correct(prediction.data(), target.data(), prediction.dim(0),
+                                                prediction.dim(1));
   }
 
  private:
+  /// The labels are checked on the host (a copy of them when they are on a GPU: one float per sample).
   void check(const Tensor& prediction, const Tensor& target) const {
     if (prediction.rank() != 2) fail_input("loss softmax_cross_entropy needs N x classes scores, got {}", prediction.shape().to_string());
     check_batch(type(), prediction, target, 1);
+    if (target.device() != prediction.device())
+      fail("loss softmax_cross_entropy: scores on {}, labels on {} (executor bug)", prediction.device().to_string(),
+           target.device().to_string());
+    const Tensor labels = target.to(Device::host());
     const std::int64_t classes = prediction.dim(1);
     for (std::int64_t n = 0; n < prediction.dim(0); ++n) {
-      const float label = target.data()[n];
+      const float label = labels.data()[n];
       if (!(label >= 0 && label < static_cast<float>(classes)) || label != std::floor(label))
         fail_input("loss softmax_cross_entropy: sample {} has label {}, but labels must be class indices 0..{}", n,
                    label, classes - 1);
     }
   }
 
-  /// Loss sum; when `grad` is given, also (softmax - one_hot) * scale. Log-sum-exp in double.
-  double run(const Tensor& prediction, const Tensor& target, float* grad, double scale, ElementwiseKernels&) override {
-    if (!prediction.device().is_host())
-      fail("loss softmax_cross_entropy runs on the host only so far: its GPU kernels are not built yet (got a "
-           "prediction on {})",
-           prediction.device().to_string());
-    check(prediction, target);
-    const std::int64_t classes = prediction.dim(1);
-    const float* scores = prediction.data();
-    const float* labels = target.data();
-    return host_sum("softmax_cross_entropy", prediction.dim(0), [=](std::int64_t n) {
-      const float* row = scores + n * classes;
-      double largest = row[0];
-      for (std::int64_t k = 1; k < classes; ++k) largest = std::max(largest, static_cast<double>(row[k]));
-      double total = 0.0;
-      for (std::int64_t k = 0; k < classes; ++k) total += std::exp(row[k] - largest);
-      const auto label = static_cast<std::int64_t>(labels[n]);
-      if (grad) {
-        for (std::int64_t k = 0; k < classes; ++k) {
-          const double probability = std::exp(row[k] - largest) / total;
-          grad[n * classes + k] = static_cast<float>((probability - (k == label ? 1.0 : 0.0)) * scale);
-        }
-      }
-      return std::log(total) + largest - row[label];
-    });
+  /// correct() has no context: the kernels of the scores' device (remembered from the last run on
+  /// a GPU, the host's otherwise).
+  ElementwiseKernels& kernels_of(const Tensor& prediction) const {
+    if (prediction.device().is_host()) return host_elementwise();
+    if (!device_kernels_) fail("loss softmax_cross_entropy: correct() on a GPU before any forward pass there");
+    return *device_kernels_;
   }
+
+  /// Loss sum; when `grad` is given, also (softmax - one_hot) * scale. Log-sum-exp in double.
+  double run(const Tensor& prediction, const Tensor& target, float* grad, double scale,
+             ElementwiseKernels& kernels) override {
+    check(prediction, target);
+    if (!prediction.device().is_host()) device_kernels_ = &kernels;
+    return kernels.softmax_cross_entropy(prediction.data(), target.data(), prediction.dim(0), prediction.dim(1), scale,
+                                         grad);
+  }
+
+  ElementwiseKernels* device_kernels_ = nullptr;
 };
 
 /// Per sample: the mean over its values of (prediction - target)^2, so the batch mean equals

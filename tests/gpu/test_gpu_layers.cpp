@@ -1,9 +1,9 @@
 // Layers on the GPU against the same layers on the host: the layers CosmoFlow-class models are
 // made of (convolution 2-D/3-D, max and average pooling, linear, ReLU, leaky ReLU, flatten) and
-// the MSE loss, each built twice with the same initial weights, one moved to the GPU
+// the losses, each built twice with the same initial weights, one moved to the GPU
 // (Layer::move_to): outputs, input gradients and parameter gradients within 1e-5 of the largest
-// value, the loss within 1e-9. Layers whose GPU kernels are not built yet (batch norm, dropout,
-// add, concat, softmax cross-entropy) refuse GPU tensors with a message that says so.
+// value, the losses (MSE, softmax cross-entropy) within 1e-9. Layers whose GPU kernels are not
+// built yet (batch norm, dropout, add, concat) refuse GPU tensors with a message that says so.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -150,11 +150,34 @@ TEST(GpuLayersNotBuilt, RefuseGpuTensorsClearly) {
       EXPECT_NE(std::string(error.what()).find("GPU kernels are not built yet"), std::string::npos) << error.what();
     }
   }
+}
+
+TEST(GpuLoss, SoftmaxCrossEntropyMatchesTheHost) {
+  auto backend = make_cuda_backend();
+  auto host_backend = make_host_backend();
   LayerOptions options("loss softmax_cross_entropy");
   auto loss = create_loss("softmax_cross_entropy", options);
-  Tensor grad;
-  const Tensor scores = testing::random_tensor(Shape::flat(2, 5), 2).to(kGpu), labels = Tensor(Shape::flat(2, 1)).to(kGpu);
-  EXPECT_THROW(loss->forward_backward(scores, labels, grad, ctx), Error);
+  const std::int64_t rows = 37, classes = 10;
+  const Tensor scores = testing::random_tensor(Shape::flat(rows, classes), 5);
+  Tensor labels(Shape({rows}));
+  for (std::int64_t n = 0; n < rows; ++n) labels.data()[n] = static_cast<float>((n * 7) % classes);
+  LayerContext host_ctx, gpu_ctx;
+  host_ctx.backend = host_backend.get();
+  gpu_ctx.backend = backend.get();
+  host_ctx.global_batch = gpu_ctx.global_batch = 64;
+  Tensor grad, ggrad;
+  const Tensor gscores = scores.to(kGpu), glabels = labels.to(kGpu);
+  const double host_loss = loss->forward_backward(scores, labels, grad, host_ctx);
+  const double gpu_loss = loss->forward_backward(gscores, glabels, ggrad, gpu_ctx);
+  EXPECT_NEAR(gpu_loss, host_loss, 1e-9 * host_loss);
+  EXPECT_EQ(ggrad.device(), kGpu);
+  EXPECT_LT(difference(grad, ggrad), kTolerance);
+  const std::int64_t host_correct = loss->correct(scores, labels);
+  EXPECT_EQ(loss->correct(gscores, glabels), host_correct);
+  // A bad label is refused on the GPU as on the host.
+  Tensor bad = labels.clone();
+  bad.data()[3] = 12.0f;
+  EXPECT_THROW(loss->forward_backward(gscores, bad.to(kGpu), ggrad, gpu_ctx), InputError);
 }
 
 }  // namespace

@@ -126,6 +126,15 @@ class ElementwiseKernels {
   /// when `grad` is not null, writes grad_i = 2 * weight * scale * (prediction_i - target_i).
   virtual double squared_error(const float* prediction, const float* target, std::int64_t count, double weight,
                                double scale, float* grad) = 0;
+  /// Softmax cross-entropy of `rows` score rows of `classes` against class indices stored as
+  /// floats (already checked to be valid): returns the sum of the rows' losses (log-sum-exp in
+  /// double, summed in row order) and, when `grad` is not null, writes
+  /// grad = (softmax(row) - one_hot(label)) * scale.
+  virtual double softmax_cross_entropy(const float* scores, const float* labels, std::int64_t rows,
+                                       std::int64_t classes, double scale, float* grad) = 0;
+  /// Rows whose largest score (the first of equal ones) is at their label.
+  virtual std::int64_t count_correct(const float* scores, const float* labels, std::int64_t rows,
+                                     std::int64_t classes) = 0;
 };
 
 /// The host's element-wise kernels (what the host backend's elementwise() returns).
