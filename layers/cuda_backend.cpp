@@ -364,6 +364,16 @@ class CudaElementwise final : public ElementwiseKernels {
     cuda_kernels::count_correct(scores, labels, rows, classes, static_cast<double*>(per_row.get()));
     return static_cast<std::int64_t>(sum_in_row_order(per_row, rows));
   }
+  void accumulate(const float* x, float* y, std::int64_t count) override { cuda_kernels::accumulate(x, y, count); }
+  void copy_rows(const float* source, std::int64_t source_stride, float* destination, std::int64_t destination_stride,
+                 std::int64_t rows, std::int64_t length) override {
+    if (rows == 0 || length == 0) return;
+    const cudaError_t status = cudaMemcpy2DAsync(
+        destination, static_cast<std::size_t>(destination_stride) * sizeof(float), source,
+        static_cast<std::size_t>(source_stride) * sizeof(float), static_cast<std::size_t>(length) * sizeof(float),
+        static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(cuda::stream()));
+    if (status != cudaSuccess) fail("CUDA: cudaMemcpy2DAsync failed: {}", cudaGetErrorString(status));
+  }
 
  private:
   /// The rows' values summed on the host in row order (as the host kernels do, one row at a time).

@@ -184,6 +184,10 @@ __global__ void count_correct_kernel(const float* scores, const float* labels, s
   }
 }
 
+__global__ void accumulate_kernel(const float* x, float* y, std::int64_t count) {
+  TESSERA_GRID_LOOP(i, count) { y[i] += x[i]; }
+}
+
 __global__ void sgd_update_kernel(float* weights, const float* grad, std::int64_t count, float rate) {
   TESSERA_GRID_LOOP(i, count) { weights[i] -= rate * grad[i]; }
 }
@@ -260,6 +264,11 @@ void count_correct(const float* scores, const float* labels, std::int64_t rows, 
                    double* row_correct) {
   count_correct_kernel<<<blocks_for(rows), kThreads, 0, current_stream()>>>(scores, labels, rows, classes, row_correct);
   check_launch("count correct");
+}
+
+void accumulate(const float* x, float* y, std::int64_t count) {
+  accumulate_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, y, count);
+  check_launch("accumulate");
 }
 
 void sgd_update(float* weights, const float* grad, std::int64_t count, float rate) {

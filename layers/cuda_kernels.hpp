@@ -41,6 +41,9 @@ void softmax_cross_entropy(const float* scores, const float* labels, std::int64_
 void count_correct(const float* scores, const float* labels, std::int64_t rows, std::int64_t classes,
                    double* row_correct);
 
+/// y += x.
+void accumulate(const float* x, float* y, std::int64_t count);
+
 /// weights -= rate * grad.
 void sgd_update(float* weights, const float* grad, std::int64_t count, float rate);
 

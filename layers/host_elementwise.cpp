@@ -1,6 +1,7 @@
 // The host's element-wise kernels (ElementwiseKernels), as Kokkos loops.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "layers/host_loops.hpp"
 #include "tessera/layers/dnn_backend.hpp"
@@ -62,6 +63,18 @@ class HostElementwise final : public ElementwiseKernels {
         if (row[k] > row[best]) best = k;
       return best == static_cast<std::int64_t>(labels[n]) ? 1.0 : 0.0;
     }));
+  }
+
+  void accumulate(const float* x, float* y, std::int64_t count) override {
+    host_for("accumulate", count, [=](std::int64_t i) { y[i] += x[i]; });
+  }
+
+  void copy_rows(const float* source, std::int64_t source_stride, float* destination, std::int64_t destination_stride,
+                 std::int64_t rows, std::int64_t length) override {
+    host_for("copy rows", rows, [=](std::int64_t r) {
+      std::memcpy(destination + r * destination_stride, source + r * source_stride,
+                  static_cast<std::size_t>(length) * sizeof(float));
+    });
   }
 };
 

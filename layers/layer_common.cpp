@@ -100,6 +100,11 @@ void check_on_host(const Layer& layer, const Tensor& tensor) {
                tensor.device().to_string());
 }
 
+void check_same_device(const Layer& layer, const Tensor& first, const Tensor& other) {
+  if (first.device() != other.device())
+    fail_layer(layer, "inputs on different devices ({} and {})", first.device().to_string(), other.device().to_string());
+}
+
 void he_uniform_init(Tensor& tensor, std::uint64_t seed, int layer_id, int parameter_index, std::int64_t fan_in) {
   const float bound = static_cast<float>(std::sqrt(6.0 / static_cast<double>(std::max<std::int64_t>(fan_in, 1))));
   const std::uint64_t stream = rng_substream(RngStream::WeightInit, static_cast<std::uint64_t>(layer_id),

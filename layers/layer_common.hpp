@@ -47,6 +47,8 @@ ElementwiseKernels& elementwise_of(const LayerContext& context, const Tensor& te
 
 /// Layers whose kernels run on the host only so far refuse tensors on another device clearly.
 void check_on_host(const Layer& layer, const Tensor& tensor);
+/// Inputs of one layer call must be on one device.
+void check_same_device(const Layer& layer, const Tensor& first, const Tensor& other);
 
 /// Uniform(-b, b) with b = sqrt(6 / fan_in) (He), drawn per global flat index so every tiling
 /// of the tensor gets the same values.

@@ -1,7 +1,4 @@
 // "add" (element-wise sum of same-shaped inputs) and "concat" (along the channel dimension 1).
-#include <cstring>
-
-#include "layers/host_loops.hpp"
 #include "layers/layer_common.hpp"
 
 namespace tessera {
@@ -26,26 +23,22 @@ class AddLayer final : public Layer {
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     for (const Tensor* input : inputs) {
       check_same_sample_shape(*this, input_shape_, input->shape(), ctx);
-      check_on_host(*this, *input);
+      check_same_device(*this, *inputs[0], *input);
       if (input->dim(0) != inputs[0]->dim(0))
         fail_layer(*this, "inputs have different batch extents: {} and {}", inputs[0]->shape().to_string(),
                    input->shape().to_string());
     }
-    output.resize(inputs[0]->shape());
-    float* y = output.data();
-    const float* first = inputs[0]->data();
-    host_for("add copy", output.numel(), [=](std::int64_t i) { y[i] = first[i]; });
-    for (std::size_t k = 1; k < inputs.size(); ++k) {
-      const float* x = inputs[k]->data();
-      host_for("add accumulate", output.numel(), [=](std::int64_t i) { y[i] += x[i]; });
-    }
+    output.resize(inputs[0]->shape(), inputs[0]->device());
+    output.copy_from(*inputs[0]);
+    auto& kernels = elementwise_of(ctx, output);
+    for (std::size_t k = 1; k < inputs.size(); ++k) kernels.accumulate(inputs[k]->data(), output.data(), output.numel());
   }
 
   void backward(std::span<const Tensor* const> inputs, const Tensor&, const Tensor& grad_output,
                 std::span<Tensor* const> grad_inputs, LayerContext&) override {
     for (Tensor* grad : grad_inputs) {
       if (!grad) continue;
-      grad->resize(grad_output.shape());
+      grad->resize(grad_output.shape(), grad_output.device());
       grad->copy_from(grad_output);
     }
   }
@@ -79,7 +72,7 @@ class ConcatLayer final : public Layer {
     const std::int64_t batch = inputs[0]->dim(0);
     for (std::size_t k = 0; k < inputs.size(); ++k) {
       check_same_sample_shape(*this, input_shapes_[k], inputs[k]->shape(), ctx);
-      check_on_host(*this, *inputs[k]);
+      check_same_device(*this, *inputs[0], *inputs[k]);
       if (inputs[k]->dim(0) != batch)
         fail_layer(*this, "inputs have different batch extents: {} and {}", inputs[0]->shape().to_string(),
                    inputs[k]->shape().to_string());
@@ -87,34 +80,28 @@ class ConcatLayer final : public Layer {
     Shape shape = inputs[0]->shape();
     shape[1] = 0;
     for (const Tensor* input : inputs) shape[1] += input->dim(1);
-    output.resize(shape);
+    output.resize(shape, inputs[0]->device());
     // Per sample, each input contributes one contiguous block of (its channels x spatial).
     const std::int64_t output_block = output.shape().sample_numel();
+    auto& kernels = elementwise_of(ctx, output);
     std::int64_t offset = 0;
     for (const Tensor* input : inputs) {
       const std::int64_t block = input->shape().sample_numel();
-      const float* x = input->data();
-      float* y = output.data() + offset;
-      host_for("concat forward", batch, [=](std::int64_t n) {
-        std::memcpy(y + n * output_block, x + n * block, static_cast<std::size_t>(block) * sizeof(float));
-      });
+      kernels.copy_rows(input->data(), block, output.data() + offset, output_block, batch, block);
       offset += block;
     }
   }
 
   void backward(std::span<const Tensor* const> inputs, const Tensor&, const Tensor& grad_output,
-                std::span<Tensor* const> grad_inputs, LayerContext&) override {
+                std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
     const std::int64_t batch = grad_output.dim(0), output_block = grad_output.shape().sample_numel();
+    auto& kernels = elementwise_of(ctx, grad_output);
     std::int64_t offset = 0;
     for (std::size_t k = 0; k < inputs.size(); ++k) {
       const std::int64_t block = inputs[k]->shape().sample_numel();
       if (Tensor* grad = grad_inputs[k]) {
-        grad->resize(inputs[k]->shape());
-        const float* dy = grad_output.data() + offset;
-        float* dx = grad->data();
-        host_for("concat backward", batch, [=](std::int64_t n) {
-          std::memcpy(dx + n * block, dy + n * output_block, static_cast<std::size_t>(block) * sizeof(float));
-        });
+        grad->resize(inputs[k]->shape(), grad_output.device());
+        kernels.copy_rows(grad_output.data() + offset, output_block, grad->data(), block, batch, block);
       }
       offset += block;
     }

@@ -1,9 +1,9 @@
-// Layers on the GPU against the same layers on the host: the layers CosmoFlow-class models are
-// made of (convolution 2-D/3-D, max and average pooling, linear, ReLU, leaky ReLU, flatten) and
-// the losses, each built twice with the same initial weights, one moved to the GPU
+// Layers on the GPU against the same layers on the host (convolution 2-D/3-D, max and average
+// pooling, linear, ReLU, leaky ReLU, flatten, add, concat) and the losses, each built twice with
+// the same initial weights, one moved to the GPU
 // (Layer::move_to): outputs, input gradients and parameter gradients within 1e-5 of the largest
 // value, the losses (MSE, softmax cross-entropy) within 1e-9. Layers whose GPU kernels are not
-// built yet (batch norm, dropout, add, concat) refuse GPU tensors with a message that says so.
+// built yet (batch norm, dropout) refuse GPU tensors with a message that says so.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,7 +33,7 @@ double difference(const Tensor& reference, const Tensor& gpu) {
 struct Case {
   std::string type;
   OptionList options;
-  Shape input;
+  std::vector<Shape> inputs;
 };
 
 class GpuLayers : public ::testing::TestWithParam<Case> {
@@ -55,36 +55,44 @@ TEST_P(GpuLayers, MatchTheHost) {
   const Case& c = GetParam();
   auto host = testing::make_layer(c.type, c.options);
   auto gpu = testing::make_layer(c.type, c.options);
-  const Shape output_shape = host->setup({c.input});
-  gpu->setup({c.input});
+  const Shape output_shape = host->setup(c.inputs);
+  gpu->setup(c.inputs);
   host->init_parameters(11);
   gpu->init_parameters(11);
   gpu->move_to(kGpu);
   for (Parameter* p : gpu->parameters()) EXPECT_EQ(p->value.device(), kGpu) << p->name;
 
-  const Tensor x = testing::random_tensor(c.input, 1);
-  const Tensor dy = testing::random_tensor(output_shape, 2);
-  LayerContext host_ctx = context(*host_backend, c.input[0]);
-  LayerContext gpu_ctx = context(*gpu_backend, c.input[0]);
-
-  Tensor y, dx;
-  const Tensor* in[] = {&x};
-  Tensor* grad_in[] = {&dx};
+  const std::size_t n = c.inputs.size();
+  std::vector<Tensor> x, gx, dx(n), gdx(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    x.push_back(testing::random_tensor(c.inputs[k], 1 + k));
+    gx.push_back(x.back().to(kGpu));
+  }
+  const Tensor dy = testing::random_tensor(output_shape, 20);
+  const Tensor gdy = dy.to(kGpu);
+  std::vector<const Tensor*> in, gin;
+  std::vector<Tensor*> grad_in, ggrad_in;
+  for (std::size_t k = 0; k < n; ++k) {
+    in.push_back(&x[k]);
+    gin.push_back(&gx[k]);
+    grad_in.push_back(&dx[k]);
+    ggrad_in.push_back(&gdx[k]);
+  }
+  LayerContext host_ctx = context(*host_backend, c.inputs[0][0]);
+  LayerContext gpu_ctx = context(*gpu_backend, c.inputs[0][0]);
+  Tensor y, gy;
   host->forward(in, y, host_ctx);
   host->backward(in, y, dy, grad_in, host_ctx);
-
-  const Tensor gx = x.to(kGpu), gdy = dy.to(kGpu);
-  Tensor gy, gdx;
-  const Tensor* gin[] = {&gx};
-  Tensor* ggrad_in[] = {&gdx};
   for (int call = 0; call < 2; ++call) {  // the first call also searches cuDNN's algorithms
     gpu->forward(gin, gy, gpu_ctx);
     gpu->backward(gin, gy, gdy, ggrad_in, gpu_ctx);
     ASSERT_EQ(gy.device(), kGpu);
-    ASSERT_EQ(gdx.device(), kGpu);
     ASSERT_EQ(gy.shape().dims(), y.shape().dims());
     EXPECT_LT(difference(y, gy), kTolerance) << "output, call " << call;
-    EXPECT_LT(difference(dx, gdx), kTolerance) << "input gradient, call " << call;
+    for (std::size_t k = 0; k < n; ++k) {
+      ASSERT_EQ(gdx[k].device(), kGpu);
+      EXPECT_LT(difference(dx[k], gdx[k]), kTolerance) << "gradient of input " << k << ", call " << call;
+    }
     const auto host_parameters = host->parameters(), gpu_parameters = gpu->parameters();
     for (std::size_t p = 0; p < host_parameters.size(); ++p)
       EXPECT_LT(difference(host_parameters[p]->grad, gpu_parameters[p]->grad), kTolerance)
@@ -95,18 +103,20 @@ TEST_P(GpuLayers, MatchTheHost) {
 INSTANTIATE_TEST_SUITE_P(
     Layers, GpuLayers,
     ::testing::Values(
-        Case{"conv", {{"filters", {"6"}}, {"kernel", {"3"}}, {"padding", {"1"}}}, Shape::image(2, 3, {9, 8})},
+        Case{"conv", {{"filters", {"6"}}, {"kernel", {"3"}}, {"padding", {"1"}}}, {Shape::image(2, 3, {9, 8})}},
         Case{"conv", {{"filters", {"4"}}, {"kernel", {"3"}}, {"stride", {"2"}}, {"padding", {"1"}}},
-             Shape::image(2, 2, {9, 8, 7})},
+             {Shape::image(2, 2, {9, 8, 7})}},
         Case{"conv", {{"filters", {"5"}}, {"kernel", {"3"}}, {"dilation", {"2"}}, {"bias", {"false"}}},
-             Shape::image(1, 3, {10, 9, 8})},
-        Case{"maxpool", {{"kernel", {"2"}}}, Shape::image(2, 3, {8, 8, 8})},
-        Case{"maxpool", {{"kernel", {"3"}}, {"stride", {"2"}}, {"padding", {"1"}}}, Shape::image(2, 3, {9, 10})},
-        Case{"avgpool", {{"kernel", {"3"}}, {"stride", {"2"}}, {"padding", {"1"}}}, Shape::image(2, 3, {9, 9, 9})},
-        Case{"linear", {{"out", {"7"}}}, Shape::flat(5, 13)},
-        Case{"relu", {}, Shape::image(2, 3, {5, 6})},
-        Case{"leaky_relu", {{"slope", {"0.3"}}}, Shape::image(2, 3, {4, 5, 6})},
-        Case{"flatten", {}, Shape::image(2, 3, {4, 5, 6})}),
+             {Shape::image(1, 3, {10, 9, 8})}},
+        Case{"maxpool", {{"kernel", {"2"}}}, {Shape::image(2, 3, {8, 8, 8})}},
+        Case{"maxpool", {{"kernel", {"3"}}, {"stride", {"2"}}, {"padding", {"1"}}}, {Shape::image(2, 3, {9, 10})}},
+        Case{"avgpool", {{"kernel", {"3"}}, {"stride", {"2"}}, {"padding", {"1"}}}, {Shape::image(2, 3, {9, 9, 9})}},
+        Case{"linear", {{"out", {"7"}}}, {Shape::flat(5, 13)}},
+        Case{"relu", {}, {Shape::image(2, 3, {5, 6})}},
+        Case{"leaky_relu", {{"slope", {"0.3"}}}, {Shape::image(2, 3, {4, 5, 6})}},
+        Case{"flatten", {}, {Shape::image(2, 3, {4, 5, 6})}},
+        Case{"add", {}, {Shape::image(2, 3, {4, 5}), Shape::image(2, 3, {4, 5}), Shape::image(2, 3, {4, 5})}},
+        Case{"concat", {}, {Shape::image(2, 3, {4, 5, 3}), Shape::image(2, 5, {4, 5, 3})}}),
     [](const ::testing::TestParamInfo<Case>& param) { return param.param.type + std::to_string(param.index); });
 
 TEST(GpuLoss, MeanSquaredErrorMatchesTheHost) {

@@ -135,6 +135,12 @@ class ElementwiseKernels {
   /// Rows whose largest score (the first of equal ones) is at their label.
   virtual std::int64_t count_correct(const float* scores, const float* labels, std::int64_t rows,
                                      std::int64_t classes) = 0;
+  /// y += x.
+  virtual void accumulate(const float* x, float* y, std::int64_t count) = 0;
+  /// `rows` rows of `length` floats from `source` (rows `source_stride` apart) to `destination`
+  /// (rows `destination_stride` apart); the two do not overlap.
+  virtual void copy_rows(const float* source, std::int64_t source_stride, float* destination,
+                         std::int64_t destination_stride, std::int64_t rows, std::int64_t length) = 0;
 };
 
 /// The host's element-wise kernels (what the host backend's elementwise() returns).
