@@ -11,6 +11,7 @@
 
 #include "layers/cuda_kernels.hpp"
 #include "layers/pool_box.hpp"
+#include "gpu/gpu_test_util.hpp"
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/layers/dnn_backend.hpp"
@@ -30,14 +31,7 @@ Tensor random_tensor(std::int64_t count, unsigned seed) {
   return t;
 }
 
-/// Relative to the largest magnitude of the reference: two correct fp32 backends sum in different
-/// orders, so an entry near zero of a long sum differs by ~1e-7 of the sum's terms, not of itself.
-double difference(const Tensor& reference, const Tensor& gpu) {
-  const Tensor back = gpu.to(Device::host());
-  float largest = 0.0f;
-  for (std::int64_t i = 0; i < reference.numel(); ++i) largest = std::max(largest, std::fabs(reference.data()[i]));
-  return max_relative_difference(reference, back, std::max<double>(largest, 1e-6));
-}
+double difference(const Tensor& reference, const Tensor& gpu) { return gpu_difference(reference, gpu); }
 
 std::int64_t product(const std::vector<std::int64_t>& values) {
   std::int64_t p = 1;

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "layers/layer_test_utils.hpp"
+#include "gpu/gpu_test_util.hpp"
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/layers/dnn_backend.hpp"
@@ -23,12 +24,7 @@ using testing::OptionList;
 constexpr double kTolerance = 1e-5;
 const Device kGpu = Device::cuda(0);
 
-double difference(const Tensor& reference, const Tensor& gpu) {
-  const Tensor back = gpu.to(Device::host());
-  float largest = 0.0f;
-  for (std::int64_t i = 0; i < reference.numel(); ++i) largest = std::max(largest, std::fabs(reference.data()[i]));
-  return max_relative_difference(reference, back, std::max<double>(largest, 1e-6));
-}
+double difference(const Tensor& reference, const Tensor& gpu) { return gpu_difference(reference, gpu); }
 
 struct Case {
   std::string type;
