@@ -13,6 +13,7 @@
 #include "tessera/parallel/planner.hpp"
 #include "tessera/parallel/tile_exchange.hpp"
 #include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/proc_grid.hpp"
 
 namespace tessera {
 namespace {
@@ -37,21 +38,6 @@ std::vector<int> grid_of(const LayerSplit& split, int dims) {
   std::vector<int> grid{split.sample, split.filter, split.channel};
   for (int p : spatial_parts(split, dims)) grid.push_back(p);
   return grid;
-}
-
-std::vector<int> coords(const std::vector<int>& grid, int rank) {
-  std::vector<int> c(grid.size());
-  for (std::size_t i = grid.size(); i-- > 0;) {
-    c[i] = rank % grid[i];
-    rank /= grid[i];
-  }
-  return c;
-}
-
-int rank_of(const std::vector<int>& grid, const std::vector<int>& c) {
-  int r = 0;
-  for (std::size_t i = 0; i < grid.size(); ++i) r = r * grid[i] + c[i];
-  return r;
 }
 
 struct Interval {
@@ -275,7 +261,7 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
   }
   // Elements of `need` that rank r holds itself (its own block of the held layout).
   auto own_overlap = [&](int r, const std::vector<Interval>& need) {
-    const auto hc = coords(hgrid, r);
+    const auto hc = grid_coords(hgrid, r);
     double elems = 1;
     for (std::size_t d = 0; d < need.size(); ++d) {
       Interval mine{0, shape[static_cast<int>(d)]};
@@ -294,7 +280,7 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
   };
   double worst = 0;
   for (int r : ranks) {
-    const auto cc = coords(ngrid, r);
+    const auto cc = grid_coords(ngrid, r);
     // The consumer's needed box.
     std::vector<Interval> need(static_cast<std::size_t>(shape.rank()));
     need[0] = block(shape[0], split.sample, cc[0]);
@@ -356,7 +342,7 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
           else hc[3 + (d - 2)] = part->sp;
         }
         if (from_data) hc[1] = cc[1], hc[2] = cc[2];  // its own filter/channel group's reader
-        const int q = rank_of(hgrid, hc);
+        const int q = grid_rank(hgrid, hc);
         if (q == r) own += elems;
         else if (q / rpn == r / rpn) bytes_intra += kBytes * elems, ++msgs_intra;
         else bytes_inter += kBytes * elems, ++msgs_inter;

@@ -18,18 +18,18 @@ int ProcGrid::size() const {
   return n;
 }
 
-std::vector<int> ProcGrid::coords_of(int rank) const {
-  std::vector<int> c(shape_.size());
-  for (int a = ndims() - 1; a >= 0; --a) {
-    c[static_cast<std::size_t>(a)] = rank % shape_[static_cast<std::size_t>(a)];
-    rank /= shape_[static_cast<std::size_t>(a)];
+std::vector<int> grid_coords(const std::vector<int>& grid, int rank) {
+  std::vector<int> c(grid.size());
+  for (std::size_t a = grid.size(); a-- > 0;) {
+    c[a] = rank % grid[a];
+    rank /= grid[a];
   }
   return c;
 }
 
-int ProcGrid::rank_of(const std::vector<int>& coords) const {
+int grid_rank(const std::vector<int>& grid, const std::vector<int>& coords) {
   int r = 0;
-  for (int a = 0; a < ndims(); ++a) r = r * shape_[static_cast<std::size_t>(a)] + coords[static_cast<std::size_t>(a)];
+  for (std::size_t a = 0; a < grid.size(); ++a) r = r * grid[a] + coords[a];
   return r;
 }
 

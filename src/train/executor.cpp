@@ -7,6 +7,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
 #include "tessera/parallel/watchdog.hpp"
+#include "tessera/tensor/proc_grid.hpp"
 
 namespace tessera {
 namespace {
@@ -23,21 +24,6 @@ void add_into(Tensor& target, const Tensor& source) {
   const float* s = source.data();
   const std::int64_t n = target.numel();
   for (std::int64_t i = 0; i < n; ++i) t[i] += s[i];
-}
-
-std::vector<int> coords_of(const std::vector<int>& grid, int rank) {
-  std::vector<int> coords(grid.size());
-  for (std::size_t i = grid.size(); i-- > 0;) {
-    coords[i] = rank % grid[i];
-    rank /= grid[i];
-  }
-  return coords;
-}
-
-int rank_of(const std::vector<int>& grid, const std::vector<int>& coords) {
-  int rank = 0;
-  for (std::size_t i = 0; i < grid.size(); ++i) rank = rank * grid[i] + coords[i];
-  return rank;
 }
 
 /// The split with its spatial parts as three entries (D, H, W); 2-D layers have D = 1.
@@ -104,7 +90,7 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
     if (p.split.channel > 1)
       p.bias_comm = group(p.grid, {kSampleAxis, kChannelAxis, kFirstSpatialAxis, kFirstSpatialAxis + 1,
                                    kFirstSpatialAxis + 2});
-    const std::vector<int> c = coords_of(p.grid, me);
+    const std::vector<int> c = grid_coords(p.grid, me);
     p.model = ModelSplit{p.split.filter, c[kFilterAxis], p.split.channel, c[kChannelAxis]};
     if (!p.tiled) continue;
     const Shape& out = nodes[i].output;
@@ -145,9 +131,9 @@ Communicator* Executor::group(const std::vector<int>& grid, const std::vector<in
   const int size = world_->size();
   std::vector<int> colors(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
-    std::vector<int> c = coords_of(grid, r);
+    std::vector<int> c = grid_coords(grid, r);
     for (int a : axes) c[static_cast<std::size_t>(a)] = 0;
-    colors[static_cast<std::size_t>(r)] = rank_of(grid, c);
+    colors[static_cast<std::size_t>(r)] = grid_rank(grid, c);
   }
   const int me = world_->rank();
   if (std::count(colors.begin(), colors.end(), colors[static_cast<std::size_t>(me)]) == 1) return nullptr;
@@ -170,7 +156,7 @@ Box Executor::output_box(std::size_t node, int rank, std::int64_t batch) const {
   const Placement& p = placement_[node];
   if (p.split.channel > 1) {
     // The reduced partial sums are scattered over the channel group by output channel.
-    const int c = coords_of(p.grid, rank)[kChannelAxis];
+    const int c = grid_coords(p.grid, rank)[kChannelAxis];
     const std::int64_t extent = box.extent[1];
     box.begin[1] += block_begin(extent, p.split.channel, c);
     box.extent[1] = block_extent(extent, p.split.channel, c);
@@ -182,7 +168,7 @@ Box Executor::partial_box(std::size_t node, int rank, std::int64_t batch) const 
   const Placement& p = placement_[node];
   Box box = sample_spatial_block(p, model_.nodes()[node].output, rank, batch);
   if (p.split.filter > 1) {
-    const int c = coords_of(p.grid, rank)[kFilterAxis];
+    const int c = grid_coords(p.grid, rank)[kFilterAxis];
     box.begin[1] = block_begin(box.extent[1], p.split.filter, c);
     box.extent[1] = block_extent(box.extent[1], p.split.filter, c);
   }
@@ -190,7 +176,7 @@ Box Executor::partial_box(std::size_t node, int rank, std::int64_t batch) const 
 }
 
 Box Executor::sample_spatial_block(const Placement& p, const Shape& shape, int rank, std::int64_t batch) {
-  const std::vector<int> c = coords_of(p.grid, rank);
+  const std::vector<int> c = grid_coords(p.grid, rank);
   Box box;
   box.begin.assign(static_cast<std::size_t>(shape.rank()), 0);
   box.extent = shape.dims();
@@ -222,7 +208,7 @@ Box Executor::input_box(std::size_t node, std::size_t input, int rank, std::int6
   const Placement& p = placement_[node];
   if (p.split.channel > 1) {
     // A channel-split layer reads its block of the input channels (features).
-    const int c = coords_of(p.grid, rank)[kChannelAxis];
+    const int c = grid_coords(p.grid, rank)[kChannelAxis];
     box.begin[1] = block_begin(shape[1], p.split.channel, c);
     box.extent[1] = block_extent(shape[1], p.split.channel, c);
   }
@@ -261,7 +247,7 @@ void Executor::check_halos() const {
                                                     : nodes[static_cast<std::size_t>(producer)].output;
     const int dims = in.rank() - 2;
     for (int rank = 0; rank < world_->size(); ++rank) {
-      const std::vector<int> c = coords_of(p.grid, rank);
+      const std::vector<int> c = grid_coords(p.grid, rank);
       const Box window = input_box(i, 0, rank, 1);
       for (int j = 0; j < dims; ++j) {
         const int axis = spatial_axis(j, dims);
@@ -391,7 +377,7 @@ LayerContext Executor::context(std::size_t node, std::int64_t batch_size, std::i
   ctx.sample_comm = p.sample_comm;
   ctx.spatial_comm = p.spatial_comm;
   ctx.tile = p.tiled ? &p.tile : nullptr;
-  ctx.sample_offset = block_begin(batch_size, p.split.sample, coords_of(p.grid, world_->rank())[kSampleAxis]);
+  ctx.sample_offset = block_begin(batch_size, p.split.sample, grid_coords(p.grid, world_->rank())[kSampleAxis]);
   ctx.global_batch = batch_size;
   ctx.seed = options_.seed;
   ctx.step = step;

@@ -10,6 +10,11 @@
 
 namespace tessera {
 
+/// Row-major grid arithmetic (the last axis varies fastest), for grids that need no
+/// communicator (plans, the planner): a rank's coordinates and back.
+std::vector<int> grid_coords(const std::vector<int>& grid, int rank);
+int grid_rank(const std::vector<int>& grid, const std::vector<int>& coords);
+
 class ProcGrid {
  public:
   /// The product of `shape` must equal comm->size().
@@ -22,8 +27,8 @@ class ProcGrid {
   std::shared_ptr<Communicator> comm_ptr() const { return comm_; }
   int rank() const { return comm_->rank(); }
   const std::vector<int>& coords() const { return coords_; }
-  std::vector<int> coords_of(int rank) const;
-  int rank_of(const std::vector<int>& coords) const;
+  std::vector<int> coords_of(int rank) const { return grid_coords(shape_, rank); }
+  int rank_of(const std::vector<int>& coords) const { return grid_rank(shape_, coords); }
 
   /// The communicator of the ranks that differ from this one only along `axes`
   /// (created on first use, collectively over the whole grid, then cached).
