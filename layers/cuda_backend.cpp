@@ -276,11 +276,7 @@ class CudnnConvolution final : public ConvolutionKernels {
 
 class CudaPooling final : public PoolingKernels {
  public:
-  std::size_t workspace_bytes(const PoolingGeometry& g) override {
-    if (g.mode != PoolingMode::Max) return 0;
-    const PoolBox box = pool_box(g);
-    return static_cast<std::size_t>(box.planes * box.out_plane()) * sizeof(std::int32_t);
-  }
+  std::size_t workspace_bytes(const PoolingGeometry& g) override { return pooling_workspace_bytes(g); }
   void forward(const PoolingGeometry& g, const float* input, float* output, void* workspace) override {
     const PoolBox box = pool_box(g);
     if (g.mode == PoolingMode::Max)
@@ -388,7 +384,8 @@ class CudaElementwise final : public ElementwiseKernels {
 
 class CudaBackend final : public DnnBackend {
  public:
-  explicit CudaBackend(const CudaBackendOptions& options) : device_(cuda::current_device()) {
+  explicit CudaBackend(const CudaBackendOptions& options) {
+    const int device = cuda::current_device();
     auto* stream = static_cast<cudaStream_t>(cuda::stream());
     check(cudnnCreate(&cudnn_), "cudnnCreate");
     check(cudnnSetStream(cudnn_, stream), "cudnnSetStream");
@@ -398,7 +395,7 @@ class CudaBackend final : public DnnBackend {
           "cublasSetMathMode");
     convolution_ = std::make_unique<CudnnConvolution>(cudnn_, options, log_);
     linear_ = std::make_unique<CublasLinear>(cublas_);
-    log_.push_back(fmt::format("device {}: {}; cuDNN {}, cuBLAS, {}", device_, cuda::describe_device(device_),
+    log_.push_back(fmt::format("device {}: {}; cuDNN {}, cuBLAS, {}", device, cuda::describe_device(device),
                                cudnnGetVersion(), options.allow_tf32 ? "TF32 allowed" : "strict fp32"));
   }
   ~CudaBackend() override {
@@ -416,7 +413,6 @@ class CudaBackend final : public DnnBackend {
   std::vector<std::string> implementations() const override { return log_; }
 
  private:
-  int device_;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::vector<std::string> log_;

@@ -3,22 +3,20 @@
 #include <cuda_runtime.h>
 
 #include <math_constants.h>
-#include <stdexcept>
-#include <string>
 
 #include "layers/cuda_kernels.hpp"
 #include "tessera/core/cuda.hpp"
+#include "tessera/core/error.hpp"
 
 namespace tessera::cuda_kernels {
 namespace {
 
 cudaStream_t current_stream() { return static_cast<cudaStream_t>(cuda::stream()); }
 
-/// Launch errors become exceptions (the runtime turns them into Tessera errors with the rank).
+/// Launch errors become Tessera errors (with the rank).
 void check_launch(const char* kernel) {
   const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess)
-    throw std::runtime_error(std::string("CUDA: launch of ") + kernel + " failed: " + cudaGetErrorString(status));
+  if (status != cudaSuccess) fail("CUDA: launch of {} failed: {}", kernel, cudaGetErrorString(status));
 }
 
 constexpr int kThreads = 256;
@@ -195,11 +193,6 @@ __global__ void sgd_update_kernel(float* weights, const float* grad, std::int64_
 std::int64_t outputs(const PoolBox& b) { return b.planes * b.out[0] * b.out[1] * b.out[2]; }
 std::int64_t inputs(const PoolBox& b) { return b.planes * b.in[0] * b.in[1] * b.in[2]; }
 
-void zero(float* values, std::int64_t count) {
-  const cudaError_t status =
-      cudaMemsetAsync(values, 0, static_cast<std::size_t>(count) * sizeof(float), current_stream());
-  if (status != cudaSuccess) throw std::runtime_error(std::string("CUDA: cudaMemsetAsync: ") + cudaGetErrorString(status));
-}
 
 }  // namespace
 
@@ -209,7 +202,7 @@ void max_pool_forward(const PoolBox& box, const float* input, float* output, std
 }
 
 void max_pool_backward(const PoolBox& box, const float* grad_output, const std::int32_t* argmax, float* grad_input) {
-  zero(grad_input, inputs(box));
+  cuda::fill(grad_input, inputs(box), 0.0f);
   max_pool_backward_kernel<<<blocks_for(outputs(box)), kThreads, 0, current_stream()>>>(box, grad_output, argmax,
                                                                                        grad_input);
   check_launch("max pool backward");
@@ -221,7 +214,7 @@ void average_pool_forward(const PoolBox& box, const float* input, float* output)
 }
 
 void average_pool_backward(const PoolBox& box, const float* grad_output, float* grad_input) {
-  zero(grad_input, inputs(box));
+  cuda::fill(grad_input, inputs(box), 0.0f);
   average_pool_backward_kernel<<<blocks_for(outputs(box)), kThreads, 0, current_stream()>>>(box, grad_output,
                                                                                            grad_input);
   check_launch("average pool backward");

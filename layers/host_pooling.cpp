@@ -41,10 +41,7 @@ inline void for_each_window(const Box& b, const Body& body) {
 
 class HostPooling final : public PoolingKernels {
  public:
-  std::size_t workspace_bytes(const PoolingGeometry& g) override {
-    if (g.mode != PoolingMode::Max) return 0;
-    return static_cast<std::size_t>(pool_box(g).out_plane() * g.batch * g.channels) * sizeof(std::int32_t);
-  }
+  std::size_t workspace_bytes(const PoolingGeometry& g) override { return pooling_workspace_bytes(g); }
 
   void forward(const PoolingGeometry& g, const float* input, float* output, void* workspace) override {
     const Box b = pool_box(g);
@@ -123,25 +120,3 @@ class HostPooling final : public PoolingKernels {
 std::unique_ptr<PoolingKernels> make_pooling_kernels(Context&) { return std::make_unique<HostPooling>(); }
 
 }  // namespace tessera::onednn
-
-namespace tessera {
-
-PoolBox pool_box(const PoolingGeometry& g) {
-  PoolBox b{g.batch * g.channels, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {0, 0, 0},
-            {0, 0, 0},            {1, 1, 1}, {0, 0, 0}};
-  const std::size_t shift = 3 - g.input_size.size();
-  const bool tile = !g.input_origin.empty();
-  for (std::size_t i = 0; i < g.input_size.size(); ++i) {
-    b.in[i + shift] = g.input_size[i];
-    b.out[i + shift] = g.output_size[i];
-    b.kernel[i + shift] = g.kernel[i];
-    b.stride[i + shift] = g.stride[i];
-    b.padding[i + shift] = g.padding[i];
-    b.in_origin[i + shift] = tile ? g.input_origin[i] : 0;
-    b.limit[i + shift] = tile ? g.global_input_size[i] : g.input_size[i];
-    b.out_origin[i + shift] = tile ? g.output_origin[i] : 0;
-  }
-  return b;
-}
-
-}  // namespace tessera

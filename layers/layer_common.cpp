@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "layers/layer_common.hpp"
+#include "layers/pool_box.hpp"
 #include "tessera/core/rng.hpp"
 
 namespace tessera {
@@ -196,6 +197,30 @@ Box filter_block(const Layer& layer, const ModelSplit& split, std::int64_t chann
 
 std::vector<std::int64_t> spatial_extents(const Shape& shape) {
   return std::vector<std::int64_t>(shape.dims().begin() + 2, shape.dims().end());
+}
+
+PoolBox pool_box(const PoolingGeometry& g) {
+  PoolBox b{g.batch * g.channels, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {0, 0, 0},
+            {0, 0, 0},            {1, 1, 1}, {0, 0, 0}};
+  const std::size_t shift = 3 - g.input_size.size();
+  const bool tile = !g.input_origin.empty();
+  for (std::size_t i = 0; i < g.input_size.size(); ++i) {
+    b.in[i + shift] = g.input_size[i];
+    b.out[i + shift] = g.output_size[i];
+    b.kernel[i + shift] = g.kernel[i];
+    b.stride[i + shift] = g.stride[i];
+    b.padding[i + shift] = g.padding[i];
+    b.in_origin[i + shift] = tile ? g.input_origin[i] : 0;
+    b.limit[i + shift] = tile ? g.global_input_size[i] : g.input_size[i];
+    b.out_origin[i + shift] = tile ? g.output_origin[i] : 0;
+  }
+  return b;
+}
+
+std::size_t pooling_workspace_bytes(const PoolingGeometry& g) {
+  if (g.mode != PoolingMode::Max) return 0;
+  const PoolBox box = pool_box(g);
+  return static_cast<std::size_t>(box.planes * box.out_plane()) * sizeof(std::int32_t);
 }
 
 }  // namespace tessera

@@ -3,6 +3,7 @@
 // so one loop nest serves both; a spatial tile gives the global position of local input and
 // output element 0 and the global input extent, to which windows are clipped.
 // Plain data, no library types: CUDA sources include it too.
+#include <cstddef>
 #include <cstdint>
 
 namespace tessera {
@@ -18,5 +19,9 @@ struct PoolBox {
 };
 
 PoolBox pool_box(const PoolingGeometry& geometry);
+
+/// Bytes of the pooling kernels' workspace (host and CUDA alike): the position of each maximum
+/// within its input plane as an int32 for max pooling, nothing for average pooling.
+std::size_t pooling_workspace_bytes(const PoolingGeometry& geometry);
 
 }  // namespace tessera

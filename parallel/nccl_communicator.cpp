@@ -5,9 +5,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <utility>
 #include <vector>
-#include <cstring>
 #include <string>
 
 #include "tessera/core/cuda.hpp"
@@ -69,8 +70,10 @@ class EventRequest final : public CommRequest {
 
 class NcclCommunicator final : public Communicator {
  public:
-  explicit NcclCommunicator(std::unique_ptr<Communicator> control) : control_(std::move(control)) {
-    check_one_gpu_per_rank();
+  /// `check_gpus`: whether to check that no two ranks share a GPU (a split or duplicate of a
+  /// checked communicator need not check again).
+  NcclCommunicator(std::unique_ptr<Communicator> control, bool check_gpus) : control_(std::move(control)) {
+    if (check_gpus) check_one_gpu_per_rank();
     ncclUniqueId id{};
     if (control_->rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     control_->broadcast(&id, sizeof(id), DType::U8, 0);
@@ -133,19 +136,19 @@ class NcclCommunicator final : public Communicator {
     }
     if (sent > 0) device_buffer(source, "alltoallv");
     if (received > 0) device_buffer(destination, "alltoallv");
+    const ncclDataType_t nccl = nccl_type(type);
+    const cudaStream_t stream = current_stream();
     check(ncclGroupStart(), "ncclGroupStart");
     for (int peer = 0; peer < size(); ++peer) {
       const auto p = static_cast<std::size_t>(peer);
-      if (send_counts[p] > 0) {
-        check(ncclSend(source + send_displs[p] * element, static_cast<std::size_t>(send_counts[p]), nccl_type(type), peer,
-                       comm_, current_stream()),
+      if (send_counts[p] > 0)
+        check(ncclSend(source + send_displs[p] * element, static_cast<std::size_t>(send_counts[p]), nccl, peer, comm_,
+                       stream),
               "ncclSend");
-      }
-      if (recv_counts[p] > 0) {
-        check(ncclRecv(destination + recv_displs[p] * element, static_cast<std::size_t>(recv_counts[p]),
-                       nccl_type(type), peer, comm_, current_stream()),
+      if (recv_counts[p] > 0)
+        check(ncclRecv(destination + recv_displs[p] * element, static_cast<std::size_t>(recv_counts[p]), nccl, peer,
+                       comm_, stream),
               "ncclRecv");
-      }
     }
     check(ncclGroupEnd(), "ncclGroupEnd");
     cuda::synchronize();
@@ -169,10 +172,10 @@ class NcclCommunicator final : public Communicator {
     fail("NCCL communicator: irecv is not built yet (separate NCCL receives can deadlock); use alltoallv");
   }
   std::unique_ptr<Communicator> split(int color, int key) const override {
-    return std::make_unique<NcclCommunicator>(control_->split(color, key));
+    return std::make_unique<NcclCommunicator>(control_->split(color, key), false);
   }
   std::unique_ptr<Communicator> duplicate() const override {
-    return std::make_unique<NcclCommunicator>(control_->duplicate());
+    return std::make_unique<NcclCommunicator>(control_->duplicate(), false);
   }
   [[noreturn]] void abort(int exit_code) override {
     if (comm_) ncclCommAbort(comm_);
@@ -210,13 +213,16 @@ class NcclCommunicator final : public Communicator {
     const std::string mine = cuda::device_uuid(cuda::current_device());
     std::vector<char> all(mine.size() * static_cast<std::size_t>(size()));
     control_->allgather(mine.data(), all.data(), mine.size(), DType::U8);
-    auto uuid = [&](int r) { return std::string(all.data() + mine.size() * static_cast<std::size_t>(r), mine.size()); };
-    for (int a = 0; a < size(); ++a)
-      for (int b = a + 1; b < size(); ++b)
-        if (uuid(a) == uuid(b))
-          fail_input("NCCL needs one GPU per rank, but ranks {} and {} of {} both use the GPU {}: run at most as "
-                     "many ranks per node as it has GPUs",
-                     a, b, control_->name(), uuid(a));
+    // (uuid, rank) sorted: two ranks on one GPU end up next to each other.
+    std::vector<std::pair<std::string, int>> gpus;
+    for (int r = 0; r < size(); ++r)
+      gpus.emplace_back(std::string(all.data() + mine.size() * static_cast<std::size_t>(r), mine.size()), r);
+    std::sort(gpus.begin(), gpus.end());
+    for (std::size_t i = 1; i < gpus.size(); ++i)
+      if (gpus[i].first == gpus[i - 1].first)
+        fail_input("NCCL needs one GPU per rank, but ranks {} and {} of {} both use the GPU {}: run at most as "
+                   "many ranks per node as it has GPUs",
+                   gpus[i - 1].second, gpus[i].second, control_->name(), gpus[i].first);
   }
 
   std::unique_ptr<Communicator> control_;
@@ -228,7 +234,7 @@ class NcclCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_nccl_communicator(const Communicator& control) {
   TESSERA_CHECK(cuda::device_count() > 0, "the NCCL communicator needs a GPU per rank, but {}",
                 cuda::unavailable_reason());
-  return std::make_unique<NcclCommunicator>(control.duplicate());
+  return std::make_unique<NcclCommunicator>(control.duplicate(), true);
 }
 
 }  // namespace tessera

@@ -457,9 +457,9 @@ PlanResult choose_plan(const PlannerGraph& graph, const Machine& machine, const 
   for (auto& [name, plan] : reference_plans(model)) {
     PlanEstimate e = model.estimate(plan);
     if (!e.fits || e.step_seconds > best.estimate.step_seconds * (1.0 + margin)) continue;
-    if (simplest == "pure batch") continue;
     if (simplest.empty() || name == "pure batch" || e.step_seconds < simplest_estimate.step_seconds)
       simplest = name, simplest_plan = std::move(plan), simplest_estimate = std::move(e);
+    if (simplest == "pure batch") break;
   }
   best.search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (simplest.empty()) return best;

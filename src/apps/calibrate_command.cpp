@@ -797,6 +797,21 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
           (ranks == size ? together : alone).emplace_back(w, ranks);
         }
     }
+    // `repeats` rounds over the workloads (a fresh layer, a warm-up and one timed call each):
+    // the median per workload. `barrier`: the ranks start each workload together.
+    auto median_in_rounds = [&](const std::vector<std::pair<Workload, int>>& list, bool barrier) {
+      std::vector<std::vector<double>> times(list.size());
+      for (int round = 0; round < repeats; ++round)
+        for (std::size_t k = 0; k < list.size(); ++k) {
+          set_backend_threads(list[k].first.threads);
+          Bench bench = workload_bench(*model, graph, list[k].first);
+          if (barrier) MPI_Barrier(MPI_COMM_WORLD);
+          times[k].push_back(time_once(bench, *backend));
+        }
+      std::vector<double> medians;
+      for (auto& t : times) medians.push_back(median(std::move(t)));
+      return medians;
+    };
     const auto start = Clock::now();
     if (world.rank() == 0) {
       fmt::print("tessera calibrate: timing {} workloads of model '{}' (batch {}, ranks {}): {} on all {} ranks at "
@@ -810,32 +825,19 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
         widen_affinity(cores);
         if (!backend) backend = make_host_backend();
       }
-      std::vector<std::vector<double>> times(together.size());
-      for (int round = 0; round < repeats; ++round)
-        for (std::size_t k = 0; k < together.size(); ++k) {
-          set_backend_threads(together[k].first.threads);
-          Bench bench = workload_bench(*model, graph, together[k].first);
-          MPI_Barrier(MPI_COMM_WORLD);
-          times[k].push_back(time_once(bench, *backend));
-        }
+      const std::vector<double> medians = median_in_rounds(together, /*barrier=*/true);
       for (std::size_t k = 0; k < together.size(); ++k) {
         const auto& [w, ranks] = together[k];
-        const double seconds = world.allreduce_value(std::max(median(times[k]), 1e-9), ReduceOp::Max);
+        const double seconds = world.allreduce_value(std::max(medians[k], 1e-9), ReduceOp::Max);
         machine.kernels[w.key(graph)] = seconds;
         rows.push_back({w.key(graph), graph.layers[static_cast<std::size_t>(w.layer)].name, ranks, seconds});
       }
     });
     on_rank0_alone(world, [&] {
-      std::vector<std::vector<double>> times(alone.size());
-      for (int round = 0; round < repeats; ++round)
-        for (std::size_t k = 0; k < alone.size(); ++k) {
-          set_backend_threads(alone[k].first.threads);
-          Bench bench = workload_bench(*model, graph, alone[k].first);
-          times[k].push_back(time_once(bench, *backend));
-        }
+      const std::vector<double> medians = median_in_rounds(alone, /*barrier=*/false);
       for (std::size_t k = 0; k < alone.size(); ++k) {
         const auto& [w, ranks] = alone[k];
-        const double seconds = std::max(median(times[k]), 1e-9) * machine.oversubscription(ranks);
+        const double seconds = std::max(medians[k], 1e-9) * machine.oversubscription(ranks);
         machine.kernels[w.key(graph)] = seconds;
         rows.push_back({w.key(graph), graph.layers[static_cast<std::size_t>(w.layer)].name, ranks, seconds});
       }

@@ -1,6 +1,8 @@
 // The one kernel the core level needs: filling device memory with a value.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 

@@ -180,11 +180,13 @@ std::string device_uuid(int device) {
 }
 
 void set_device(int device) {
-  const int count = device_count();
+  static const int count = device_count();  // fixed for the life of the process
   if (device < 0 || device >= count) {
     if (count == 0) fail("CUDA device {} requested, but {}", device, unavailable_reason());
     fail("CUDA device {} requested, but this process sees {} (0..{})", device, count, count - 1);
   }
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device) return;  // the common case: no call
   check(cudaSetDevice(device), "cudaSetDevice");
 }
 
@@ -204,6 +206,10 @@ int select_device_for_local_rank(int local_rank) {
 
 void* stream() {
   const int device = current_device();
+  // The last answer of this thread, so that launches take no lock.
+  thread_local int cached_device = -1;
+  thread_local cudaStream_t cached_stream = nullptr;
+  if (device == cached_device) return cached_stream;
   std::lock_guard lock(streams_mutex);
   auto& all = streams();
   auto it = all.find(device);
@@ -212,6 +218,8 @@ void* stream() {
     check(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking), "cudaStreamCreate");
     it = all.emplace(device, created).first;
   }
+  cached_device = device;
+  cached_stream = it->second;
   return it->second;
 }
 
@@ -227,6 +235,12 @@ void copy(void* destination, const void* source, std::size_t bytes) {
   auto* s = static_cast<cudaStream_t>(stream());
   check(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(s), "a copy between host and GPU");
+}
+
+void copy_on_device(void* destination, const void* source, std::size_t bytes) {
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream())),
+        "cudaMemcpyAsync");
 }
 
 }  // namespace tessera::cuda

@@ -25,6 +25,7 @@ void release(void*) {}
 void empty_cache() {}
 AllocatorStats allocator_stats() { return {}; }
 void copy(void*, const void*, std::size_t) { not_built("copy to or from a GPU"); }
+void copy_on_device(void*, const void*, std::size_t) { not_built("copy on a GPU"); }
 void fill(float*, std::int64_t, float) { not_built("fill GPU memory"); }
 
 }  // namespace tessera::cuda

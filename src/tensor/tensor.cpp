@@ -80,6 +80,9 @@ void Tensor::copy_from(const Tensor& other) {
   const auto bytes = static_cast<std::size_t>(numel()) * sizeof(float);
   if (device_.is_host() && other.device_.is_host()) {
     std::memcpy(data(), other.data(), bytes);
+  } else if (!device_.is_host() && !other.device_.is_host()) {
+    cuda::set_device(device_.index);
+    cuda::copy_on_device(data(), other.data(), bytes);  // ordered on the stream: no wait
   } else {
     cuda::set_device(device_.is_host() ? other.device_.index : device_.index);
     cuda::copy(data(), other.data(), bytes);

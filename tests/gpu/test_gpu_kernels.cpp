@@ -12,6 +12,7 @@
 #include "layers/cuda_kernels.hpp"
 #include "layers/pool_box.hpp"
 #include "gpu/gpu_test_util.hpp"
+#include "layers/layer_test_utils.hpp"
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/layers/dnn_backend.hpp"
@@ -23,15 +24,8 @@ namespace {
 constexpr double kTolerance = 1e-5;
 const Device kGpu = Device::cuda(0);
 
-Tensor random_tensor(std::int64_t count, unsigned seed) {
-  Tensor t(Shape({count}));
-  std::mt19937 generator(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (std::int64_t i = 0; i < count; ++i) t.data()[i] = normal(generator);
-  return t;
-}
+Tensor random_tensor(std::int64_t count, unsigned seed) { return testing::random_tensor(Shape({count}), seed); }
 
-double difference(const Tensor& reference, const Tensor& gpu) { return gpu_difference(reference, gpu); }
 
 std::int64_t product(const std::vector<std::int64_t>& values) {
   std::int64_t p = 1;
@@ -90,11 +84,11 @@ TEST_F(GpuKernels, ConvolutionMatchesHost) {
     for (int repeat = 0; repeat < 2; ++repeat) {  // the first call also searches the algorithms
       gpu->convolution().forward(g, gx.data(), gweights.data(), gbias.data(), gy.data());
       gpu->convolution().backward(g, gx.data(), gdy.data(), gweights.data(), gdx.data(), gdw.data(), gdb.data());
-      EXPECT_LT(difference(y, gy), kTolerance) << "forward, call " << repeat;
-      EXPECT_LT(difference(dx, gdx), kTolerance) << "backward data, call " << repeat;
-      EXPECT_LT(difference(dw, gdw), kTolerance) << "backward weights, call " << repeat;
+      EXPECT_LT(gpu_difference(y, gy), kTolerance) << "forward, call " << repeat;
+      EXPECT_LT(gpu_difference(dx, gdx), kTolerance) << "backward data, call " << repeat;
+      EXPECT_LT(gpu_difference(dw, gdw), kTolerance) << "backward weights, call " << repeat;
       if (g.bias) {
-        EXPECT_LT(difference(db, gdb), kTolerance) << "bias gradient, call " << repeat;
+        EXPECT_LT(gpu_difference(db, gdb), kTolerance) << "bias gradient, call " << repeat;
       }
     }
   }
@@ -161,8 +155,8 @@ TEST_F(GpuKernels, PoolingMatchesHost) {
     gdx.fill(7.0f);  // backward must overwrite, not accumulate
     gpu->pooling().forward(g, gx.data(), gy.data(), gworkspace.data());
     gpu->pooling().backward(g, gdy.data(), gworkspace.data(), gdx.data());
-    EXPECT_LT(difference(y, gy), kTolerance) << "forward";
-    EXPECT_LT(difference(dx, gdx), kTolerance) << "backward";
+    EXPECT_LT(gpu_difference(y, gy), kTolerance) << "forward";
+    EXPECT_LT(gpu_difference(dx, gdx), kTolerance) << "backward";
   }
 }
 
@@ -182,11 +176,11 @@ TEST_F(GpuKernels, LinearMatchesHost) {
     gpu->linear().forward(g, gx.data(), gweights.data(), gb.data(), gy.data());
     gpu->linear().backward_data(g, gdy.data(), gweights.data(), gdx.data());
     gpu->linear().backward_weights(g, gx.data(), gdy.data(), gdw.data(), gdb.data());
-    EXPECT_LT(difference(y, gy), kTolerance);
-    EXPECT_LT(difference(dx, gdx), kTolerance);
-    EXPECT_LT(difference(dw, gdw), kTolerance);
+    EXPECT_LT(gpu_difference(y, gy), kTolerance);
+    EXPECT_LT(gpu_difference(dx, gdx), kTolerance);
+    EXPECT_LT(gpu_difference(dw, gdw), kTolerance);
     if (bias) {
-      EXPECT_LT(difference(db, gdb), kTolerance);
+      EXPECT_LT(gpu_difference(db, gdb), kTolerance);
     }
   }
 }
@@ -217,10 +211,10 @@ TEST(GpuElementwise, LeakyReluLossAndUpdateMatchHost) {
   const double gloss = backend->elementwise().squared_error(gx.data(), gtarget.data(), n,
                                                             1.0 / static_cast<double>(n), 1.0, ggrad.data());
   cuda_kernels::sgd_update(gupdated.data(), gdy.data(), n, rate);
-  EXPECT_LT(difference(y, gy), kTolerance);
-  EXPECT_LT(difference(dx, gdx), kTolerance);
-  EXPECT_LT(difference(grad, ggrad), kTolerance);
-  EXPECT_LT(difference(updated, gupdated), kTolerance);
+  EXPECT_LT(gpu_difference(y, gy), kTolerance);
+  EXPECT_LT(gpu_difference(dx, gdx), kTolerance);
+  EXPECT_LT(gpu_difference(grad, ggrad), kTolerance);
+  EXPECT_LT(gpu_difference(updated, gupdated), kTolerance);
   EXPECT_NEAR(gloss, loss, 1e-9 * loss);  // both sums in double
 }
 

@@ -24,7 +24,6 @@ using testing::OptionList;
 constexpr double kTolerance = 1e-5;
 const Device kGpu = Device::cuda(0);
 
-double difference(const Tensor& reference, const Tensor& gpu) { return gpu_difference(reference, gpu); }
 
 struct Case {
   std::string type;
@@ -84,14 +83,14 @@ TEST_P(GpuLayers, MatchTheHost) {
     gpu->backward(gin, gy, gdy, ggrad_in, gpu_ctx);
     ASSERT_EQ(gy.device(), kGpu);
     ASSERT_EQ(gy.shape().dims(), y.shape().dims());
-    EXPECT_LT(difference(y, gy), kTolerance) << "output, call " << call;
+    EXPECT_LT(gpu_difference(y, gy), kTolerance) << "output, call " << call;
     for (std::size_t k = 0; k < n; ++k) {
       ASSERT_EQ(gdx[k].device(), kGpu);
-      EXPECT_LT(difference(dx[k], gdx[k]), kTolerance) << "gradient of input " << k << ", call " << call;
+      EXPECT_LT(gpu_difference(dx[k], gdx[k]), kTolerance) << "gradient of input " << k << ", call " << call;
     }
     const auto host_parameters = host->parameters(), gpu_parameters = gpu->parameters();
     for (std::size_t p = 0; p < host_parameters.size(); ++p)
-      EXPECT_LT(difference(host_parameters[p]->grad, gpu_parameters[p]->grad), kTolerance)
+      EXPECT_LT(gpu_difference(host_parameters[p]->grad, gpu_parameters[p]->grad), kTolerance)
           << host_parameters[p]->name << ", call " << call;
   }
 }
@@ -130,7 +129,7 @@ TEST(GpuLoss, MeanSquaredErrorMatchesTheHost) {
   const double gpu_loss = loss->forward_backward(prediction.to(kGpu), target.to(kGpu), ggrad, gpu_ctx);
   EXPECT_NEAR(gpu_loss, host_loss, 1e-9 * host_loss);
   EXPECT_EQ(ggrad.device(), kGpu);
-  EXPECT_LT(difference(grad, ggrad), kTolerance);
+  EXPECT_LT(gpu_difference(grad, ggrad), kTolerance);
 }
 
 TEST(GpuLayersNotBuilt, RefuseGpuTensorsClearly) {
@@ -177,7 +176,7 @@ TEST(GpuLoss, SoftmaxCrossEntropyMatchesTheHost) {
   const double gpu_loss = loss->forward_backward(gscores, glabels, ggrad, gpu_ctx);
   EXPECT_NEAR(gpu_loss, host_loss, 1e-9 * host_loss);
   EXPECT_EQ(ggrad.device(), kGpu);
-  EXPECT_LT(difference(grad, ggrad), kTolerance);
+  EXPECT_LT(gpu_difference(grad, ggrad), kTolerance);
   const std::int64_t host_correct = loss->correct(scores, labels);
   EXPECT_EQ(loss->correct(gscores, glabels), host_correct);
   // A bad label is refused on the GPU as on the host.

@@ -64,6 +64,9 @@ AllocatorStats allocator_stats();
 /// Copies bytes between any two of host and device memory, ordered on stream() and finished
 /// when the call returns.
 void copy(void* destination, const void* source, std::size_t bytes);
+/// Copies bytes between two buffers of device memory, queued on stream() (no wait: later work on
+/// the stream sees the copy).
+void copy_on_device(void* destination, const void* source, std::size_t bytes);
 /// Sets `count` floats of device memory to `value` (queued on stream()).
 void fill(float* destination, std::int64_t count, float value);
 
