@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
     app.add_option("--steps", steps);
     app.add_option("--warmup", warmup);
     app.add_option("--threads", threads, "Threads per rank");
+    std::string halo_overlap = "auto";
+    app.add_option("--halo-overlap", halo_overlap, "auto, always or never (see tessera train --help)")
+        ->check(CLI::IsMember({"auto", "always", "never"}));
     double lr = 0.01;
     app.add_option("--lr", lr, "SGD learning rate (momentum 0.9); lower it for models that diverge on random data");
     try {
@@ -71,6 +74,7 @@ int main(int argc, char** argv) {
     model.init_parameters(1);
     tessera::ExecutorOptions options;
     options.global_batch = batch;
+    options.halo_overlap = tessera::parse_halo_overlap(halo_overlap);
     const tessera::Plan plan =
         plan_file.empty() ? tessera::Plan::sample_parallel(world->size()) : tessera::Plan::load(plan_file);
     tessera::Executor executor(model, plan, world, options);
@@ -119,15 +123,18 @@ int main(int argc, char** argv) {
                                                          tessera::ReduceOp::Max);
     const double exchanged_mib = world->allreduce_value(
         static_cast<double>(executor.exchange_elements_per_step(batch)) * 4.0 / (1 << 20), tessera::ReduceOp::Max);
+    const double overlapped = world->allreduce_value(static_cast<double>(executor.overlapped_layers(batch).size()),
+                                                     tessera::ReduceOp::Max);
     const double samples_per_s = static_cast<double>(steps * batch) / seconds;
     const double gflops = 3.0 * forward_flops(model, batch) * steps / seconds / 1e9;
     if (world->rank() == 0)
       std::printf(
           "{\"framework\": \"tessera\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "
           "\"step_ms\": %.3f, \"comm_wait_ms\": %.3f, \"exchange_ms\": %.3f, \"exchanged_mib\": %.2f, "
-          "\"gflops\": %.2f, \"activation_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
+          "\"gflops\": %.2f, \"activation_mib\": %.1f, \"peak_rss_mib\": %.1f, \"overlapped_layers\": %d}\n",
           world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps,
-          1e3 * comm_wait / steps, 1e3 * exchange / steps, exchanged_mib, gflops, activation_mib, peak_mib);
+          1e3 * comm_wait / steps, 1e3 * exchange / steps, exchanged_mib, gflops, activation_mib, peak_mib,
+          static_cast<int>(overlapped));
     } catch (const tessera::Error& e) {
       // Bad model or plan: every rank fails together (collectively); rank 0 says why.
       if (world->rank() == 0) std::fprintf(stderr, "bench_train: %s\n", e.what());

@@ -139,6 +139,67 @@ class ConvolutionLayer final : public Layer {
     if (bias_ && !adds_bias()) bias_parameter_.grad.zero();  // the bias is channel block 0's
   }
 
+  bool computes_output_regions() const override { return true; }
+
+  void forward_region(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx,
+                      const std::vector<std::int64_t>& begin, const std::vector<std::int64_t>& extent) override {
+    const Tensor& input = *inputs[0];
+    if (!ctx.tile) fail("{}: forward_region outside a spatial tile (executor bug)", describe(*this));
+    const ConvolutionGeometry& g = geometry_for(input, ctx);
+    TESSERA_CHECK(begin.size() == g.output_size.size() && extent.size() == g.output_size.size(),
+                  "{}: forward_region over {} spatial dimensions, the layer has {}", describe(*this), begin.size(),
+                  g.output_size.size());
+    if (g.batch == 0) return;
+    // The region is a convolution of its own (no padding: the window holds it) over the part of
+    // the window its outputs read, copied out; its outputs are copied into place.
+    region_geometry_ = g;
+    std::vector<std::int64_t> input_begin(begin.size());
+    for (std::size_t i = 0; i < begin.size(); ++i) {
+      TESSERA_CHECK(extent[i] > 0 && begin[i] >= 0 && begin[i] + extent[i] <= g.output_size[i],
+                    "{}: output region [{}, {}) outside the tile's {} outputs in dimension {}", describe(*this),
+                    begin[i], begin[i] + extent[i], g.output_size[i], i);
+      const std::int64_t reach = (g.kernel[i] - 1) * g.dilation[i] + 1;
+      input_begin[i] = begin[i] * g.stride[i];
+      region_geometry_.input_size[i] = (extent[i] - 1) * g.stride[i] + reach;
+      region_geometry_.output_size[i] = extent[i];
+    }
+    ElementwiseKernels& kernels = elementwise_of(ctx, input);
+    region_input_.resize(Shape::image(g.batch, g.in_channels, region_geometry_.input_size), input.device());
+    region_output_.resize(Shape::image(g.batch, g.out_channels, extent), input.device());
+    copy_spatial_box(kernels, input, input_begin, region_input_, std::vector<std::int64_t>(begin.size(), 0),
+                     region_geometry_.input_size);
+    backend_of(*this, ctx).convolution().forward(region_geometry_, region_input_.data(), weights_.value.data(),
+                                                  bias_ ? bias_parameter_.value.data() : nullptr, region_output_.data());
+    copy_spatial_box(kernels, region_output_, std::vector<std::int64_t>(begin.size(), 0), output, begin, extent);
+  }
+
+  bool splits_backward() const override { return true; }
+
+  void backward_inputs(std::span<const Tensor* const> inputs, const Tensor& grad_output,
+                       std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
+    const Tensor& input = *inputs[0];
+    if (!grad_inputs[0]) return;
+    const ConvolutionGeometry& g = geometry_for(input, ctx);
+    grad_inputs[0]->resize(input.shape(), input.device());
+    if (g.batch == 0) return;
+    backend_of(*this, ctx).convolution().backward_data(g, grad_output.data(), weights_.value.data(),
+                                                        grad_inputs[0]->data());
+  }
+
+  void backward_parameters(std::span<const Tensor* const> inputs, const Tensor& grad_output,
+                           LayerContext& ctx) override {
+    const Tensor& input = *inputs[0];
+    const ConvolutionGeometry& g = geometry_for(input, ctx);
+    if (g.batch == 0) {
+      weights_.grad.zero();
+      if (bias_) bias_parameter_.grad.zero();
+      return;
+    }
+    backend_of(*this, ctx).convolution().backward_weights(g, input.data(), grad_output.data(), weights_.grad.data(),
+                                                           adds_bias() ? bias_parameter_.grad.data() : nullptr);
+    if (bias_ && !adds_bias()) bias_parameter_.grad.zero();
+  }
+
  private:
   /// The geometry of this call: the layer's own, or on a spatial tile a convolution without
   /// padding over the local window (which already holds the padding as zeros) that yields
@@ -170,7 +231,8 @@ class ConvolutionLayer final : public Layer {
   std::vector<std::int64_t> kernel_, stride_, padding_, dilation_;
   bool bias_;
   Shape input_shape_;
-  ConvolutionGeometry geometry_, tile_geometry_;
+  ConvolutionGeometry geometry_, tile_geometry_, region_geometry_;
+  Tensor region_input_, region_output_;  ///< forward_region's copies, kept between calls
   Parameter weights_, bias_parameter_;
 };
 

@@ -188,6 +188,56 @@ void Layer::set_model_split(const ModelSplit& split) {
   model_split_ = split;
 }
 
+void Layer::forward_region(std::span<const Tensor* const>, Tensor&, LayerContext&, const std::vector<std::int64_t>&,
+                           const std::vector<std::int64_t>&) {
+  fail("{} cannot compute part of its output tile (executor bug: computes_output_regions() is false)", describe(*this));
+}
+
+void Layer::backward_inputs(std::span<const Tensor* const>, const Tensor&, std::span<Tensor* const>, LayerContext&) {
+  fail("{} has no separate input-gradient pass (executor bug: splits_backward() is false)", describe(*this));
+}
+
+void Layer::backward_parameters(std::span<const Tensor* const>, const Tensor&, LayerContext&) {
+  fail("{} has no separate parameter-gradient pass (executor bug: splits_backward() is false)", describe(*this));
+}
+
+void copy_spatial_box(ElementwiseKernels& kernels, const Tensor& source, const std::vector<std::int64_t>& source_begin,
+                      Tensor& destination, const std::vector<std::int64_t>& destination_begin,
+                      const std::vector<std::int64_t>& extent) {
+  const int rank = source.rank();
+  TESSERA_CHECK(rank == 4 || rank == 5, "copy_spatial_box: an N x C x (D) x H x W tensor, got {}", source.shape().to_string());
+  TESSERA_CHECK(destination.rank() == rank && destination.dim(0) == source.dim(0) && destination.dim(1) == source.dim(1),
+                "copy_spatial_box: {} and {} differ in rank, samples or channels", source.shape().to_string(),
+                destination.shape().to_string());
+  const auto dims = static_cast<std::size_t>(rank - 2);
+  TESSERA_CHECK(source_begin.size() == dims && destination_begin.size() == dims && extent.size() == dims,
+                "copy_spatial_box: {} spatial dimensions expected", dims);
+  for (std::size_t i = 0; i < dims; ++i) {
+    const int d = static_cast<int>(i) + 2;
+    TESSERA_CHECK(extent[i] >= 0 && source_begin[i] >= 0 && source_begin[i] + extent[i] <= source.dim(d) &&
+                      destination_begin[i] >= 0 && destination_begin[i] + extent[i] <= destination.dim(d),
+                  "copy_spatial_box: box at {} / {} of extents {} outside {} or {}", fmt::join(source_begin, ","),
+                  fmt::join(destination_begin, ","), fmt::join(extent, ","), source.shape().to_string(),
+                  destination.shape().to_string());
+    if (extent[i] == 0) return;
+  }
+  // One strided copy of H rows of W per (sample, channel[, depth]) plane.
+  const std::int64_t src_w = source.dim(rank - 1), dst_w = destination.dim(rank - 1);
+  const std::int64_t src_plane = src_w * source.dim(rank - 2), dst_plane = dst_w * destination.dim(rank - 2);
+  const std::int64_t depth = dims == 3 ? extent[0] : 1;
+  const std::int64_t src_depth = dims == 3 ? source.dim(2) : 1, dst_depth = dims == 3 ? destination.dim(2) : 1;
+  const std::int64_t src_d0 = dims == 3 ? source_begin[0] : 0, dst_d0 = dims == 3 ? destination_begin[0] : 0;
+  const std::size_t h = dims - 2, w = dims - 1;
+  const std::int64_t planes = source.dim(0) * source.dim(1);
+  for (std::int64_t p = 0; p < planes; ++p)
+    for (std::int64_t d = 0; d < depth; ++d) {
+      const float* from = source.data() + ((p * src_depth + src_d0 + d) * src_plane) + source_begin[h] * src_w + source_begin[w];
+      float* to = destination.data() + ((p * dst_depth + dst_d0 + d) * dst_plane) + destination_begin[h] * dst_w +
+                  destination_begin[w];
+      kernels.copy_rows(from, src_w, to, dst_w, extent[h], extent[w]);
+    }
+}
+
 Box filter_block(const Layer& layer, const ModelSplit& split, std::int64_t channels) {
   if (split.filter_parts > channels)
     fail_layer(layer, "cannot cut {} channels into {} filter parts", channels, split.filter_parts);

@@ -70,6 +70,13 @@ std::int64_t global_index(const std::vector<std::int64_t>& global, const Box& bo
 /// than channels.
 Box filter_block(const Layer& layer, const ModelSplit& split, std::int64_t channels);
 
+/// Copies the spatial box [source_begin, source_begin + extent) of every sample and channel of
+/// `source` (N x C x (D) x H x W) to `destination` (same N and C) at `destination_begin`, with
+/// `kernels` (the tensors' device).
+void copy_spatial_box(ElementwiseKernels& kernels, const Tensor& source, const std::vector<std::int64_t>& source_begin,
+                      Tensor& destination, const std::vector<std::int64_t>& destination_begin,
+                      const std::vector<std::int64_t>& extent);
+
 /// Spatial extents (dims 2...) of an image shape.
 std::vector<std::int64_t> spatial_extents(const Shape& shape);
 

@@ -17,6 +17,7 @@ namespace {
 
 struct TrainArgs {
   std::string model, plan, machine, data, val_data, inputs, targets, inject_failure, inject_hang;
+  std::string halo_overlap = "auto";
   TrainerOptions trainer;
   ExecutorOptions executor;
 };
@@ -67,6 +68,7 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   });
   args.executor.global_batch = args.trainer.global_batch;
   args.executor.seed = args.trainer.seed;
+  args.executor.halo_overlap = parse_halo_overlap(args.halo_overlap);
   model->init_parameters(args.trainer.seed);
   Executor executor(*model, *plan, world, args.executor);
   std::unique_ptr<Trainer> trainer;
@@ -162,6 +164,11 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--bucket-bytes", args->executor.reducer.bucket_bytes, "Gradient allreduce bucket size in bytes")
       ->capture_default_str();
+  cmd->add_option("--halo-overlap", args->halo_overlap,
+                  "Spatially split layers compute their interior while halos travel and recompute the outputs "
+                  "that read halos afterwards: auto (where those are at most 1/8 of the tile), always, never")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "always", "never"}));
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");
   cmd->add_option("--watchdog-seconds", t.watchdog_seconds,
                   "A rank with no finished step for this long prints what it is stuck in and ends the job, exit "

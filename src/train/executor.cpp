@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
@@ -321,6 +322,37 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
       if (!exchange->is_identity()) ex.inputs[i][a] = std::move(exchange);
     }
   }
+  // Halo exchanges that overlap their layer's forward.
+  ex.overlap.resize(nodes.size());
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const TileExchange* exchange = nodes[i].inputs.size() == 1 ? ex.inputs[i][0].get() : nullptr;
+    const int producer = nodes[i].inputs.empty() ? Model::kModelInput : nodes[i].inputs[0];
+    if (!exchange || options_.halo_overlap == HaloOverlap::Never || !placement_[i].tiled ||
+        placement_[i].split.channel > 1 || !nodes[i].layer->computes_output_regions() ||
+        exchange->transport() != TileExchange::Transport::PointToPoint ||
+        (producer != Model::kModelInput && !(placement_[static_cast<std::size_t>(producer)].split == placement_[i].split)))
+      continue;
+    // Ready before the halos: the own block with all its samples and channels, and whatever lies
+    // outside the global input (padding, filled at start).
+    const Box& local = exchange->local_box();
+    const Box& need = exchange->needed_box();
+    const Shape& global = exchange->global_shape();
+    if (local.numel() == 0 || local.extent[0] != need.extent[0] || local.extent[1] != need.extent[1]) continue;
+    const std::size_t dims = static_cast<std::size_t>(global.rank() - 2);
+    std::vector<std::int64_t> ready_begin(dims), ready_end(dims);
+    for (std::size_t d = 0; d < dims; ++d) {
+      const std::size_t g = d + 2;
+      ready_begin[d] = local.begin[g] == 0 ? std::numeric_limits<std::int64_t>::min() : local.begin[g];
+      ready_end[d] = local.begin[g] + local.extent[g] == global[static_cast<int>(g)] ? std::numeric_limits<std::int64_t>::max()
+                                                                                    : local.begin[g] + local.extent[g];
+    }
+    const SpatialTile& tile = placement_[i].tile;
+    HaloSplit split = split_at_halos(*nodes[i].layer, ready_begin, ready_end, tile.output_begin, tile.output_extent);
+    if (!split.interior || split.boundary.empty() ||
+        (options_.halo_overlap == HaloOverlap::Automatic && split.boundary_share > kMaxRecomputedShare))
+      continue;
+    ex.overlap[i] = std::move(split);
+  }
   // Channel-split layers: their partial sums are reduce-scattered into the output tiles.
   ex.reduce.resize(nodes.size());
   for (std::size_t i = 0; i < nodes.size(); ++i) {
@@ -370,6 +402,15 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
   return exchanges_.emplace(batch, std::move(ex)).first->second;
 }
 
+TileExchange* Executor::split_backward(Exchanges& ex, std::size_t node) {
+  const auto& n = model_.nodes()[node];
+  if (options_.halo_overlap == HaloOverlap::Never || n.inputs.size() != 1 || n.inputs[0] == Model::kModelInput ||
+      ex.reduce[node] || !n.layer->splits_backward())
+    return nullptr;
+  TileExchange* exchange = ex.inputs[node][0].get();
+  return exchange && exchange->transport() == TileExchange::Transport::PointToPoint ? exchange : nullptr;
+}
+
 LayerContext Executor::context(std::size_t node, std::int64_t batch_size, std::int64_t step, bool training) {
   const Placement& p = placement_[node];
   LayerContext ctx;
@@ -394,12 +435,16 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
   std::vector<const Tensor*> in;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     in.clear();
+    const bool overlap = ex.overlap[i].interior;
     for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
       const int j = nodes[i].inputs[a];
       const Tensor* source = j == Model::kModelInput ? &inputs : &outputs_[static_cast<std::size_t>(j)];
       if (TileExchange* exchange = ex.inputs[i][a].get()) {
         const auto start = Clock::now();
-        exchange->forward(*source, windows_[i][a]);
+        if (overlap)
+          exchange->start_forward(*source, windows_[i][a]);  // finished after the interior
+        else
+          exchange->forward(*source, windows_[i][a]);
         exchange_seconds_ += seconds_since(start);
         source = &windows_[i][a];
       }
@@ -425,6 +470,14 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
       continue;
     }
     nodes[i].layer->forward(in, outputs_[i], ctx);
+    if (overlap) {
+      // The interior is right; the boundary read halos that had not arrived: recompute it.
+      const auto start = Clock::now();
+      ex.inputs[i][0]->finish_forward();
+      exchange_seconds_ += seconds_since(start);
+      for (const OutputRegion& region : ex.overlap[i].boundary)
+        nodes[i].layer->forward_region(in, outputs_[i], ctx, region.begin, region.extent);
+    }
     peak_bytes_ = std::max(peak_bytes_, current_bytes());
   }
 }
@@ -504,6 +557,23 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
       node.layer->backward(in, partials_[k], partial_grads_[k], grad_in, ctx);
       peak_bytes_ = std::max(peak_bytes_, current_bytes());
       partial_grads_[k] = Tensor();
+    } else if (TileExchange* exchange = split_backward(ex, k)) {
+      // The halo gradients travel to their owners while the parameter gradients are computed.
+      node.layer->backward_inputs(in, grads_[k], grad_in, ctx);
+      peak_bytes_ = std::max(peak_bytes_, current_bytes());
+      const auto uj = static_cast<std::size_t>(node.inputs[0]);
+      auto start = Clock::now();
+      exchange->start_reverse(window_grads_[k][0], grads_[uj], /*accumulate=*/has_grad[uj]);
+      exchange_seconds_ += seconds_since(start);
+      node.layer->backward_parameters(in, grads_[k], ctx);
+      for (auto* p : node.layer->parameters()) reducer_.ready(p->grad);
+      start = Clock::now();
+      exchange->finish_reverse();
+      exchange_seconds_ += seconds_since(start);
+      peak_bytes_ = std::max(peak_bytes_, current_bytes());
+      window_grads_[k][0] = Tensor();
+      has_grad[uj] = true;
+      continue;
     } else {
       node.layer->backward(in, outputs_[k], grads_[k], grad_in, ctx);
       peak_bytes_ = std::max(peak_bytes_, current_bytes());
@@ -588,6 +658,15 @@ std::int64_t Executor::current_bytes() const {
   for (const auto& node : window_grads_)
     for (const auto& t : node) bytes += t.allocated_bytes();
   return bytes;
+}
+
+std::vector<std::string> Executor::overlapped_layers(std::int64_t batch_size) const {
+  std::vector<std::string> names;
+  auto it = exchanges_.find(batch_size);
+  if (it == exchanges_.end()) return names;
+  for (std::size_t i = 0; i < it->second.overlap.size(); ++i)
+    if (it->second.overlap[i].interior) names.push_back(model_.nodes()[i].layer->name());
+  return names;
 }
 
 std::int64_t Executor::exchange_elements_per_step(std::int64_t batch_size) {

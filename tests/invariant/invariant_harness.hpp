@@ -75,12 +75,16 @@ inline OptimizerConfig sgd_momentum() {
   return c;
 }
 
+/// The tests overlap every halo exchange a layer can (HaloOverlap::Always), so the overlapped
+/// path is what the invariant covers; tests that name HaloOverlap::Never cover the other.
 inline TrainingRun train(const std::string& model_text, const Plan& plan, std::shared_ptr<Communicator> comm, std::int64_t batch,
-                  int steps, const OptimizerConfig& optimizer_config = sgd_momentum(), double lr = 0.05) {
+                  int steps, const OptimizerConfig& optimizer_config = sgd_momentum(), double lr = 0.05,
+                  HaloOverlap overlap = HaloOverlap::Always) {
   Model model = Model::parse(model_text, "invariant_test_model");
   model.init_parameters(11);
   ExecutorOptions options;
   options.global_batch = batch;
+  options.halo_overlap = overlap;
   options.seed = 11;
   options.reducer.bucket_bytes = 4 << 10;  // several buckets
   Executor executor(model, plan, comm, options);
@@ -120,13 +124,14 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
 /// Runs `model_text` under `plan_text` on every rank of the job and under one rank, and compares
 /// every rank's blocks with the same blocks of the 1-rank tensors.
 inline void expect_same_as_one_rank(const std::string& model_text, const std::string& plan_text, std::int64_t batch,
-                             int steps = 4, const OptimizerConfig& optimizer = sgd_momentum(), double lr = 0.05) {
+                             int steps = 4, const OptimizerConfig& optimizer = sgd_momentum(), double lr = 0.05,
+                             HaloOverlap overlap = HaloOverlap::Always) {
   auto world = MpiCommunicator::world();
   SCOPED_TRACE(plan_text);
   std::shared_ptr<Communicator> self = world->split(world->rank(), 0);
   const TrainingRun reference = train(model_text, Plan::sample_parallel(1), self, batch, steps, optimizer, lr);
   const TrainingRun parallel =
-      train(model_text, Plan::parse(plan_text, "invariant_test_plan"), world, batch, steps, optimizer, lr);
+      train(model_text, Plan::parse(plan_text, "invariant_test_plan"), world, batch, steps, optimizer, lr, overlap);
   ASSERT_EQ(reference.losses.size(), parallel.losses.size());
   for (std::size_t s = 0; s < reference.losses.size(); ++s) {
     EXPECT_TRUE(std::isfinite(reference.losses[s]));

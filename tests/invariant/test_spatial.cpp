@@ -9,6 +9,7 @@
 // empty or thinner than a layer's halo are refused on every rank with a message naming the layer.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -200,8 +201,8 @@ loss: softmax_cross_entropy
   expect_same_as_one_rank(model, plan, 4);
 }
 
-TEST(SpatialInvariant, CosmoFlowStyleModelOverSeveralSteps) {
-  const std::string model = R"(
+std::string cosmoflow_style_model() {
+  return R"(
 input: {shape: [1, 16, 16, 16]}
 layers:
   - {name: conv1, type: conv, filters: 4, kernel: 3, padding: 1}
@@ -216,9 +217,75 @@ layers:
   - {name: fc2, type: linear, out: 10}
 loss: softmax_cross_entropy
 )";
-  expect_same_as_one_rank(model, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"},
-                                          fmt::format("{{sample: 1, spatial: {}}}", three_dims())),
+}
+
+TEST(SpatialInvariant, CosmoFlowStyleModelOverSeveralSteps) {
+  expect_same_as_one_rank(cosmoflow_style_model(),
+                          plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"},
+                                   fmt::format("{{sample: 1, spatial: {}}}", three_dims())),
                           4, 5);
+}
+
+TEST(SpatialInvariant, CosmoFlowStyleModelWithoutHaloOverlap) {
+  // The other tests overlap every halo exchange they can; this one none (blocking exchanges).
+  expect_same_as_one_rank(cosmoflow_style_model(),
+                          plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"},
+                                   fmt::format("{{sample: 1, spatial: {}}}", three_dims())),
+                          4, 5, sgd_momentum(), 0.05, HaloOverlap::Never);
+}
+
+TEST(HaloOverlapModes, TheExecutorOverlapsWhereTheModeSays) {
+  // conv1: 64 planes over the ranks, a boundary of one plane per neighbour (at most 2 of 16
+  // outputs): overlapped by auto. thin: 16 planes and a kernel of 5 (two planes per side): at
+  // least 2 of 8 outputs are boundary, never overlapped by auto.
+  const std::string model = R"(
+input: {shape: [1, 64, 4, 4]}
+layers:
+  - {name: conv1, type: conv, filters: 2, kernel: 3, padding: 1}
+  - {name: pool1, type: maxpool, kernel: 2}
+  - {name: pool2, type: maxpool, kernel: 2}
+  - {name: thin, type: conv, filters: 2, kernel: 5, padding: 2}
+  - {name: flatten, type: flatten}
+  - {name: fc, type: linear, out: 10}
+loss: softmax_cross_entropy
+)";
+  const std::string plan = plan_for({"conv1", "pool1", "pool2", "thin"}, one_dim_split(3));
+  auto world = MpiCommunicator::world();
+  std::map<HaloOverlap, std::vector<std::string>> overlapped;
+  for (auto mode : {HaloOverlap::Automatic, HaloOverlap::Always, HaloOverlap::Never}) {
+    Model m = Model::parse(model, "m");
+    m.init_parameters(3);
+    ExecutorOptions options;
+    options.global_batch = 2;
+    options.halo_overlap = mode;
+    Executor executor(m, Plan::parse(plan, "p"), world, options);
+    EXPECT_TRUE(executor.overlapped_layers(2).empty()) << "before the first step";
+    Tensor inputs, labels;
+    synthetic_batch(m.sample_shape(), 2, 0, inputs, labels);
+    const auto [begin, end] = executor.local_samples(2);
+    const BatchResult r = executor.train_step(local_tile(inputs, begin, end, executor.input_sample_box()),
+                                              labels.slice(begin, end).clone(), 2, 0);
+    EXPECT_TRUE(std::isfinite(r.loss_sum));
+    overlapped[mode] = executor.overlapped_layers(2);
+  }
+  using Names = std::vector<std::string>;
+  EXPECT_EQ(overlapped[HaloOverlap::Never], Names{});
+  if (ranks() == 1) {
+    // One tile holds everything: no halos to wait for.
+    EXPECT_EQ(overlapped[HaloOverlap::Always], Names{});
+    EXPECT_EQ(overlapped[HaloOverlap::Automatic], Names{});
+    return;
+  }
+  EXPECT_EQ(overlapped[HaloOverlap::Automatic], Names{"conv1"});
+  const auto& always = overlapped[HaloOverlap::Always];
+  EXPECT_NE(std::find(always.begin(), always.end(), "conv1"), always.end());
+  // thin's outputs read two planes on each side: a block has an interior where it is wider than
+  // the planes it reads from neighbours (two at an edge of the global input, four elsewhere).
+  const int rank = world->rank();
+  const bool edge = rank == 0 || rank == ranks() - 1;
+  const std::int64_t planes = block_extent(16, ranks(), rank);
+  EXPECT_EQ(std::find(always.begin(), always.end(), "thin") != always.end(), planes > (edge ? 2 : 4))
+      << "rank " << rank << " with " << planes << " planes";
 }
 
 TEST(SpatialInvariant, OneSampleSplitSpatiallyThenADenseTailWithIdleRanks) {
@@ -239,7 +306,7 @@ loss: softmax_cross_entropy
 )";
   expect_same_as_one_rank(model, plan_for({"conv1", "act1", "pool1", "bn"}, fmt::format("{{sample: 1, spatial: {}}}",
                                                                                          three_dims())),
-                          1, 4);
+                          1, 4, sgd_momentum(), 0.02);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -60,6 +60,52 @@ TEST(LayerForward, ConvolutionMatchesDirectLoops) {
   }
 }
 
+TEST(LayerForward, ConvolutionRegionsOfATileEqualTheWholeTile) {
+  // What the executor does to overlap a halo exchange: forward over the tile's window, then
+  // forward_region over parts of it. Each region must equal the same outputs of the whole tile,
+  // in either layout, and leave the other outputs alone.
+  for (auto layout : {HostConvolutionLayout::Plain, HostConvolutionLayout::Blocked}) {
+    auto backend = make_host_backend({layout});
+    for (std::int64_t channels : {2, 9}) {
+      auto layer = make_layer("conv", {{"filters", {"5"}}, {"kernel", {"3", "2", "3"}}, {"stride", {"1", "2", "1"}},
+                                       {"padding", {"1"}}, {"dilation", {"2", "1", "1"}}});
+      layer->setup({Shape::image(2, channels, {12, 12, 9})});
+      layer->init_parameters(4);
+      layer->parameters()[1]->value.copy_from(random_tensor(Shape{5}, 45));
+      // A tile of 6 x 3 x 5 outputs: its window spans (6-1)*1 + 5 = 10, (3-1)*2 + 2 = 6, 5-1+3 = 7.
+      SpatialTile tile;
+      tile.output_extent = {6, 3, 5};
+      tile.window_begin = {0, 0, 0};
+      LayerContext context;
+      context.backend = backend.get();
+      context.tile = &tile;
+      const Tensor window = random_tensor(Shape::image(2, channels, {10, 6, 7}), 46);
+      const Tensor* inputs[] = {&window};
+      Tensor whole;
+      layer->forward(inputs, whole, context);
+      ASSERT_EQ(whole.shape().dims(), (std::vector<std::int64_t>{2, 5, 6, 3, 5}));
+      const std::vector<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> regions = {
+          {{0, 0, 0}, {1, 3, 5}}, {{5, 0, 0}, {1, 3, 5}}, {{1, 0, 0}, {4, 1, 5}}, {{1, 2, 4}, {4, 1, 1}}, {{0, 0, 0}, {6, 3, 5}}};
+      for (const auto& [begin, extent] : regions) {
+        Tensor output = whole.clone();
+        // Spoil the region's outputs: forward_region must write all of them.
+        for (std::int64_t i = 0; i < output.numel(); ++i) {
+          std::int64_t rest = i / 5 / 3 % 6;  // D index of flat i in [2, 5, 6, 3, 5]
+          const std::int64_t w = i % 5, h = i / 5 % 3, d = rest;
+          const bool inside = d >= begin[0] && d < begin[0] + extent[0] && h >= begin[1] && h < begin[1] + extent[1] &&
+                              w >= begin[2] && w < begin[2] + extent[2];
+          if (inside) output.data()[i] = 1e6f;
+        }
+        layer->forward_region(inputs, output, context, begin, extent);
+        // Relative to the outputs' scale: the region may sum in another order (a gemm blocked
+        // for its shape), so outputs near zero differ by rounding relative to themselves.
+        EXPECT_LT(max_relative_difference(output, whole, 1.0), 1e-5)
+            << "channels " << channels << ", region at " << begin[0] << "," << begin[1] << "," << begin[2];
+      }
+    }
+  }
+}
+
 TEST(LayerForward, HeInitIsBoundedAndDeterministic) {
   auto a = make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}}, 7);
   auto b = make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}}, 7);

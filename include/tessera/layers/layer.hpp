@@ -154,6 +154,26 @@ class Layer {
                         const Tensor& grad_output, std::span<Tensor* const> grad_inputs,
                         LayerContext& ctx) = 0;
 
+  // Halo overlap (see Executor): a layer on a spatial tile whose halos are still travelling.
+  /// Whether the layer can compute part of its output tile on its own (convolution). The executor
+  /// then runs forward on the window before the halos arrived (the outputs that read no halo are
+  /// right; the others are not yet) and, once they arrived, forward_region on each part of the
+  /// tile that reads them.
+  virtual bool computes_output_regions() const { return false; }
+  /// Recomputes the local outputs [begin, begin + extent) (spatial dimensions; all samples and
+  /// channels) of the tile from the same inputs, into `output` as forward sized it. Only on a
+  /// spatial tile (ctx.tile), after forward with the same inputs and context.
+  virtual void forward_region(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx,
+                              const std::vector<std::int64_t>& begin, const std::vector<std::int64_t>& extent);
+  /// Whether backward splits into backward_inputs and backward_parameters (convolution): the
+  /// executor sends the input gradients' halos to their owners while the parameter gradients are
+  /// computed. backward_inputs + backward_parameters write what backward writes.
+  virtual bool splits_backward() const { return false; }
+  virtual void backward_inputs(std::span<const Tensor* const> inputs, const Tensor& grad_output,
+                               std::span<Tensor* const> grad_inputs, LayerContext& ctx);
+  virtual void backward_parameters(std::span<const Tensor* const> inputs, const Tensor& grad_output,
+                                   LayerContext& ctx);
+
  private:
   std::string name_;
   int id_;

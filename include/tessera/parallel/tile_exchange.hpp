@@ -54,6 +54,9 @@ class TileExchange {
   /// This rank's boxes.
   const Box& held_box() const;
   const Box& needed_box() const;
+  /// The part of needed_box() this rank takes from its own held box (start_forward copies it
+  /// before any message arrives; may be empty).
+  const Box& local_box() const { return local_; }
 
   /// Forward (gather): `needed_out` is resized to needed_box().extent and filled: elements inside the
   /// global tensor from their holders, elements outside with `fill`. `held_in` has extents

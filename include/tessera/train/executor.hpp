@@ -13,6 +13,12 @@
 // batch-norm statistics). Weight gradients are summed over each weight's replica group by the
 // GradReducer, bucket by bucket while backward continues.
 //
+// Halo exchanges overlap compute (ExecutorOptions::halo_overlap). Forward: the exchange starts
+// (own block and padding copied into the window, halos in flight), the layer computes its
+// interior, the halos arrive, the layer recomputes the outputs that read them (halo_overlap.hpp).
+// Backward: the layer writes its input gradient, the halo gradients start back to their owners,
+// the layer computes its parameter gradients, then the halo gradients are summed.
+//
 // Model parallelism uses the same mechanism. A layer split by `filter` computes its block of the
 // output channels/features and reads all input channels of its samples: the exchange gathers
 // them (the filter ranks need the same box), and its reverse sums the ranks' partial input
@@ -26,6 +32,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -35,6 +42,7 @@
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/tile_exchange.hpp"
 #include "tessera/tensor/distribution.hpp"
+#include "tessera/train/halo_overlap.hpp"
 #include "tessera/train/model.hpp"
 
 namespace tessera {
@@ -43,6 +51,8 @@ struct ExecutorOptions {
   std::int64_t global_batch = 64;
   std::uint64_t seed = 0;
   GradReducerOptions reducer;
+  /// Whether spatially split layers compute while their halos travel (see halo_overlap.hpp).
+  HaloOverlap halo_overlap = HaloOverlap::Automatic;
 };
 
 /// Sums over the whole batch (all ranks).
@@ -96,6 +106,9 @@ class Executor {
   /// reductions of channel-split layers' partial sums (forward and backward) for a batch of
   /// `batch_size` (0 before its first step).
   std::int64_t exchange_elements_per_step(std::int64_t batch_size);
+  /// The layers whose halo exchange overlaps their forward on this rank (halo_overlap.hpp), for
+  /// a batch of `batch_size` (empty before its first step).
+  std::vector<std::string> overlapped_layers(std::int64_t batch_size) const;
   /// The communicator over which parameter `param` of layer `node`'s gradient is summed: the
   /// ranks that hold the same block of it (size 1: none).
   Communicator& replica_group(std::size_t node, const Parameter& param);
@@ -130,6 +143,9 @@ class Executor {
     /// Per node: the consumer after whose exchange its output is released (every consumer reads
     /// a copy), or -1: kept.
     std::vector<std::size_t> release;
+    /// Per node: its one input's halo exchange overlaps its forward (interior set): the output
+    /// regions to recompute once the halos arrived.
+    std::vector<HaloSplit> overlap;
   };
 
   /// The tile of node `node`'s output that `rank` computes, for a batch of `batch`.
@@ -150,6 +166,9 @@ class Executor {
   void check_halos() const;
   std::int64_t current_bytes() const;
   Exchanges& exchanges(std::int64_t batch, const Tensor& targets);
+  /// The exchange of node `node`'s one input when its backward splits around the exchange's
+  /// reverse (point to point, a layer that splits_backward); else null.
+  TileExchange* split_backward(Exchanges& ex, std::size_t node);
   LayerContext context(std::size_t node, std::int64_t batch_size, std::int64_t step, bool training);
   void forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_size, std::int64_t step, bool training);
   BatchResult reduce(double loss_sum, std::int64_t correct, std::int64_t samples, const char* label);
