@@ -39,6 +39,59 @@ inline void for_each_window(const Box& b, const Body& body) {
   }
 }
 
+/// Whether no window is clipped: none reaches into the padding or past the global input or the
+/// local one. Then the windows need no clipping (CosmoFlow's 2x2x2 pools, Fashion-MNIST's 2x2).
+bool unclipped(const Box& b) {
+  for (int d = 0; d < 3; ++d) {
+    if (b.out[d] == 0) continue;
+    const std::int64_t first = b.out_origin[d] * b.stride[d] - b.padding[d];
+    const std::int64_t last_end = (b.out_origin[d] + b.out[d] - 1) * b.stride[d] - b.padding[d] + b.kernel[d];
+    if (first < 0 || first < b.in_origin[d] || last_end > b.limit[d] || last_end - b.in_origin[d] > b.in[d]) return false;
+  }
+  return true;
+}
+
+/// Max pooling forward where no window is clipped: the same scan (depth, then height, then width;
+/// the first of equal maxima) as the general loop, without clipping each window. Kernel extents
+/// K0, K1, K2 > 0 are fixed at compile time (0: the box's).
+template <int K0, int K1, int K2>
+void max_pool_unclipped(const Box& b, const float* input, float* output, std::int32_t* argmax) {
+  const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane(), rows = b.in[1] * b.in[2], row = b.in[2];
+  const std::int64_t k0 = K0 ? K0 : b.kernel[0], k1 = K1 ? K1 : b.kernel[1], k2 = K2 ? K2 : b.kernel[2];
+  std::int64_t first[3];
+  for (int d = 0; d < 3; ++d) first[d] = b.out_origin[d] * b.stride[d] - b.padding[d] - b.in_origin[d];
+  host_for("max pool forward", b.planes, [=](std::int64_t p) {
+    const float* x = input + p * in_plane;
+    float* y = output + p * out_plane;
+    std::int32_t* where = argmax + p * out_plane;
+    std::int64_t o = 0;
+    for (std::int64_t od = 0; od < b.out[0]; ++od) {
+      const std::int64_t d0 = first[0] + od * b.stride[0];
+      for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
+        const std::int64_t base = d0 * rows + (first[1] + oh * b.stride[1]) * row + first[2];
+        for (std::int64_t ow = 0; ow < b.out[2]; ++ow, ++o) {
+          const std::int64_t start = base + ow * b.stride[2];
+          float best = -std::numeric_limits<float>::infinity();
+          std::int64_t best_at = start;
+          for (std::int64_t i = 0; i < k0; ++i)
+            for (std::int64_t j = 0; j < k1; ++j)
+              for (std::int64_t k = 0; k < k2; ++k) {
+                // Selects instead of branches: on real data the larger of two neighbours is a
+                // coin toss, and mispredicted branches cost more than the loads.
+                const std::int64_t at = start + i * rows + j * row + k;
+                const float value = x[at];
+                const bool larger = value > best;
+                best = larger ? value : best;
+                best_at = larger ? at : best_at;
+              }
+          y[o] = best;
+          where[o] = static_cast<std::int32_t>(best_at);
+        }
+      }
+    }
+  });
+}
+
 class HostPooling final : public PoolingKernels {
  public:
   std::size_t workspace_bytes(const PoolingGeometry& g) override { return pooling_workspace_bytes(g); }
@@ -46,7 +99,16 @@ class HostPooling final : public PoolingKernels {
   void forward(const PoolingGeometry& g, const float* input, float* output, void* workspace) override {
     const Box b = pool_box(g);
     const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane(), rows = b.in[1] * b.in[2], row = b.in[2];
-    if (g.mode == PoolingMode::Max) {
+    if (g.mode == PoolingMode::Max && unclipped(b)) {
+      auto* argmax = static_cast<std::int32_t*>(workspace);
+      const bool two = b.kernel[1] == 2 && b.kernel[2] == 2;
+      if (two && b.kernel[0] == 2)
+        max_pool_unclipped<2, 2, 2>(b, input, output, argmax);
+      else if (two && b.kernel[0] == 1)
+        max_pool_unclipped<1, 2, 2>(b, input, output, argmax);
+      else
+        max_pool_unclipped<0, 0, 0>(b, input, output, argmax);
+    } else if (g.mode == PoolingMode::Max) {
       // The position of each maximum (within its plane) is what backward needs.
       auto* argmax = static_cast<std::int32_t*>(workspace);
       host_for("max pool forward", b.planes, [=](std::int64_t p) {

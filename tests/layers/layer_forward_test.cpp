@@ -106,6 +106,58 @@ TEST(LayerForward, ConvolutionRegionsOfATileEqualTheWholeTile) {
   }
 }
 
+TEST(LayerForward, MaxPoolingSendsTiesToTheFirstMaximum) {
+  // Values from {0, 1, 2}: most windows hold equal maxima. Every pooling path (windows that need
+  // no clipping, 2x2x2 or not, and clipped ones) takes the first maximum in depth, height, width
+  // order, so the gradient goes to the same element whatever the path or the tiling.
+  auto backend = make_host_backend();
+  const std::vector<OptionList> pools = {{{"kernel", {"2"}}},
+                                         {{"kernel", {"3"}}, {"stride", {"2"}}},
+                                         {{"kernel", {"3"}}, {"stride", {"2"}}, {"padding", {"1"}}}};
+  for (const auto& options : pools) {
+    auto layer = make_layer("maxpool", options);
+    Tensor input(Shape::image(2, 3, {6, 7, 8}));
+    for (std::int64_t i = 0; i < input.numel(); ++i)
+      input.data()[i] = static_cast<float>(random_u64(5, 6, static_cast<std::uint64_t>(i)) % 3);
+    const Shape out_shape = layer->setup({input.shape()});
+    LayerContext context;
+    context.backend = backend.get();
+    Tensor output, grad_input;
+    const Tensor* inputs[] = {&input};
+    layer->forward(inputs, output, context);
+    Tensor grad_output(out_shape);
+    grad_output.fill(1.0f);
+    Tensor* grads[] = {&grad_input};
+    layer->backward(inputs, output, grad_output, grads, context);
+    // The reference: scan each window in order, keep the first of the largest.
+    const std::int64_t k = std::stoll(options[0].second[0]);
+    const std::int64_t stride = options.size() > 1 ? std::stoll(options[1].second[0]) : k;
+    const std::int64_t pad = options.size() > 2 ? std::stoll(options[2].second[0]) : 0;
+    Tensor expected(input.shape());
+    for (std::int64_t n = 0; n < 2; ++n)
+      for (std::int64_t c = 0; c < 3; ++c)
+        for (std::int64_t od = 0; od < out_shape[2]; ++od)
+          for (std::int64_t oh = 0; oh < out_shape[3]; ++oh)
+            for (std::int64_t ow = 0; ow < out_shape[4]; ++ow) {
+              float best = -1;
+              std::vector<std::int64_t> at;
+              for (std::int64_t i = 0; i < k; ++i)
+                for (std::int64_t j = 0; j < k; ++j)
+                  for (std::int64_t l = 0; l < k; ++l) {
+                    const std::int64_t d = od * stride - pad + i, h = oh * stride - pad + j, w = ow * stride - pad + l;
+                    if (d < 0 || h < 0 || w < 0 || d >= 6 || h >= 7 || w >= 8) continue;
+                    if (input.at({n, c, d, h, w}) > best) {
+                      best = input.at({n, c, d, h, w});
+                      at = {n, c, d, h, w};
+                    }
+                  }
+              EXPECT_EQ(output.at({n, c, od, oh, ow}), best);
+              expected.at(at) += 1.0f;
+            }
+    EXPECT_EQ(max_relative_difference(grad_input, expected, 1.0), 0.0) << "kernel " << k << " stride " << stride;
+  }
+}
+
 TEST(LayerForward, HeInitIsBoundedAndDeterministic) {
   auto a = make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}}, 7);
   auto b = make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}}, 7);
