@@ -217,7 +217,8 @@ class OneDnnConvolution final : public ConvolutionKernels {
  private:
   bool blocked_for(const ConvolutionGeometry& geometry) const {
     return layout_ == HostConvolutionLayout::Blocked ||
-           (layout_ == HostConvolutionLayout::Automatic && geometry.in_channels >= 8);
+           (layout_ == HostConvolutionLayout::Automatic &&
+            (geometry.in_channels >= 8 || geometry.input_size.size() == 3));
   }
 
   dnnl::memory::desc chosen_or_any(const dnnl::memory::desc& plain, bool blocked) const {
