@@ -54,6 +54,37 @@ bool unclipped(const Box& b) {
 /// Max pooling forward where no window is clipped: the same scan (depth, then height, then width;
 /// the first of equal maxima) as the general loop, without clipping each window. Kernel extents
 /// K0, K1, K2 > 0 are fixed at compile time (0: the box's).
+/// One output row of 2x2x2 windows with stride 2: the eight candidates of each window in scan
+/// order, kept with selects on 32-bit values only, so the compiler vectorises across the row.
+/// `x` points at the window row's first element (depth d0, height h0); `base` is its position.
+inline void max_pool_row_2x2x2(const float* x, std::int32_t base, std::int32_t rows, std::int32_t row,
+                               std::int64_t count, float* y, std::int32_t* where) {
+  const float* r00 = x;
+  const float* r01 = x + row;
+  const float* r10 = x + rows;
+  const float* r11 = x + rows + row;
+  for (std::int64_t ow = 0; ow < count; ++ow) {
+    const std::int64_t w = 2 * ow;
+    float best = -std::numeric_limits<float>::infinity();
+    std::int32_t offset = 0;
+    auto consider = [&](float value, std::int32_t at) {
+      const bool larger = value > best;
+      best = larger ? value : best;
+      offset = larger ? at : offset;
+    };
+    consider(r00[w], 0);
+    consider(r00[w + 1], 1);
+    consider(r01[w], row);
+    consider(r01[w + 1], row + 1);
+    consider(r10[w], rows);
+    consider(r10[w + 1], rows + 1);
+    consider(r11[w], rows + row);
+    consider(r11[w + 1], rows + row + 1);
+    y[ow] = best;
+    where[ow] = base + static_cast<std::int32_t>(w) + offset;
+  }
+}
+
 template <int K0, int K1, int K2>
 void max_pool_unclipped(const Box& b, const float* input, float* output, std::int32_t* argmax) {
   const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane(), rows = b.in[1] * b.in[2], row = b.in[2];
@@ -69,6 +100,14 @@ void max_pool_unclipped(const Box& b, const float* input, float* output, std::in
       const std::int64_t d0 = first[0] + od * b.stride[0];
       for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
         const std::int64_t base = d0 * rows + (first[1] + oh * b.stride[1]) * row + first[2];
+        if constexpr (K0 == 2 && K1 == 2 && K2 == 2) {
+          if (b.stride[0] == 2 && b.stride[1] == 2 && b.stride[2] == 2) {
+            max_pool_row_2x2x2(x + base, static_cast<std::int32_t>(base), static_cast<std::int32_t>(rows),
+                               static_cast<std::int32_t>(row), b.out[2], y + o, where + o);
+            o += b.out[2];
+            continue;
+          }
+        }
         for (std::int64_t ow = 0; ow < b.out[2]; ++ow, ++o) {
           const std::int64_t start = base + ow * b.stride[2];
           float best = -std::numeric_limits<float>::infinity();

@@ -218,7 +218,13 @@ class OneDnnConvolution final : public ConvolutionKernels {
   bool blocked_for(const ConvolutionGeometry& geometry) const {
     return layout_ == HostConvolutionLayout::Blocked ||
            (layout_ == HostConvolutionLayout::Automatic &&
-            (geometry.in_channels >= 8 || geometry.input_size.size() == 3));
+            (geometry.in_channels >= 8 || (geometry.input_size.size() == 3 && taps(geometry) >= 27)));
+  }
+
+  static std::int64_t taps(const ConvolutionGeometry& geometry) {
+    std::int64_t count = 1;
+    for (auto k : geometry.kernel) count *= k;
+    return count;
   }
 
   dnnl::memory::desc chosen_or_any(const dnnl::memory::desc& plain, bool blocked) const {

@@ -161,12 +161,13 @@ class DnnBackend {
 
 /// How the host backend lays tensors out inside a convolution.
 enum class HostConvolutionLayout {
-  /// Blocked where it measured faster: when the input has 8 or more channels, and for every 3-D
-  /// convolution. A 2-D one with fewer channels (a network's first layer) converts its large
-  /// output to and from the blocked layout for more than the blocked kernels save; a 3-D one
-  /// reads 27 inputs per output and channel, and the plain layout's im2col gemm for it measured
-  /// ~1.4x slower than the direct blocked kernel with its conversion (CosmoFlow's conv1, one input
-  /// channel: 28 -> 19 ms per step at 64^3 and batch 2, 136 -> 94 ms at 128^3 and batch 1).
+  /// Blocked where it measured faster: when the input has 8 or more channels, and for 3-D
+  /// kernels of 27 or more taps (3 x 3 x 3 and up). A 2-D convolution with fewer channels (a
+  /// network's first layer) converts its large output to and from the blocked layout for more
+  /// than the blocked kernels save; a 3 x 3 x 3 one reads 27 inputs per output and channel, and
+  /// the plain layout's im2col gemm for it measured ~1.4x slower than the direct blocked kernel
+  /// with its conversion (CosmoFlow's conv1, one input channel: 28 -> 19 ms per step at 64^3 and
+  /// batch 2, 136 -> 94 ms at 128^3 and batch 1).
   Automatic,
   /// The library picks blocked layouts; cached reorders convert at the call boundary.
   Blocked,
