@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
     std::string halo_overlap = "auto";
     app.add_option("--halo-overlap", halo_overlap, "auto, always or never (see tessera train --help)")
         ->check(CLI::IsMember({"auto", "always", "never"}));
+    int ranks_per_node = 0;
+    app.add_option("--ranks-per-node", ranks_per_node,
+                   "Treat blocks of this many consecutive ranks as one node (halo overlap's auto mode overlaps halos "
+                   "from other nodes; 1: every rank its own node); 0: from the host names");
     double lr = 0.01;
     app.add_option("--lr", lr, "SGD learning rate (momentum 0.9); lower it for models that diverge on random data");
     try {
@@ -79,6 +83,7 @@ int main(int argc, char** argv) {
     tessera::ExecutorOptions options;
     options.global_batch = batch;
     options.halo_overlap = tessera::parse_halo_overlap(halo_overlap);
+    options.ranks_per_node = ranks_per_node;
     const tessera::Plan plan =
         plan_file.empty() ? tessera::Plan::sample_parallel(world->size()) : tessera::Plan::load(plan_file);
     tessera::Executor executor(model, plan, world, options);

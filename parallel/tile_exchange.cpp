@@ -306,12 +306,15 @@ std::int64_t TileExchange::recv_elements() const {
   return incoming_.empty() ? 0 : incoming_.back().offset + incoming_.back().count;
 }
 
-int TileExchange::peers() const {
+int TileExchange::peers() const { return static_cast<int>(peer_ranks().size()); }
+
+std::vector<int> TileExchange::peer_ranks() const {
   std::vector<int> ranks;
   for (const auto& t : outgoing_) ranks.push_back(t.peer);
   for (const auto& t : incoming_) ranks.push_back(t.peer);
   std::sort(ranks.begin(), ranks.end());
-  return static_cast<int>(std::unique(ranks.begin(), ranks.end()) - ranks.begin());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks;
 }
 
 void TileExchange::post_receives(std::vector<Transfer>& transfers, std::vector<float>& buffer) {

@@ -165,8 +165,9 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   cmd->add_option("--bucket-bytes", args->executor.reducer.bucket_bytes, "Gradient allreduce bucket size in bytes")
       ->capture_default_str();
   cmd->add_option("--halo-overlap", args->halo_overlap,
-                  "Spatially split layers compute their interior while halos travel and recompute the outputs "
-                  "that read halos afterwards: auto (where those are at most 1/8 of the tile), always, never")
+                  "Spatially split convolutions compute their interior while halos travel and recompute the "
+                  "outputs that read halos afterwards: auto (halos from other nodes, where those outputs are at most "
+                  "1/8 of the tile), always, never")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "always", "never"}));
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");

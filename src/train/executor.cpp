@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <string>
+
+#include <unistd.h>
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
@@ -36,6 +39,29 @@ LayerSplit normalised(LayerSplit split) {
 /// Grid axis of spatial dimension `j` of a tensor with `dims` spatial dimensions.
 int spatial_axis(int j, int dims) { return kFirstSpatialAxis + (3 - dims) + j; }
 
+/// The node of each rank from the host names (one allgather of fixed-size names).
+std::vector<int> nodes_by_host_name(Communicator& world) {
+  constexpr std::size_t kName = 256;
+  std::vector<char> mine(kName, '\0'), all(kName * static_cast<std::size_t>(world.size()));
+  gethostname(mine.data(), kName - 1);
+  world.allgather(mine.data(), all.data(), kName, DType::U8);
+  std::vector<std::string> names;
+  std::vector<int> node;
+  for (int r = 0; r < world.size(); ++r) {
+    const std::string name(all.data() + static_cast<std::size_t>(r) * kName);
+    const auto it = std::find(names.begin(), names.end(), name);
+    node.push_back(static_cast<int>(it - names.begin()));
+    if (it == names.end()) names.push_back(name);
+  }
+  return node;
+}
+
+std::vector<int> nodes_in_blocks(int ranks, int per_node) {
+  std::vector<int> node;
+  for (int r = 0; r < ranks; ++r) node.push_back(r / per_node);
+  return node;
+}
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -47,6 +73,8 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
   collectively(*world_, [&] { plan.validate(world_->size(), model_.plan_info(options_.global_batch)); });
   exchange_comm_ = world_->duplicate();
   backend_ = make_host_backend();
+  node_of_rank_ = options_.ranks_per_node > 0 ? nodes_in_blocks(world_->size(), options_.ranks_per_node)
+                                              : nodes_by_host_name(*world_);
   auto& nodes = model_.nodes();
   const std::size_t n = nodes.size();
   outputs_.resize(n);
@@ -327,7 +355,7 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const TileExchange* exchange = nodes[i].inputs.size() == 1 ? ex.inputs[i][0].get() : nullptr;
     const int producer = nodes[i].inputs.empty() ? Model::kModelInput : nodes[i].inputs[0];
-    if (!exchange || options_.halo_overlap == HaloOverlap::Never || !placement_[i].tiled ||
+    if (!exchange || !overlaps(*exchange) || !placement_[i].tiled ||
         placement_[i].split.channel > 1 || !nodes[i].layer->computes_output_regions() ||
         exchange->transport() != TileExchange::Transport::PointToPoint ||
         (producer != Model::kModelInput && !(placement_[static_cast<std::size_t>(producer)].split == placement_[i].split)))
@@ -402,13 +430,22 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
   return exchanges_.emplace(batch, std::move(ex)).first->second;
 }
 
+bool Executor::overlaps(const TileExchange& exchange) const {
+  if (options_.halo_overlap != HaloOverlap::Automatic) return options_.halo_overlap == HaloOverlap::Always;
+  const int me = node_of_rank_[static_cast<std::size_t>(world_->rank())];
+  for (int peer : exchange.peer_ranks())
+    if (node_of_rank_[static_cast<std::size_t>(peer)] != me) return true;
+  return false;
+}
+
 TileExchange* Executor::split_backward(Exchanges& ex, std::size_t node) {
   const auto& n = model_.nodes()[node];
   if (options_.halo_overlap == HaloOverlap::Never || n.inputs.size() != 1 || n.inputs[0] == Model::kModelInput ||
       ex.reduce[node] || !n.layer->splits_backward())
     return nullptr;
   TileExchange* exchange = ex.inputs[node][0].get();
-  return exchange && exchange->transport() == TileExchange::Transport::PointToPoint ? exchange : nullptr;
+  return exchange && exchange->transport() == TileExchange::Transport::PointToPoint && overlaps(*exchange) ? exchange
+                                                                                                          : nullptr;
 }
 
 LayerContext Executor::context(std::size_t node, std::int64_t batch_size, std::int64_t step, bool training) {

@@ -236,8 +236,9 @@ TEST(SpatialInvariant, CosmoFlowStyleModelWithoutHaloOverlap) {
 
 TEST(HaloOverlapModes, TheExecutorOverlapsWhereTheModeSays) {
   // conv1: 64 planes over the ranks, a boundary of one plane per neighbour (at most 2 of 16
-  // outputs): overlapped by auto. thin: 16 planes and a kernel of 5 (two planes per side): at
-  // least 2 of 8 outputs are boundary, never overlapped by auto.
+  // outputs): overlapped by auto where a neighbour is on another node. thin: 16 planes and a
+  // kernel of 5 (two planes per side): at least 2 of 8 outputs are boundary, never overlapped by
+  // auto.
   const std::string model = R"(
 input: {shape: [1, 64, 4, 4]}
 layers:
@@ -251,13 +252,16 @@ loss: softmax_cross_entropy
 )";
   const std::string plan = plan_for({"conv1", "pool1", "pool2", "thin"}, one_dim_split(3));
   auto world = MpiCommunicator::world();
-  std::map<HaloOverlap, std::vector<std::string>> overlapped;
-  for (auto mode : {HaloOverlap::Automatic, HaloOverlap::Always, HaloOverlap::Never}) {
+  using Names = std::vector<std::string>;
+  // Automatic overlaps only halos that come from another node: as launched here (one node), with
+  // every rank a node of its own, and with nodes of two ranks.
+  auto run = [&](HaloOverlap mode, int ranks_per_node) {
     Model m = Model::parse(model, "m");
     m.init_parameters(3);
     ExecutorOptions options;
     options.global_batch = 2;
     options.halo_overlap = mode;
+    options.ranks_per_node = ranks_per_node;
     Executor executor(m, Plan::parse(plan, "p"), world, options);
     EXPECT_TRUE(executor.overlapped_layers(2).empty()) << "before the first step";
     Tensor inputs, labels;
@@ -266,22 +270,28 @@ loss: softmax_cross_entropy
     const BatchResult r = executor.train_step(local_tile(inputs, begin, end, executor.input_sample_box()),
                                               labels.slice(begin, end).clone(), 2, 0);
     EXPECT_TRUE(std::isfinite(r.loss_sum));
-    overlapped[mode] = executor.overlapped_layers(2);
-  }
-  using Names = std::vector<std::string>;
-  EXPECT_EQ(overlapped[HaloOverlap::Never], Names{});
+    return executor.overlapped_layers(2);
+  };
+  const Names always = run(HaloOverlap::Always, 0);
+  EXPECT_EQ(run(HaloOverlap::Never, 1), Names{});
+  EXPECT_EQ(run(HaloOverlap::Automatic, 0), Names{}) << "every rank on this one node";
+  const Names own_nodes = run(HaloOverlap::Automatic, 1);
+  const Names pairs = run(HaloOverlap::Automatic, 2);
   if (ranks() == 1) {
     // One tile holds everything: no halos to wait for.
-    EXPECT_EQ(overlapped[HaloOverlap::Always], Names{});
-    EXPECT_EQ(overlapped[HaloOverlap::Automatic], Names{});
+    EXPECT_EQ(always, Names{});
+    EXPECT_EQ(own_nodes, Names{});
     return;
   }
-  EXPECT_EQ(overlapped[HaloOverlap::Automatic], Names{"conv1"});
-  const auto& always = overlapped[HaloOverlap::Always];
+  EXPECT_EQ(own_nodes, Names{"conv1"});
+  // Nodes of two ranks: a rank overlaps where a D neighbour is on the other node.
+  const int me = world->rank();
+  const bool remote_neighbour = (me > 0 && (me - 1) / 2 != me / 2) || (me + 1 < ranks() && (me + 1) / 2 != me / 2);
+  EXPECT_EQ(pairs, remote_neighbour ? Names{"conv1"} : Names{}) << "rank " << me;
   EXPECT_NE(std::find(always.begin(), always.end(), "conv1"), always.end());
   // thin's outputs read two planes on each side: a block has an interior where it is wider than
   // the planes it reads from neighbours (two at an edge of the global input, four elsewhere).
-  const int rank = world->rank();
+  const int rank = me;
   const bool edge = rank == 0 || rank == ranks() - 1;
   const std::int64_t planes = block_extent(16, ranks(), rank);
   EXPECT_EQ(std::find(always.begin(), always.end(), "thin") != always.end(), planes > (edge ? 2 : 4))

@@ -84,6 +84,8 @@ class TileExchange {
   std::int64_t recv_elements() const;
   /// Number of other ranks this rank exchanges messages with.
   int peers() const;
+  /// Those ranks, ascending.
+  std::vector<int> peer_ranks() const;
 
  private:
   /// One message: a sub-box (global coordinates) to or from `peer`, packed at `offset` in a buffer.

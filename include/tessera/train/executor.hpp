@@ -53,6 +53,9 @@ struct ExecutorOptions {
   GradReducerOptions reducer;
   /// Whether spatially split layers compute while their halos travel (see halo_overlap.hpp).
   HaloOverlap halo_overlap = HaloOverlap::Automatic;
+  /// Which ranks share a node, for HaloOverlap::Automatic: 0 from the host names (gathered once);
+  /// N: consecutive blocks of N ranks (launchers that place ranks so, and tests).
+  int ranks_per_node = 0;
 };
 
 /// Sums over the whole batch (all ranks).
@@ -166,8 +169,11 @@ class Executor {
   void check_halos() const;
   std::int64_t current_bytes() const;
   Exchanges& exchanges(std::int64_t batch, const Tensor& targets);
+  /// Whether halo overlap applies to `exchange` under the options (Automatic: a peer on
+  /// another node).
+  bool overlaps(const TileExchange& exchange) const;
   /// The exchange of node `node`'s one input when its backward splits around the exchange's
-  /// reverse (point to point, a layer that splits_backward); else null.
+  /// reverse (point to point, a layer that splits_backward, overlaps()); else null.
   TileExchange* split_backward(Exchanges& ex, std::size_t node);
   LayerContext context(std::size_t node, std::int64_t batch_size, std::int64_t step, bool training);
   void forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_size, std::int64_t step, bool training);
@@ -192,6 +198,8 @@ class Executor {
   /// Per node split by channel: its partial output and that output's gradient (transient).
   std::vector<Tensor> partials_, partial_grads_;
   std::unique_ptr<Communicator> self_comm_;
+  /// The node of every rank (indices in order of first appearance).
+  std::vector<int> node_of_rank_;
   /// Per node and input: the box the layer reads (when exchanged) and its gradient.
   std::vector<std::vector<Tensor>> windows_, window_grads_;
   Tensor targets_;

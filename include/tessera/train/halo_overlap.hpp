@@ -14,9 +14,12 @@ namespace tessera {
 class Layer;
 
 enum class HaloOverlap {
-  Automatic,  ///< where the boundary is at most kMaxRecomputedShare of the tile's outputs
-  Always,     ///< wherever the layer can (any boundary share below 1)
-  Never,      ///< every halo exchange completes before its layer runs
+  /// Where a halo comes from another node and the boundary is at most kMaxRecomputedShare of the
+  /// tile's outputs. Between ranks of one node a halo is a memory copy: there is little to hide,
+  /// and on the 2-core development VM overlapping measured no gain (README, "Spatial parallelism").
+  Automatic,
+  Always,  ///< wherever the layer can (any boundary share below 1; any node)
+  Never,   ///< every halo exchange completes before its layer runs
 };
 
 /// The largest share of a tile's outputs that Automatic recomputes to overlap a halo exchange.
