@@ -2,12 +2,16 @@
 
 #include "io_order.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/signal_mask.hpp"
 
 namespace tessera {
 
 Prefetcher::Prefetcher(std::shared_ptr<Dataset> dataset) : dataset_(std::move(dataset)) {
   TESSERA_CHECK(dataset_ != nullptr, "Prefetcher: no dataset");
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    block_stop_signals();  // the main thread takes them
+    run();
+  });
 }
 
 Prefetcher::~Prefetcher() {

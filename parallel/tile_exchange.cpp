@@ -440,6 +440,11 @@ void TileExchange::finish_reverse() {
   pending_ = Pending::None;
 }
 
+void TileExchange::finish_pending() {
+  if (pending_ == Pending::Forward) finish_forward();
+  if (pending_ == Pending::Reverse) finish_reverse();
+}
+
 void TileExchange::reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate) {
   start_reverse(needed_in, held_out, accumulate);
   finish_reverse();

@@ -6,12 +6,17 @@
 #include <fmt/format.h>
 
 #include "tessera/core/communicator.hpp"
+#include "tessera/core/signal_mask.hpp"
 
 namespace tessera {
 
 Watchdog::Watchdog(double timeout_seconds, int rank, OnHang on_hang)
     : timeout_seconds_(timeout_seconds), rank_(rank), on_hang_(std::move(on_hang)) {
-  if (enabled()) thread_ = std::thread([this] { watch(); });
+  if (enabled())
+    thread_ = std::thread([this] {
+      block_stop_signals();  // the main thread takes them
+      watch();
+    });
 }
 
 Watchdog::~Watchdog() {

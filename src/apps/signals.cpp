@@ -1,12 +1,16 @@
 // Stop requests by signal (see signals.hpp).
 #include "signals.hpp"
 
+#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/signal_mask.hpp"
 
 namespace tessera {
 namespace {
@@ -20,11 +24,21 @@ static_assert(std::atomic<int>::is_always_lock_free, "the signal number must be 
 constexpr int kSignals[] = {SIGUSR1, SIGTERM};
 struct sigaction g_previous[sizeof kSignals / sizeof kSignals[0]];
 bool g_installed = false;
+// The thread that takes the signals: the only one that does not block them (see signal_mask.hpp),
+// so that no signal interrupts the training thread in the middle of a library call.
+std::thread g_receiver;
+std::atomic<bool> g_quit{false};
 
 extern "C" void on_stop_signal(int signal_number) {
   g_signal.store(signal_number, std::memory_order_relaxed);
   g_stop.store(true, std::memory_order_release);
 }
+
+/// Ends the receiver at exit when nobody restored the handlers (a joinable thread must not be
+/// destroyed).
+struct ReceiverGuard {
+  ~ReceiverGuard() { restore_stop_signal_handlers(); }
+} g_receiver_guard;
 
 }  // namespace
 
@@ -43,6 +57,14 @@ void install_stop_signal_handlers() {
     }
   }
   g_installed = true;
+  // The calling thread (and every thread it creates from now on) blocks the signals; the receiver
+  // unblocks them in itself and sleeps until one arrives (the handler runs there).
+  block_stop_signals();
+  g_quit.store(false);
+  g_receiver = std::thread([] {
+    unblock_stop_signals();
+    while (!g_quit.load()) pause();
+  });
 }
 
 const std::atomic<bool>* stop_requested_flag() {
@@ -55,6 +77,10 @@ int stop_signal() {
 
 void restore_stop_signal_handlers() {
   if (!g_installed) return;
+  // Wake the receiver (its handler sets the flag, cleared below) and let it end.
+  g_quit.store(true);
+  pthread_kill(g_receiver.native_handle(), SIGUSR1);
+  g_receiver.join();
   for (std::size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &g_previous[i], nullptr);
   g_installed = false;
   g_stop.store(false);

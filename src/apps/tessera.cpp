@@ -15,6 +15,7 @@
 #include "commands.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
+#include "tessera/core/signal_mask.hpp"
 #include "tessera/io/convert.hpp"
 #include "tessera/layers/runtime.hpp"
 #include "tessera/parallel/collective_guard.hpp"
@@ -71,7 +72,11 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "scale") return run_scale_driver(argc, argv);
   tessera::record_launch(argc, argv);
   int provided = 0;
+  // The MPI library's threads inherit this mask: the stop signals never reach them (`tessera
+  // train` gives them a thread of their own, signals.hpp; other commands take their default action).
+  tessera::block_stop_signals();
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  tessera::unblock_stop_signals();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   tessera::set_process_rank(rank);

@@ -62,6 +62,22 @@ std::vector<int> nodes_in_blocks(int ranks, int per_node) {
   return node;
 }
 
+/// Runs `work` while `exchange` is in flight; if it throws, finishes the exchange (its messages
+/// must not outlive it: every rank runs the same layers, so the peers have started theirs) and
+/// rethrows the first error.
+template <typename Work>
+void finishing_on_error(TileExchange& exchange, const Work& work) {
+  try {
+    work();
+  } catch (...) {
+    try {
+      exchange.finish_pending();
+    } catch (...) {
+    }
+    throw;
+  }
+}
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -393,6 +409,8 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
     ex.reduce[i] = std::make_unique<TileExchange>(*exchange_comm_, nodes[i].output.with(0, batch), std::move(held),
                                                   std::move(needed), TileExchange::Transport::PointToPoint);
   }
+  ex.split_backward.resize(nodes.size());
+  for (std::size_t i = 0; i < nodes.size(); ++i) ex.split_backward[i] = split_backward(ex, i);
   // Outputs read only through exchanges are released after their last consumer's exchange.
   const auto output = static_cast<std::size_t>(model_.output_node());
   ex.release.assign(nodes.size(), kKeep);
@@ -438,7 +456,7 @@ bool Executor::overlaps(const TileExchange& exchange) const {
   return false;
 }
 
-TileExchange* Executor::split_backward(Exchanges& ex, std::size_t node) {
+TileExchange* Executor::split_backward(const Exchanges& ex, std::size_t node) const {
   const auto& n = model_.nodes()[node];
   if (options_.halo_overlap == HaloOverlap::Never || n.inputs.size() != 1 || n.inputs[0] == Model::kModelInput ||
       ex.reduce[node] || !n.layer->splits_backward())
@@ -506,11 +524,14 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
       partials_[i] = Tensor();
       continue;
     }
-    nodes[i].layer->forward(in, outputs_[i], ctx);
-    if (overlap) {
+    if (!overlap) {
+      nodes[i].layer->forward(in, outputs_[i], ctx);
+    } else {
+      TileExchange& exchange = *ex.inputs[i][0];
+      finishing_on_error(exchange, [&] { nodes[i].layer->forward(in, outputs_[i], ctx); });
       // The interior is right; the boundary read halos that had not arrived: recompute it.
       const auto start = Clock::now();
-      ex.inputs[i][0]->finish_forward();
+      exchange.finish_forward();
       exchange_seconds_ += seconds_since(start);
       for (const OutputRegion& region : ex.overlap[i].boundary)
         nodes[i].layer->forward_region(in, outputs_[i], ctx, region.begin, region.extent);
@@ -594,7 +615,7 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
       node.layer->backward(in, partials_[k], partial_grads_[k], grad_in, ctx);
       peak_bytes_ = std::max(peak_bytes_, current_bytes());
       partial_grads_[k] = Tensor();
-    } else if (TileExchange* exchange = split_backward(ex, k)) {
+    } else if (TileExchange* exchange = ex.split_backward[k]) {
       // The halo gradients travel to their owners while the parameter gradients are computed.
       node.layer->backward_inputs(in, grads_[k], grad_in, ctx);
       peak_bytes_ = std::max(peak_bytes_, current_bytes());
@@ -602,7 +623,7 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
       auto start = Clock::now();
       exchange->start_reverse(window_grads_[k][0], grads_[uj], /*accumulate=*/has_grad[uj]);
       exchange_seconds_ += seconds_since(start);
-      node.layer->backward_parameters(in, grads_[k], ctx);
+      finishing_on_error(*exchange, [&] { node.layer->backward_parameters(in, grads_[k], ctx); });
       for (auto* p : node.layer->parameters()) reducer_.ready(p->grad);
       start = Clock::now();
       exchange->finish_reverse();

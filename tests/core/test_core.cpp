@@ -13,6 +13,12 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
+#include "tessera/core/signal_mask.hpp"
+
+#include <signal.h>
+#include <pthread.h>
+
+#include <thread>
 
 namespace tessera {
 namespace {
@@ -222,6 +228,31 @@ TEST(Device, HostAndCuda) {
   EXPECT_EQ(Device::cuda(1).index, 1);
   EXPECT_NE(Device::cuda(0), Device::cuda(1));
   EXPECT_EQ(Device::host(), Device{});
+}
+
+TEST(StopSignals, HelperThreadsBlockThemTheMainThreadTakesThem) {
+  auto blocked = [] {
+    sigset_t now;
+    pthread_sigmask(SIG_BLOCK, nullptr, &now);
+    return std::array<int, 2>{sigismember(&now, SIGUSR1), sigismember(&now, SIGTERM)};
+  };
+  const auto before = blocked();
+  // A helper thread blocks them in itself only.
+  std::array<int, 2> in_helper{};
+  std::thread([&] {
+    block_stop_signals();
+    in_helper = blocked();
+  }).join();
+  EXPECT_EQ(in_helper, (std::array<int, 2>{1, 1}));
+  EXPECT_EQ(blocked(), before);
+  // Threads created while they are blocked inherit that; unblocking here leaves them blocked there.
+  block_stop_signals();
+  std::array<int, 2> inherited{};
+  std::thread worker([&] { inherited = blocked(); });
+  worker.join();
+  unblock_stop_signals();
+  EXPECT_EQ(inherited, (std::array<int, 2>{1, 1}));
+  EXPECT_EQ(blocked(), (std::array<int, 2>{0, 0}));
 }
 
 }  // namespace

@@ -253,8 +253,8 @@ loss: softmax_cross_entropy
   const std::string plan = plan_for({"conv1", "pool1", "pool2", "thin"}, one_dim_split(3));
   auto world = MpiCommunicator::world();
   using Names = std::vector<std::string>;
-  // Automatic overlaps only halos that come from another node: as launched here (one node), with
-  // every rank a node of its own, and with nodes of two ranks.
+  // Automatic overlaps only halos that come from another node: all ranks on one node, every rank
+  // a node of its own, nodes of two ranks.
   auto run = [&](HaloOverlap mode, int ranks_per_node) {
     Model m = Model::parse(model, "m");
     m.init_parameters(3);
@@ -274,7 +274,7 @@ loss: softmax_cross_entropy
   };
   const Names always = run(HaloOverlap::Always, 0);
   EXPECT_EQ(run(HaloOverlap::Never, 1), Names{});
-  EXPECT_EQ(run(HaloOverlap::Automatic, 0), Names{}) << "every rank on this one node";
+  EXPECT_EQ(run(HaloOverlap::Automatic, ranks()), Names{}) << "every rank on one node";
   const Names own_nodes = run(HaloOverlap::Automatic, 1);
   const Names pairs = run(HaloOverlap::Automatic, 2);
   if (ranks() == 1) {
@@ -301,6 +301,9 @@ loss: softmax_cross_entropy
 TEST(SpatialInvariant, OneSampleSplitSpatiallyThenADenseTailWithIdleRanks) {
   // Batch 1: the conv blocks split the one sample over every rank; the dense tail is split by
   // sample, so all ranks but one hold no sample there (and idle). The same as one rank.
+  // Learning rate 0.02: at 0.05 the evaluation loss falls to 0.14, where its relative rounding is
+  // ill-conditioned (one sample, global batch norm): with halos overlapped (boundary recomputed,
+  // summed in another order) it was 1.016e-5 from one rank's, without 9.4e-7; at 0.02 both < 1e-6.
   const std::string model = R"(
 input: {shape: [1, 8, 8, 8]}
 layers:

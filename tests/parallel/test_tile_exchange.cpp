@@ -263,6 +263,30 @@ TEST(TileExchange, HaloAlongD) {
   EXPECT_EQ(exchange.peers(), neighbours);
   EXPECT_EQ(exchange.recv_elements(), 180 * neighbours);
   EXPECT_EQ(exchange.send_elements(), 180 * neighbours);
+  std::vector<int> expected_peers;
+  if (me > 0) expected_peers.push_back(me - 1);
+  if (me < p - 1) expected_peers.push_back(me + 1);
+  EXPECT_EQ(exchange.peer_ranks(), expected_peers);
+
+  // finish_pending ends whichever direction is in flight (what the executor calls when a layer
+  // throws between start and finish), with the same result as finish; nothing pending: nothing.
+  const Box& mine = held[static_cast<std::size_t>(me)];
+  const Box& need = exchange.needed_box();
+  const Tensor whole = indexed(kImage5);
+  const Tensor tile = slice_of(whole, mine, 0.0f);
+  Tensor window, reference;
+  exchange.finish_pending();
+  exchange.start_forward(tile, window);
+  exchange.finish_pending();
+  exchange.forward(tile, reference);
+  expect_same(window, reference, "finish_pending after start_forward");
+  expect_same(window, slice_of(whole, need, 0.0f), "finish_pending after start_forward, against the tensor");
+  Tensor back, back_reference;
+  exchange.start_reverse(window, back);
+  exchange.finish_pending();
+  exchange.reverse(window, back_reference);
+  expect_same(back, back_reference, "finish_pending after start_reverse");
+  exchange.finish_pending();
 }
 
 TEST(TileExchange, HaloAlongH) {

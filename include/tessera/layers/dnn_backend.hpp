@@ -167,7 +167,9 @@ enum class HostConvolutionLayout {
   /// than the blocked kernels save; a 3 x 3 x 3 one reads 27 inputs per output and channel, and
   /// the plain layout's im2col gemm for it measured ~1.4x slower than the direct blocked kernel
   /// with its conversion (CosmoFlow's conv1, one input channel: 28 -> 19 ms per step at 64^3 and
-  /// batch 2, 136 -> 94 ms at 128^3 and batch 1).
+  /// batch 2, 136 -> 94 ms at 128^3 and batch 1). Backward-weights stays plain below 8 channels
+  /// even then (decomposed into 2-D problems): oneDNN's blocked 3-D kernel measured 3x slower
+  /// there (one input channel on a tile; 2-7 channels not measured separately).
   Automatic,
   /// The library picks blocked layouts; cached reorders convert at the call boundary.
   Blocked,

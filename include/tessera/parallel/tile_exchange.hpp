@@ -76,6 +76,8 @@ class TileExchange {
   /// in finish) and `held_out` must stay alive and unchanged until finish_reverse.
   void start_reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate = false);
   void finish_reverse();
+  /// Finishes whichever exchange is in flight (none: nothing).
+  void finish_pending();
   void reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate = false);
 
   /// Elements this rank sends to other ranks per forward (reverse receives as many).

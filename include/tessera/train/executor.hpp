@@ -149,6 +149,9 @@ class Executor {
     /// Per node: its one input's halo exchange overlaps its forward (interior set): the output
     /// regions to recompute once the halos arrived.
     std::vector<HaloSplit> overlap;
+    /// Per node: the exchange whose reverse runs while the layer's parameter gradients are
+    /// computed (see split_backward), or null.
+    std::vector<TileExchange*> split_backward;
   };
 
   /// The tile of node `node`'s output that `rank` computes, for a batch of `batch`.
@@ -174,7 +177,7 @@ class Executor {
   bool overlaps(const TileExchange& exchange) const;
   /// The exchange of node `node`'s one input when its backward splits around the exchange's
   /// reverse (point to point, a layer that splits_backward, overlaps()); else null.
-  TileExchange* split_backward(Exchanges& ex, std::size_t node);
+  TileExchange* split_backward(const Exchanges& ex, std::size_t node) const;
   LayerContext context(std::size_t node, std::int64_t batch_size, std::int64_t step, bool training);
   void forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_size, std::int64_t step, bool training);
   BatchResult reduce(double loss_sum, std::int64_t correct, std::int64_t samples, const char* label);
