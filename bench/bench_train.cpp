@@ -4,8 +4,9 @@
 // exchanges and redistributions outside compute (starting and finishing them, waiting included;
 // what overlaps a layer's compute is not counted) as the most of any rank (exchange_ms: includes
 // waiting for slower ranks) and on the critical rank (exchange_critical_ms: the rank with the most
-// time outside communication, whom the others wait for), the layers whose halo exchange overlaps
-// their compute, and peak memory per rank.
+// time outside communication, whom the others wait for), the halo exchanges' part of both (halo_ms,
+// halo_critical_ms; the rest is redistributions), the layers whose halo exchange overlaps their
+// compute, and peak memory per rank.
 #include <mpi.h>
 #include <sys/resource.h>
 
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/layers/runtime.hpp"
@@ -67,7 +69,15 @@ int main(int argc, char** argv) {
     app.add_option("--ranks-per-node", ranks_per_node,
                    "Treat blocks of this many consecutive ranks as one node (halo overlap's auto mode overlaps halos "
                    "from other nodes; 1: every rank its own node); 0: from the host names");
-    double lr = 0.01;
+    std::string device_name = "host";
+    app.add_option("--device", device_name,
+                   "host, or cuda (this rank's GPU; one rank only so far): where the layers run and the optimizer "
+                   "updates")
+        ->check(CLI::IsMember({"host", "cuda"}));
+    int gpu = 0;
+    app.add_option("--gpu", gpu, "with --device cuda: the GPU's index");
+    double lr = 0.01, momentum = 0.9;
+    app.add_option("--momentum", momentum, "SGD momentum (0: plain SGD)");
     app.add_option("--lr", lr, "SGD learning rate (momentum 0.9); lower it for models that diverge on random data");
     try {
       app.parse(argc, argv);
@@ -84,11 +94,12 @@ int main(int argc, char** argv) {
     options.global_batch = batch;
     options.halo_overlap = tessera::parse_halo_overlap(halo_overlap);
     options.ranks_per_node = ranks_per_node;
+    options.device = device_name == "cuda" ? tessera::Device::cuda(gpu) : tessera::Device::host();
     const tessera::Plan plan =
         plan_file.empty() ? tessera::Plan::sample_parallel(world->size()) : tessera::Plan::load(plan_file);
     tessera::Executor executor(model, plan, world, options);
     tessera::OptimizerConfig sgd;
-    sgd.momentum = 0.9;
+    sgd.momentum = momentum;
     auto optimizer = tessera::create_optimizer(sgd);
     const auto params = model.parameters();
 
@@ -105,33 +116,43 @@ int main(int argc, char** argv) {
     for (std::int64_t n = 0; n < labels.numel(); ++n)
       labels.data()[n] = classes ? static_cast<float>((begin + n) % 10)
                                  : 2.0f * tessera::random_uniform(5, 2, static_cast<std::uint64_t>(n)) - 1.0f;
+    // On a GPU the data stays there, as the peer's does (reading is not timed).
+    inputs = inputs.to(options.device);
+    labels = labels.to(options.device);
 
     using Clock = std::chrono::steady_clock;
     Clock::time_point start;
-    double comm_wait = 0, exchange = 0;
+    double comm_wait = 0, exchange = 0, halo = 0;
     for (int s = 0; s < warmup + steps; ++s) {
       if (s == warmup) {
         world->barrier();
         start = Clock::now();
         comm_wait = 0;
         exchange = 0;
+        halo = 0;
       }
       const tessera::BatchResult r = executor.train_step(inputs, labels, batch, s);
       comm_wait += r.comm_wait_seconds;
       exchange += r.exchange_seconds;
+      halo += r.halo_seconds;
       optimizer->step(params, lr);
     }
+    if (!options.device.is_host()) tessera::cuda::synchronize();  // the last optimizer update
     world->barrier();
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
     const double peak_mib = world->allreduce_value(static_cast<double>(usage.ru_maxrss) / 1024.0, tessera::ReduceOp::Max);
+    const double gpu_peak_gib = world->allreduce_value(
+        static_cast<double>(tessera::cuda::allocator_stats().peak_bytes_in_use) / (1ull << 30), tessera::ReduceOp::Max);
     // The critical rank: the one with the most time outside communication, whom the others wait
     // for. Its exchange time is what exchanges add to the step; the others' includes waiting for it.
     const double busy = seconds - comm_wait - exchange;
     const double most_busy = world->allreduce_value(busy, tessera::ReduceOp::Max);
     const double critical_exchange =
         world->allreduce_value(busy == most_busy ? exchange : 1e300, tessera::ReduceOp::Min);
+    const double critical_halo = world->allreduce_value(busy == most_busy ? halo : 1e300, tessera::ReduceOp::Min);
+    halo = world->allreduce_value(halo, tessera::ReduceOp::Max);
     comm_wait = world->allreduce_value(comm_wait, tessera::ReduceOp::Max);
     exchange = world->allreduce_value(exchange, tessera::ReduceOp::Max);
     const double activation_mib = world->allreduce_value(static_cast<double>(executor.activation_bytes()) / (1 << 20),
@@ -144,11 +165,11 @@ int main(int argc, char** argv) {
     const double gflops = 3.0 * forward_flops(model, batch) * steps / seconds / 1e9;
     if (world->rank() == 0)
       std::printf(
-          "{\"framework\": \"tessera\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "
-          "\"step_ms\": %.3f, \"comm_wait_ms\": %.3f, \"exchange_ms\": %.3f, \"exchange_critical_ms\": %.3f, \"exchanged_mib\": %.2f, "
-          "\"gflops\": %.2f, \"activation_mib\": %.1f, \"peak_rss_mib\": %.1f, \"overlapped_layers\": %d}\n",
-          world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps,
-          1e3 * comm_wait / steps, 1e3 * exchange / steps, 1e3 * critical_exchange / steps, exchanged_mib, gflops, activation_mib, peak_mib,
+          "{\"framework\": \"tessera\", \"device\": \"%s\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "
+          "\"step_ms\": %.3f, \"comm_wait_ms\": %.3f, \"exchange_ms\": %.3f, \"exchange_critical_ms\": %.3f, \"halo_ms\": %.3f, \"halo_critical_ms\": %.3f, \"exchanged_mib\": %.2f, "
+          "\"gflops\": %.2f, \"activation_mib\": %.1f, \"peak_rss_mib\": %.1f, \"gpu_peak_gib\": %.2f, \"overlapped_layers\": %d}\n",
+          options.device.to_string().c_str(), world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps,
+          1e3 * comm_wait / steps, 1e3 * exchange / steps, 1e3 * critical_exchange / steps, 1e3 * halo / steps, 1e3 * critical_halo / steps, exchanged_mib, gflops, activation_mib, peak_mib, gpu_peak_gib,
           static_cast<int>(overlapped));
     } catch (const tessera::Error& e) {
       // Bad model or plan: every rank fails together (collectively); rank 0 says why.

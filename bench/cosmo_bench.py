@@ -7,18 +7,20 @@ side by side in one run, interleaved so all see the same machine. Prints two tab
 1. models/cosmoflow_128.yaml (128^3 volumes), global batch --batch-128 (default 1: one sample):
    one rank against two ranks splitting the first three conv blocks along D
    (plans/cosmoflow_spatial2.yaml; the small dense tail is split by sample, so with one sample one
-   rank idles there; plans/cosmoflow_spatial2_deep.yaml splits every conv block, so neither idles), four ranks over D x H (oversubscribed on a 2-core machine: its times say
-   nothing about speed, only the exchange share), and with a batch of 2 or more also two ranks
-   splitting by sample; the deep plan also with its halos overlapped as if each rank were a node
-   of its own (--ranks-per-node 1: the default `auto` overlaps only halos from other nodes, and
-   here all ranks share one). Columns:
+   rank idles there; plans/cosmoflow_spatial2_deep.yaml splits every conv block, so neither idles),
+   four ranks over D x H (plans/cosmoflow_spatial4.yaml, plans/cosmoflow_spatial4_deep.yaml;
+   oversubscribed on a 2-core machine: their times say nothing about speed, only the exchange
+   share), and with a batch of 2 or more also two ranks splitting by sample; the deep plans also
+   with their halos overlapped as if each rank were a node of its own (--ranks-per-node 1: the
+   default `auto` overlaps only halos from other nodes, and here all ranks share one). Columns:
    step time, speed-up over one rank, peak activation memory per rank (activations, their
-   gradients, halo windows), the conv layers whose halo exchange overlaps their compute, and the
-   exposed exchange time (halo exchanges and redistributions outside compute: starting, waiting,
-   finishing; what overlaps a layer's interior or weight gradients is not counted): on the
-   critical rank (the one the others wait for: what exchanges add to the step) and the most of
-   any rank (which adds waiting for a slower rank: imbalance, on this VM mostly the two vCPUs'
-   differing speeds).
+   gradients, halo windows), the conv layers whose halo exchange overlaps their compute, the
+   exposed halo time (halo exchanges outside compute: starting, waiting, finishing; what overlaps
+   a layer's interior or weight gradients is not counted) on the critical rank (the one the
+   others wait for: what halos add to the step) and the most of any rank (which adds waiting for
+   a slower rank: imbalance, on this VM mostly the two vCPUs' differing speeds, and with 4 ranks
+   on 2 cores a partner not scheduled), then all exposed exchanges on the critical rank (halos and
+   the redistributions between differing splits, e.g. spatial to sample before the dense tail).
 2. models/cosmoflow.yaml (64^3), global batch 4, 2 processes x 1 thread: Tessera (spatial and
    sample plans) against PyTorch 1.13 DDP over gloo on the same model and batch.
 
@@ -71,8 +73,10 @@ def main():
         configs = [("1 rank", 1, None, args.batch_128, "auto"),
                    ("2 ranks, spatial D", 2, "cosmoflow_spatial2.yaml", args.batch_128, "auto"),
                    ("2 ranks, spatial D, every conv block", 2, "cosmoflow_spatial2_deep.yaml", args.batch_128, "auto"),
-                   ("the same, halos overlapped", 2, "cosmoflow_spatial2_deep.yaml", args.batch_128, "as-if-remote"),
-                   ("4 ranks, spatial DxH (oversubscribed)", 4, "cosmoflow_spatial4.yaml", args.batch_128, "auto")]
+                   ("2 ranks, the same, halos overlapped", 2, "cosmoflow_spatial2_deep.yaml", args.batch_128, "as-if-remote"),
+                   ("4 ranks, spatial DxH (oversubscribed)", 4, "cosmoflow_spatial4.yaml", args.batch_128, "auto"),
+                   ("4 ranks, DxH, every conv block", 4, "cosmoflow_spatial4_deep.yaml", args.batch_128, "auto"),
+                   ("4 ranks, the same, halos overlapped", 4, "cosmoflow_spatial4_deep.yaml", args.batch_128, "as-if-remote")]
         if args.batch_128 >= 2:
             configs.insert(2, ("2 ranks, sample", 2, None, args.batch_128, "auto"))
         results = {name: [] for name, *_ in configs}
@@ -83,18 +87,20 @@ def main():
         print(f"CosmoFlow 128^3, global batch {args.batch_128}, {args.steps} timed steps, median of {args.repeats}; "
               "1 thread per rank")
         print(f"{'plan':>40} | {'step ms':>8} | {'speed-up':>8} | {'activation MiB/rank':>19} | "
-              f"{'overlapped':>10} | {'exposed exchange, critical rank':>31} | {'most of any rank':>16} | "
-              f"{'exchanged MiB/rank':>18}")
-        print("-" * 172)
+              f"{'overlapped':>10} | {'exposed halo, critical rank':>27} | {'most of any rank':>16} | "
+              f"{'all exchanges, critical':>23} | {'exchanged MiB/rank':>18}")
+        print("-" * 194)
         for name, _, _, batch, _ in configs:
             r = results[name]
             step = median(r, "step_ms")
             base = bases[batch]
-            critical = median(r, "exchange_critical_ms")
-            most = median(r, "exchange_ms")
+            halo = median(r, "halo_critical_ms")
+            most = median(r, "halo_ms")
+            exchange = median(r, "exchange_critical_ms")
             print(f"{name:>40} | {step:>8.0f} | {base / step:>7.2f}x | {median(r, 'activation_mib'):>19.0f} | "
-                  f"{median(r, 'overlapped_layers'):>10.0f} | {critical:>15.1f} ms {100 * critical / step:>11.1f}% | "
-                  f"{100 * most / step:>15.1f}% | {median(r, 'exchanged_mib'):>18.1f}")
+                  f"{median(r, 'overlapped_layers'):>10.0f} | {halo:>11.1f} ms {100 * halo / step:>11.1f}% | "
+                  f"{100 * most / step:>15.1f}% | {exchange:>11.1f} ms {100 * exchange / step:>7.1f}% | "
+                  f"{median(r, 'exchanged_mib'):>18.1f}")
         print()
 
     configs = [("Tessera 2 ranks, spatial D", lambda: tessera(args.build, "cosmoflow.yaml", 2, "cosmoflow_spatial2.yaml", 4,

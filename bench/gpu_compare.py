@@ -1,12 +1,15 @@
 #!/usr/bin/python3
 """Tessera's GPU training step beside PyTorch's, in the same run, on the same GPU.
 
-Runs gpu_step_bench (Tessera's CUDA kernels) and bench/gpu_cosmoflow_torch.py (PyTorch, cuDNN) on
-the CosmoFlow reference network with the same input, batch and FLOP count, and prints one table
-with the ratio of Tessera's throughput to PyTorch's at the same precision (strict fp32: no TF32 on
-either side) and each one's TFLOP/s against the GPU's measured matmul rate.
+Runs gpu_step_bench (the step composed from Tessera's CUDA kernels), with --executor also
+bench_train on the GPU (the whole framework: the model file, the executor, the optimizer), and
+bench/gpu_cosmoflow_torch.py (PyTorch, cuDNN) on the CosmoFlow reference network with the same
+input, batch and FLOP count, and prints one table with the ratio of Tessera's throughput to
+PyTorch's at the same precision (strict fp32: no TF32 on either side) and each one's TFLOP/s
+against the GPU's measured matmul rate.
 
-    python3 bench/gpu_compare.py --tessera build-cuda/bin/gpu_step_bench [--batch 4] [--size 128]
+    python3 bench/gpu_compare.py --tessera build-cuda/bin/gpu_step_bench [--executor build-cuda/bin/bench_train]
+                                 [--batch 4] [--size 128]
 """
 import argparse
 import json
@@ -26,9 +29,30 @@ def run(command, log, env=None):
     return result.returncode
 
 
+def reference_model(size, in_channels, base_filters):
+    """The reference network as a Tessera model file (models/cosmoflow_reference.yaml at 128^3 x 4)."""
+    lines = [f"name: cosmoflow_reference", f"input: {{shape: [{in_channels}, {size}, {size}, {size}]}}", "layers:"]
+    for block in range(5):
+        lines += [f"  - {{name: conv{block + 1}, type: conv, filters: {base_filters << block}, kernel: 3, padding: 1}}",
+                  f"  - {{name: act{block + 1}, type: leaky_relu, slope: 0.3}}",
+                  f"  - {{name: pool{block + 1}, type: maxpool, kernel: 2}}"]
+    lines += ["  - {name: flatten, type: flatten}", "  - {name: fc1, type: linear, out: 128}",
+              "  - {name: act6, type: leaky_relu, slope: 0.3}", "  - {name: fc2, type: linear, out: 64}",
+              "  - {name: act7, type: leaky_relu, slope: 0.3}", "  - {name: fc3, type: linear, out: 4}", "loss: mse"]
+    return "\n".join(lines) + "\n"
+
+
+def last_json(text):
+    for line in reversed(text.splitlines()):
+        if line.strip().startswith("{"):
+            return json.loads(line)
+    return None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tessera", required=True, help="the gpu_step_bench binary")
+    parser.add_argument("--executor", help="the bench_train binary (built with CUDA): the executor's step too")
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--in-channels", type=int, default=4)
     parser.add_argument("--base-filters", type=int, default=32)
@@ -47,26 +71,44 @@ def main():
         if args.library_path:
             env["LD_LIBRARY_PATH"] = args.library_path + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         failed = run([args.tessera, *shape, "--matmul", "--verbose", "--json", records], log, env)
+        if args.executor:
+            model = os.path.join(tmp, "cosmoflow_reference.yaml")
+            with open(model, "w") as f:
+                f.write(reference_model(args.size, args.in_channels, args.base_filters))
+            print("$ " + args.executor + " ... (the executor on the GPU)", flush=True)
+            result = subprocess.run([args.executor, "--model", model, "--batch", str(args.batch), "--steps",
+                                     str(args.steps), "--warmup", str(args.warmup), "--device", "cuda",
+                                     "--momentum", "0", "--lr", "1e-3"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            print(result.stdout, flush=True)
+            log.write(result.stdout)
+            executor = last_json(result.stdout) if result.returncode == 0 else None
+            failed |= result.returncode
         failed |= run([sys.executable, os.path.join(HERE, "gpu_cosmoflow_torch.py"), *shape, "--matmul",
                        "--json", records], log)
         rows = [json.loads(line) for line in open(records)] if os.path.exists(records) else []
+    if args.executor and executor:
+        flops = next((r["step_flops"] for r in rows if r["record"] == "step" and "step_flops" in r), None)
+        rows.append({"record": "step", "framework": "tessera-executor", "precision": "fp32",
+                     "mean_ms": executor["step_ms"],
+                     "tflops": flops / (executor["step_ms"] * 1e-3) / 1e12 if flops else executor["gflops"] / 1e3})
     steps = {(r.get("framework", "pytorch"), r["precision"]): r for r in rows if r["record"] == "step"}
     matmul = {(r.get("framework", "pytorch"), r["precision"]): r["tflops"] for r in rows if r["record"] == "matmul"}
     print(f"CosmoFlow {args.batch} x {args.in_channels} x {args.size}^3, base filters {args.base_filters}: "
           "training step on one GPU")
-    print(f"{'framework':10s} {'precision':9s} {'ms/step':>9s} {'samples/s':>10s} {'TFLOP/s':>8s} "
+    print(f"{'framework':16s} {'precision':9s} {'ms/step':>9s} {'samples/s':>10s} {'TFLOP/s':>8s} "
           f"{'of matmul':>9s} {'vs PyTorch':>10s}")
     for (framework, precision), r in sorted(steps.items()):
         ms = r.get("mean_ms", r.get("step_ms"))
-        rate = matmul.get((framework, "fp32" if precision == "fp32" else precision))
+        rate = matmul.get(("tessera" if framework.startswith("tessera") else framework, precision))
         peer = steps.get(("pytorch", precision))
         peer_ms = peer.get("step_ms") if peer else None
-        ratio = f"{peer_ms / ms:9.2f}x" if peer_ms and framework == "tessera" else "-"
+        ratio = f"{peer_ms / ms:9.2f}x" if peer_ms and framework.startswith("tessera") else "-"
         of = f"{r['tflops'] / rate:9.1%}" if rate else "-"
-        print(f"{framework:10s} {precision:9s} {ms:9.2f} {args.batch / (ms * 1e-3):10.2f} {r['tflops']:8.2f} "
+        print(f"{framework:16s} {precision:9s} {ms:9.2f} {args.batch / (ms * 1e-3):10.2f} {r['tflops']:8.2f} "
               f"{of:>9s} {ratio:>10s}")
     if ("tessera", "bf16") not in steps:
-        print("tessera    bf16      not built yet (bf16 mixed precision is still to come)")
+        print("tessera          bf16      not built yet (bf16 mixed precision is still to come)")
     for (framework, precision), tflops in sorted(matmul.items()):
         print(f"matmul 8192^3 {framework} {precision}: {tflops:.1f} TFLOP/s")
     return 1 if failed else 0

@@ -163,7 +163,9 @@ class CosmoFlowStep {
                     i == 0 ? nullptr : b.grad_input.data(), b.weights.grad.data(), b.bias.grad.data());
       grad = b.grad_input.data();
     }
-    for (auto* p : parameters()) cuda_kernels::sgd_update(p->value.data(), p->grad.data(), p->value.numel(), 1e-3f);
+    SgdStep sgd;
+    sgd.lr = 1e-3f;
+    for (auto* p : parameters()) cuda_kernels::sgd_update(p->value.data(), p->grad.data(), nullptr, p->value.numel(), sgd);
   }
 
   double loss() const {

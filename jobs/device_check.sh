@@ -57,7 +57,7 @@ for program in gpu_kernels gpu_step_bench; do
   fi
 done
 mpi_ok=1
-for program in gpu_unavailable gpu_nccl; do
+for program in gpu_unavailable gpu_nccl gpu_train bench_train; do
   missing="$(unresolved "$PACK/bin/$program")"
   if [ -n "$missing" ]; then
     mpi_ok=0
@@ -71,7 +71,7 @@ say "GPU tests: every kernel family against the host backend (fp32: 1e-5)"
 timeout 150 "${tessera_env[@]}" "$PACK/bin/gpu_kernels" 2>&1 | tee "$LOGS/gpu_tests.log"
 tests=${PIPESTATUS[0]}
 [ "$tests" -eq 0 ] || status=1
-unavailable=skipped nccl=skipped
+unavailable=skipped nccl=skipped train=skipped
 if [ "$mpi_ok" -eq 1 ]; then
   timeout 30 "${tessera_env[@]}" "$PACK/bin/gpu_unavailable" 2>&1 | tail -3 | tee -a "$LOGS/gpu_tests.log"
   unavailable=${PIPESTATUS[0]}
@@ -86,12 +86,19 @@ if [ "$mpi_ok" -eq 1 ]; then
     [ "$code" -eq 0 ] || [ "$code" -eq 77 ] || nccl=$code
   done
   [ "$nccl" -eq 0 ] || status=1
+  say "the executor training on the GPU against the host (one rank; fp32: 1e-5)"
+  timeout 120 "${tessera_env[@]}" "$PREFIX/usr/bin/orterun" --oversubscribe --bind-to none -x LD_LIBRARY_PATH \
+    -n 1 "$PACK/bin/gpu_train" 2>&1 | tee -a "$LOGS/gpu_tests.log"
+  train=${PIPESTATUS[0]}
+  [ "$train" -eq 0 ] || status=1
 fi
 
 say "benchmark: CosmoFlow reference network, 128^3 x 4 channels, batch 4, one training step"
-timeout 220 python3 "$ROOT/bench/gpu_compare.py" --tessera "$PACK/bin/gpu_step_bench" --library-path "$libs" \
+executor=()
+[ "$mpi_ok" -eq 1 ] && executor=(--executor "$PACK/bin/bench_train")
+timeout 260 python3 "$ROOT/bench/gpu_compare.py" --tessera "$PACK/bin/gpu_step_bench" "${executor[@]}" --library-path "$libs" \
   --log "$LOGS/bench.log" | tee "$LOGS/summary.txt"
 bench=${PIPESTATUS[0]}
 [ "$bench" -eq 0 ] || status=1
-say "done: gpu_kernels exit $tests, gpu_unavailable $unavailable, gpu_nccl $nccl, benchmark exit $bench"
+say "done: gpu_kernels exit $tests, gpu_unavailable $unavailable, gpu_nccl $nccl, gpu_train $train, benchmark exit $bench"
 exit $status

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "layers/cuda_elementwise.hpp"
 #include "layers/cuda_kernels.hpp"
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
@@ -370,6 +371,12 @@ class CudaElementwise final : public ElementwiseKernels {
         static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(cuda::stream()));
     if (status != cudaSuccess) fail("CUDA: cudaMemcpy2DAsync failed: {}", cudaGetErrorString(status));
   }
+  void sgd_update(float* p, const float* g, float* momentum_buffer, std::int64_t count, const SgdStep& step) override {
+    if (count > 0) cuda_kernels::sgd_update(p, g, momentum_buffer, count, step);
+  }
+  void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step) override {
+    if (count > 0) cuda_kernels::adam_update(p, g, m, v, count, step);
+  }
 
  private:
   /// The rows' values summed on the host in row order (as the host kernels do, one row at a time).
@@ -423,6 +430,12 @@ class CudaBackend final : public DnnBackend {
 };
 
 }  // namespace
+
+ElementwiseKernels& cuda_elementwise(int device) {
+  cuda::set_device(device);
+  static CudaElementwise kernels;  // stateless: its kernels run on the current device's stream
+  return kernels;
+}
 
 std::unique_ptr<DnnBackend> make_cuda_backend(const CudaBackendOptions& options) {
   TESSERA_CHECK(cuda::device_count() > 0, "the CUDA backend needs a GPU, but {}", cuda::unavailable_reason());

@@ -186,8 +186,34 @@ __global__ void accumulate_kernel(const float* x, float* y, std::int64_t count) 
   TESSERA_GRID_LOOP(i, count) { y[i] += x[i]; }
 }
 
-__global__ void sgd_update_kernel(float* weights, const float* grad, std::int64_t count, float rate) {
-  TESSERA_GRID_LOOP(i, count) { weights[i] -= rate * grad[i]; }
+// The optimizer updates, operation by operation as the host's loops (layers/host_elementwise.cpp)
+// with explicitly rounded fp32 intrinsics: nvcc would otherwise contract a * b + c into one fused
+// multiply-add, which rounds once where the host rounds twice.
+__global__ void sgd_update_kernel(float* p, const float* g, float* buf, std::int64_t count, SgdStep s) {
+  TESSERA_GRID_LOOP(i, count) {
+    const float d = __fadd_rn(g[i], __fmul_rn(s.weight_decay, p[i]));
+    if (buf == nullptr) {
+      // The host skips the decay term when it is 0; g + 0 * p is g for every finite p.
+      p[i] = __fsub_rn(p[i], __fmul_rn(s.lr, s.weight_decay != 0.0f ? d : g[i]));
+      continue;
+    }
+    const float b = __fadd_rn(__fmul_rn(s.momentum, buf[i]), d);
+    buf[i] = b;
+    p[i] = __fsub_rn(p[i], __fmul_rn(s.lr, s.nesterov ? __fadd_rn(d, __fmul_rn(s.momentum, b)) : b));
+  }
+}
+
+__global__ void adam_update_kernel(float* p, const float* g, float* m, float* v, std::int64_t count, AdamStep s) {
+  TESSERA_GRID_LOOP(i, count) {
+    const float pi = __fmul_rn(p[i], s.decoupled_scale);
+    const float gi = __fadd_rn(g[i], __fmul_rn(s.l2_decay, pi));
+    const float mi = __fadd_rn(__fmul_rn(s.beta1, m[i]), __fmul_rn(s.one_minus_beta1, gi));
+    const float vi = __fadd_rn(__fmul_rn(s.beta2, v[i]), __fmul_rn(__fmul_rn(s.one_minus_beta2, gi), gi));
+    m[i] = mi;
+    v[i] = vi;
+    const float denominator = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bias_correction2_sqrt), s.epsilon);
+    p[i] = __fsub_rn(pi, __fmul_rn(s.step_size, __fdiv_rn(mi, denominator)));
+  }
 }
 
 std::int64_t outputs(const PoolBox& b) { return b.planes * b.out[0] * b.out[1] * b.out[2]; }
@@ -264,9 +290,14 @@ void accumulate(const float* x, float* y, std::int64_t count) {
   check_launch("accumulate");
 }
 
-void sgd_update(float* weights, const float* grad, std::int64_t count, float rate) {
-  sgd_update_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(weights, grad, count, rate);
+void sgd_update(float* p, const float* g, float* momentum_buffer, std::int64_t count, const SgdStep& step) {
+  sgd_update_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(p, g, momentum_buffer, count, step);
   check_launch("sgd update");
+}
+
+void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step) {
+  adam_update_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(p, g, m, v, count, step);
+  check_launch("adam update");
 }
 
 }  // namespace tessera::cuda_kernels

@@ -5,10 +5,13 @@
 #include <cstdint>
 
 #include "layers/pool_box.hpp"
+#include "tessera/layers/update_steps.hpp"
 
 namespace tessera::cuda_kernels {
 
+using tessera::AdamStep;
 using tessera::PoolBox;
+using tessera::SgdStep;
 
 /// Max pooling; `argmax` gets each maximum's position within its input plane.
 void max_pool_forward(const PoolBox& box, const float* input, float* output, std::int32_t* argmax);
@@ -44,7 +47,10 @@ void count_correct(const float* scores, const float* labels, std::int64_t rows, 
 /// y += x.
 void accumulate(const float* x, float* y, std::int64_t count);
 
-/// weights -= rate * grad.
-void sgd_update(float* weights, const float* grad, std::int64_t count, float rate);
+/// The optimizers' updates (ElementwiseKernels::sgd_update, adam_update): the same fp32
+/// operations in the same order as the host's, each rounded on its own (no fused multiply-add),
+/// so the results equal the host's bit for bit.
+void sgd_update(float* p, const float* g, float* momentum_buffer, std::int64_t count, const SgdStep& step);
+void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step);
 
 }  // namespace tessera::cuda_kernels

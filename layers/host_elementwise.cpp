@@ -3,11 +3,60 @@
 #include <cmath>
 #include <cstring>
 
+#include "layers/cuda_elementwise.hpp"
 #include "layers/host_loops.hpp"
 #include "tessera/layers/dnn_backend.hpp"
 
 namespace tessera {
 namespace {
+
+// The optimizer updates: fp32 storage and arithmetic (like PyTorch's float kernels), one pass
+// over each array, restrict-qualified so that the compiler vectorises them (plain loops: an
+// update is memory-bound, and a fixed operation order keeps the CUDA kernels bit-equal).
+
+void sgd_loop(std::int64_t n, float* __restrict p, const float* __restrict g, float* __restrict buf,
+              const SgdStep& step) {
+  const float lr = step.lr, momentum = step.momentum, weight_decay = step.weight_decay;
+  if (buf == nullptr) {
+    if (weight_decay != 0.0f) {
+      for (std::int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + weight_decay * p[i]);
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) p[i] -= lr * g[i];
+    }
+    return;
+  }
+  if (step.nesterov) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float d = g[i] + weight_decay * p[i];
+      const float b = momentum * buf[i] + d;
+      buf[i] = b;
+      p[i] -= lr * (d + momentum * b);
+    }
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float d = g[i] + weight_decay * p[i];
+      const float b = momentum * buf[i] + d;
+      buf[i] = b;
+      p[i] -= lr * b;
+    }
+  }
+}
+
+void adam_loop(std::int64_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
+               float* __restrict v, const AdamStep& s) {
+  const float l2 = s.l2_decay, scale = s.decoupled_scale, b1 = s.beta1, c1 = s.one_minus_beta1;
+  const float b2 = s.beta2, c2 = s.one_minus_beta2, step_size = s.step_size;
+  const float bc2 = s.bias_correction2_sqrt, eps = s.epsilon;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float pi = p[i] * scale;
+    const float gi = g[i] + l2 * pi;
+    const float mi = b1 * m[i] + c1 * gi;
+    const float vi = b2 * v[i] + c2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi - step_size * (mi / (std::sqrt(vi) / bc2 + eps));
+  }
+}
 
 class HostElementwise final : public ElementwiseKernels {
  public:
@@ -76,6 +125,14 @@ class HostElementwise final : public ElementwiseKernels {
                   static_cast<std::size_t>(length) * sizeof(float));
     });
   }
+
+  void sgd_update(float* p, const float* g, float* momentum_buffer, std::int64_t count, const SgdStep& step) override {
+    sgd_loop(count, p, g, momentum_buffer, step);
+  }
+
+  void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step) override {
+    adam_loop(count, p, g, m, v, step);
+  }
 };
 
 }  // namespace
@@ -83,6 +140,11 @@ class HostElementwise final : public ElementwiseKernels {
 ElementwiseKernels& host_elementwise() {
   static HostElementwise kernels;
   return kernels;
+}
+
+ElementwiseKernels& elementwise_kernels(const Device& device) {
+  if (device.is_host()) return host_elementwise();
+  return cuda_elementwise(device.index);
 }
 
 }  // namespace tessera

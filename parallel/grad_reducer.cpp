@@ -20,7 +20,8 @@ void GradReducer::build() {
   std::size_t bytes = 0;
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     auto& e = entries_[i];
-    const bool new_bucket = buckets_.empty() || buckets_.back().group != e.group || bytes >= options_.bucket_bytes;
+    const bool new_bucket = buckets_.empty() || buckets_.back().group != e.group || bytes >= options_.bucket_bytes ||
+                            entries_[i - 1].grad->device() != e.grad->device();
     if (new_bucket) {
       buckets_.emplace_back();
       buckets_.back().group = e.group;
@@ -35,7 +36,7 @@ void GradReducer::build() {
     auto& bucket = buckets_[b];
     std::int64_t total = 0;
     for (auto i : members[b]) total += entries_[i].grad->numel();
-    bucket.flat = Tensor(Shape({total}));
+    bucket.flat = Tensor(Shape({total}), entries_[members[b].front()].grad->device());
     std::int64_t offset = 0;
     for (auto i : members[b]) {
       Tensor& g = *entries_[i].grad;
@@ -76,6 +77,11 @@ void GradReducer::ready(const Tensor& grad) {
 }
 
 void GradReducer::start(Bucket& bucket) {
+  if (bucket.group->size() == 1) return;  // one replica: its gradient is the sum
+  TESSERA_CHECK(bucket.flat.device().is_host(),
+                "the gradient allreduce of parameters on {} over {} ranks is not built yet (GPU gradients are "
+                "reduced by one rank only so far)",
+                bucket.flat.device().to_string(), bucket.group->size());
   bucket.request = bucket.group->iallreduce(bucket.flat.data(), static_cast<std::size_t>(bucket.flat.numel()),
                                             DType::F32, ReduceOp::Sum);
 }

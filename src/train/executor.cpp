@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
 #include "tessera/parallel/watchdog.hpp"
@@ -22,13 +23,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int kSampleAxis = 0, kFilterAxis = 1, kChannelAxis = 2, kFirstSpatialAxis = 3;
 constexpr const char* kSpatialNames[3] = {"D", "H", "W"};
 constexpr std::size_t kKeep = static_cast<std::size_t>(-1);
-
-void add_into(Tensor& target, const Tensor& source) {
-  float* t = target.data();
-  const float* s = source.data();
-  const std::int64_t n = target.numel();
-  for (std::int64_t i = 0; i < n; ++i) t[i] += s[i];
-}
 
 /// The split with its spatial parts as three entries (D, H, W); 2-D layers have D = 1.
 LayerSplit normalised(LayerSplit split) {
@@ -88,7 +82,20 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
     : model_(model), world_(std::move(world)), options_(options), reducer_(options.reducer) {
   collectively(*world_, [&] { plan.validate(world_->size(), model_.plan_info(options_.global_batch)); });
   exchange_comm_ = world_->duplicate();
-  backend_ = make_host_backend();
+  const Device device = options_.device;
+  collectively(*world_, [&] {
+    if (device.is_host()) {
+      backend_ = make_host_backend();
+      return;
+    }
+    if (world_->size() > 1)
+      fail_input("the executor on {}: plans over {} ranks on GPUs are not built yet (halo exchanges, "
+                 "redistributions and the gradient allreduce of device tensors); run one rank on the GPU, or the "
+                 "plan on the host",
+                 device.to_string(), world_->size());
+    cuda::set_device(device.index);
+    backend_ = make_cuda_backend();
+  });
   node_of_rank_ = options_.ranks_per_node > 0 ? nodes_in_blocks(world_->size(), options_.ranks_per_node)
                                               : nodes_by_host_name(*world_);
   auto& nodes = model_.nodes();
@@ -159,6 +166,10 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
   collectively(*world_, [&] {
     for (std::size_t i = 0; i < n; ++i) nodes[i].layer->set_model_split(placement_[i].model);
   });
+  // Parameters, their gradients and buffers live where the layers run (before the reducer takes
+  // the gradients into its buckets there).
+  if (!device.is_host())
+    for (auto& node : nodes) node.layer->move_to(device);
 
   // Register gradients in the order backward produces them (last layer first). Every block of a
   // weight is replicated over its layer's sample and spatial ranks (a channel-split layer's bias
@@ -342,8 +353,10 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
   const int size = world_->size();
   Exchanges ex;
   ex.inputs.resize(nodes.size());
+  ex.halo.resize(nodes.size());
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     ex.inputs[i].resize(nodes[i].inputs.size());
+    ex.halo[i].assign(nodes[i].inputs.size(), false);
     for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
       const int producer = nodes[i].inputs[a];
       const Shape global = producer == Model::kModelInput ? model_.input_shape(batch)
@@ -364,6 +377,7 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
           same || size > TileExchange::kAllToAllVUpTo ? TileExchange::Transport::PointToPoint
                                                        : TileExchange::Transport::AllToAllV);
       if (!exchange->is_identity()) ex.inputs[i][a] = std::move(exchange);
+      ex.halo[i][a] = same;
     }
   }
   // Halo exchanges that overlap their layer's forward.
@@ -500,7 +514,7 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
           exchange->start_forward(*source, windows_[i][a]);  // finished after the interior
         else
           exchange->forward(*source, windows_[i][a]);
-        exchange_seconds_ += seconds_since(start);
+        count_exchange(start, ex.halo[i][a]);
         source = &windows_[i][a];
       }
       in.push_back(source);
@@ -519,7 +533,7 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
       peak_bytes_ = std::max(peak_bytes_, current_bytes());
       const auto start = Clock::now();
       reduce->reverse(partials_[i], outputs_[i]);
-      exchange_seconds_ += seconds_since(start);
+      count_exchange(start, /*halo=*/false);
       peak_bytes_ = std::max(peak_bytes_, current_bytes());
       partials_[i] = Tensor();
       continue;
@@ -532,7 +546,7 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
       // The interior is right; the boundary read halos that had not arrived: recompute it.
       const auto start = Clock::now();
       exchange.finish_forward();
-      exchange_seconds_ += seconds_since(start);
+      count_exchange(start, /*halo=*/true);
       for (const OutputRegion& region : ex.overlap[i].boundary)
         nodes[i].layer->forward_region(in, outputs_[i], ctx, region.begin, region.extent);
     }
@@ -564,10 +578,26 @@ BatchResult Executor::reduce(double loss_sum, std::int64_t correct, std::int64_t
   return r;
 }
 
-BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, std::int64_t batch_size,
+void Executor::count_exchange(Clock::time_point start, bool halo) {
+  const double seconds = seconds_since(start);
+  exchange_seconds_ += seconds;
+  if (halo) halo_seconds_ += seconds;
+}
+
+const Tensor& Executor::on_device(const Tensor& given, Tensor& staging) const {
+  if (given.device() == options_.device) return given;
+  staging.resize(given.shape(), options_.device);
+  staging.copy_from(given);
+  return staging;
+}
+
+BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given_targets, std::int64_t batch_size,
                                  std::int64_t step) {
+  const Tensor& inputs = on_device(given_inputs, staged_inputs_);
+  const Tensor& targets = on_device(given_targets, staged_targets_);
   const WatchdogScope step_scope(watchdog_, "forward/backward (halo exchanges and batch-norm statistics are there)");
   exchange_seconds_ = 0;
+  halo_seconds_ = 0;
   peak_bytes_ = 0;
   Exchanges& ex = exchanges(batch_size, targets);
   forward(inputs, ex, batch_size, step, /*training=*/true);
@@ -611,7 +641,7 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
       // The gradient of a partial sum is the output gradient over the whole partial box.
       const auto start = Clock::now();
       reduce->forward(grads_[k], partial_grads_[k]);
-      exchange_seconds_ += seconds_since(start);
+      count_exchange(start, /*halo=*/false);
       node.layer->backward(in, partials_[k], partial_grads_[k], grad_in, ctx);
       peak_bytes_ = std::max(peak_bytes_, current_bytes());
       partial_grads_[k] = Tensor();
@@ -622,12 +652,12 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
       const auto uj = static_cast<std::size_t>(node.inputs[0]);
       auto start = Clock::now();
       exchange->start_reverse(window_grads_[k][0], grads_[uj], /*accumulate=*/has_grad[uj]);
-      exchange_seconds_ += seconds_since(start);
+      count_exchange(start, ex.halo[k][0]);
       finishing_on_error(*exchange, [&] { node.layer->backward_parameters(in, grads_[k], ctx); });
       for (auto* p : node.layer->parameters()) reducer_.ready(p->grad);
       start = Clock::now();
       exchange->finish_reverse();
-      exchange_seconds_ += seconds_since(start);
+      count_exchange(start, ex.halo[k][0]);
       peak_bytes_ = std::max(peak_bytes_, current_bytes());
       window_grads_[k][0] = Tensor();
       has_grad[uj] = true;
@@ -645,11 +675,11 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
         // Halo gradients go back to their owners and are summed there.
         const auto start = Clock::now();
         exchange->reverse(window_grads_[k][a], grads_[uj], /*accumulate=*/has_grad[uj]);
-        exchange_seconds_ += seconds_since(start);
+        count_exchange(start, ex.halo[k][a]);
         peak_bytes_ = std::max(peak_bytes_, current_bytes());
         window_grads_[k][a] = Tensor();
       } else if (has_grad[uj] && grad_in[a] == &extra[a]) {
-        add_into(grads_[uj], extra[a]);
+        backend_->elementwise().accumulate(extra[a].data(), grads_[uj].data(), grads_[uj].numel());
       }
       has_grad[uj] = true;
     }
@@ -659,6 +689,7 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
   BatchResult result = reduce(loss_sum, correct, outputs_[out].dim(0), "loss allreduce");
   result.comm_wait_seconds = seconds_since(wait_start);
   result.exchange_seconds = exchange_seconds_;
+  result.halo_seconds = halo_seconds_;
   if (!std::isfinite(result.loss_sum)) {
     // The loss is reduced, so every rank sees the same value and stops at the same step.
     const int rank = world_->rank();
@@ -670,8 +701,11 @@ BatchResult Executor::train_step(const Tensor& inputs, const Tensor& targets, st
   return result;
 }
 
-BatchResult Executor::evaluate(const Tensor& inputs, const Tensor& targets, std::int64_t batch_size) {
+BatchResult Executor::evaluate(const Tensor& given_inputs, const Tensor& given_targets, std::int64_t batch_size) {
+  const Tensor& inputs = on_device(given_inputs, staged_inputs_);
+  const Tensor& targets = on_device(given_targets, staged_targets_);
   exchange_seconds_ = 0;
+  halo_seconds_ = 0;
   Exchanges& ex = exchanges(batch_size, targets);
   forward(inputs, ex, batch_size, /*step=*/0, /*training=*/false);
   const auto out = static_cast<std::size_t>(model_.output_node());
@@ -681,6 +715,7 @@ BatchResult Executor::evaluate(const Tensor& inputs, const Tensor& targets, std:
   const std::int64_t correct = local > 0 ? model_.loss().correct(outputs_[out], local_targets) : 0;
   BatchResult result = reduce(loss_sum, correct, local, "validation (loss allreduce)");
   result.exchange_seconds = exchange_seconds_;
+  result.halo_seconds = halo_seconds_;
   return result;
 }
 

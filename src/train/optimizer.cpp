@@ -3,73 +3,12 @@
 #include <cmath>
 
 #include "tessera/core/error.hpp"
+#include "tessera/layers/dnn_backend.hpp"
 
 namespace tessera {
 namespace {
 
 bool is_finite(double x) { return std::isfinite(x); }
-
-// The update loops: fp32 storage and arithmetic (like PyTorch's float kernels), one pass over
-// each array, restrict-qualified so the compiler vectorizes them.
-
-/// SGD, PyTorch semantics: g' = g + wd*p; buf = m*buf + g' (buf starts at 0, so the first step
-/// gives buf = g' exactly); d = nesterov ? g' + m*buf : buf; p -= lr*d. Without momentum d = g'.
-void sgd_update(std::int64_t n, float* __restrict p, const float* __restrict g, float* __restrict buf,
-                float lr, float momentum, float weight_decay, bool nesterov) {
-  if (buf == nullptr) {
-    if (weight_decay != 0.0f) {
-      for (std::int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + weight_decay * p[i]);
-    } else {
-      for (std::int64_t i = 0; i < n; ++i) p[i] -= lr * g[i];
-    }
-    return;
-  }
-  if (nesterov) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float d = g[i] + weight_decay * p[i];
-      const float b = momentum * buf[i] + d;
-      buf[i] = b;
-      p[i] -= lr * (d + momentum * b);
-    }
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float d = g[i] + weight_decay * p[i];
-      const float b = momentum * buf[i] + d;
-      buf[i] = b;
-      p[i] -= lr * b;
-    }
-  }
-}
-
-/// Adam / AdamW, PyTorch semantics (torch.optim.Adam, AdamW; amsgrad off):
-///   adamw: p *= 1 - lr*decoupled_decay
-///   g' = g + l2_decay*p
-///   m = b1*m + (1-b1)*g';  v = b2*v + (1-b2)*g'^2
-///   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-struct AdamScalars {
-  float l2_decay;         // added to the gradient (adam)
-  float decoupled_scale;  // 1 - lr*wd (adamw), else 1
-  float beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float step_size;              // lr / (1 - beta1^t)
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
-  float epsilon;
-};
-
-void adam_update(std::int64_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
-                 float* __restrict v, const AdamScalars& s) {
-  const float l2 = s.l2_decay, scale = s.decoupled_scale, b1 = s.beta1, c1 = s.one_minus_beta1;
-  const float b2 = s.beta2, c2 = s.one_minus_beta2, step_size = s.step_size;
-  const float bc2 = s.bias_correction2_sqrt, eps = s.epsilon;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float pi = p[i] * scale;
-    const float gi = g[i] + l2 * pi;
-    const float mi = b1 * m[i] + c1 * gi;
-    const float vi = b2 * v[i] + c2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi - step_size * (mi / (std::sqrt(vi) / bc2 + eps));
-  }
-}
 
 class Sgd final : public Optimizer {
  public:
@@ -82,10 +21,14 @@ class Sgd final : public Optimizer {
     const auto momentum = static_cast<float>(config_.momentum);
     for (Parameter* param : params) {
       Slot& slot = begin_update(*param);
-      const float wd = param->decay ? static_cast<float>(config_.weight_decay) : 0.0f;
+      SgdStep sgd;
+      sgd.lr = static_cast<float>(lr);
+      sgd.momentum = momentum;
+      sgd.weight_decay = param->decay ? static_cast<float>(config_.weight_decay) : 0.0f;
+      sgd.nesterov = config_.nesterov;
       float* buffer = slot.tensors.empty() ? nullptr : slot.tensors[0].data();
-      sgd_update(param->value.numel(), param->value.data(), param->grad.data(), buffer,
-                 static_cast<float>(lr), momentum, wd, config_.nesterov);
+      elementwise_kernels(param->value.device())
+          .sgd_update(param->value.data(), param->grad.data(), buffer, param->value.numel(), sgd);
     }
     finish_step();
   }
@@ -106,7 +49,7 @@ class Adam final : public Optimizer {
   void step(std::span<Parameter* const> params, double lr) override {
     check_lr(lr);
     const double t = static_cast<double>(steps_taken() + 1);
-    AdamScalars s{};
+    AdamStep s;
     s.beta1 = static_cast<float>(config_.beta1);
     s.one_minus_beta1 = static_cast<float>(1.0 - config_.beta1);
     s.beta2 = static_cast<float>(config_.beta2);
@@ -119,8 +62,9 @@ class Adam final : public Optimizer {
       const double wd = param->decay ? config_.weight_decay : 0.0;
       s.l2_decay = decoupled_ ? 0.0f : static_cast<float>(wd);
       s.decoupled_scale = decoupled_ ? static_cast<float>(1.0 - lr * wd) : 1.0f;
-      adam_update(param->value.numel(), param->value.data(), param->grad.data(), slot.tensors[0].data(),
-                  slot.tensors[1].data(), s);
+      elementwise_kernels(param->value.device())
+          .adam_update(param->value.data(), param->grad.data(), slot.tensors[0].data(), slot.tensors[1].data(),
+                       param->value.numel(), s);
     }
     finish_step();
   }
@@ -165,8 +109,9 @@ Optimizer::Slot& Optimizer::begin_update(const Parameter& param) {
                 param.value.shape().to_string(), param.grad.shape().to_string());
   TESSERA_CHECK(param.value.is_contiguous() && param.grad.is_contiguous(),
                 "optimizer: parameter '{}' or its gradient is not contiguous", param.name);
-  TESSERA_CHECK(param.value.device().is_host() && param.grad.device().is_host(),
-                "optimizer: parameter '{}' is not on the host (only host updates are built)", param.name);
+  TESSERA_CHECK(param.value.device() == param.grad.device(),
+                "optimizer: parameter '{}' is on {} but its gradient on {}", param.name,
+                param.value.device().to_string(), param.grad.device().to_string());
   Slot& slot = slot_for(param);
   TESSERA_CHECK(slot.last_step != steps_taken_, "optimizer: parameter '{}' was passed twice to one step",
                 param.name);

@@ -210,12 +210,73 @@ TEST(GpuElementwise, LeakyReluLossAndUpdateMatchHost) {
   const auto backend = make_cuda_backend();  // the loss through the backend's interface
   const double gloss = backend->elementwise().squared_error(gx.data(), gtarget.data(), n,
                                                             1.0 / static_cast<double>(n), 1.0, ggrad.data());
-  cuda_kernels::sgd_update(gupdated.data(), gdy.data(), n, rate);
+  SgdStep plain;
+  plain.lr = rate;
+  cuda_kernels::sgd_update(gupdated.data(), gdy.data(), nullptr, n, plain);
   EXPECT_LT(gpu_difference(y, gy), kTolerance);
   EXPECT_LT(gpu_difference(dx, gdx), kTolerance);
   EXPECT_LT(gpu_difference(grad, ggrad), kTolerance);
   EXPECT_LT(gpu_difference(updated, gupdated), kTolerance);
   EXPECT_NEAR(gloss, loss, 1e-9 * loss);  // both sums in double
+}
+
+// The optimizers' updates on the GPU equal the host's bit for bit (the same fp32 operations,
+// each rounded on its own), for every variant: SGD plain, with weight decay, momentum, Nesterov;
+// Adam with L2 decay, AdamW with decoupled decay; three steps each, so the state is read back.
+TEST(GpuElementwise, OptimizerUpdatesEqualTheHostExactly) {
+  const std::int64_t n = 4099;
+  ElementwiseKernels& host = host_elementwise();
+  ElementwiseKernels& gpu = elementwise_kernels(kGpu);
+  struct Sgd {
+    const char* name;
+    SgdStep step;
+    bool buffer;
+  };
+  const Sgd sgds[] = {{"plain", {0.1f, 0.0f, 0.0f, false}, false},
+                      {"weight decay", {0.1f, 0.0f, 0.01f, false}, false},
+                      {"momentum", {0.05f, 0.9f, 0.01f, false}, true},
+                      {"nesterov", {0.05f, 0.9f, 0.0f, true}, true}};
+  for (const Sgd& c : sgds) {
+    SCOPED_TRACE(c.name);
+    Tensor p = random_tensor(n, 31), buf(Shape({n}));
+    buf.fill(0.0f);
+    Tensor gp = p.to(kGpu), gbuf = buf.to(kGpu);
+    for (int t = 0; t < 3; ++t) {
+      const Tensor g = random_tensor(n, static_cast<unsigned>(40 + t));
+      const Tensor gg = g.to(kGpu);
+      host.sgd_update(p.data(), g.data(), c.buffer ? buf.data() : nullptr, n, c.step);
+      gpu.sgd_update(gp.data(), gg.data(), c.buffer ? gbuf.data() : nullptr, n, c.step);
+    }
+    EXPECT_EQ(max_relative_difference(p, gp.to(Device::host())), 0.0);
+    EXPECT_EQ(max_relative_difference(buf, gbuf.to(Device::host())), 0.0);
+  }
+  for (const bool decoupled : {false, true}) {
+    SCOPED_TRACE(decoupled ? "adamw" : "adam");
+    Tensor p = random_tensor(n, 32), m(Shape({n})), v(Shape({n}));
+    m.fill(0.0f);
+    v.fill(0.0f);
+    Tensor gp = p.to(kGpu), gm = m.to(kGpu), gv = v.to(kGpu);
+    for (int t = 1; t <= 3; ++t) {
+      const double lr = 1e-2, wd = 0.05, beta1 = 0.9, beta2 = 0.999;
+      AdamStep s;
+      s.l2_decay = decoupled ? 0.0f : static_cast<float>(wd);
+      s.decoupled_scale = decoupled ? static_cast<float>(1.0 - lr * wd) : 1.0f;
+      s.beta1 = static_cast<float>(beta1);
+      s.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+      s.beta2 = static_cast<float>(beta2);
+      s.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+      s.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, t)));
+      s.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t)));
+      s.epsilon = 1e-8f;
+      const Tensor g = random_tensor(n, static_cast<unsigned>(50 + t));
+      const Tensor gg = g.to(kGpu);
+      host.adam_update(p.data(), g.data(), m.data(), v.data(), n, s);
+      gpu.adam_update(gp.data(), gg.data(), gm.data(), gv.data(), n, s);
+    }
+    EXPECT_EQ(max_relative_difference(p, gp.to(Device::host())), 0.0);
+    EXPECT_EQ(max_relative_difference(m, gm.to(Device::host())), 0.0);
+    EXPECT_EQ(max_relative_difference(v, gv.to(Device::host())), 0.0);
+  }
 }
 
 TEST(GpuMemory, TensorsMoveBetweenHostAndDevice) {

@@ -76,15 +76,17 @@ inline OptimizerConfig sgd_momentum() {
 }
 
 /// The tests overlap every halo exchange a layer can (HaloOverlap::Always), so the overlapped
-/// path is what the invariant covers; tests that name HaloOverlap::Never cover the other.
+/// path is what the invariant covers; tests that name HaloOverlap::Never cover the other. The
+/// layers run on `device` (the GPU tests); gradients and weights come back on the host.
 inline TrainingRun train(const std::string& model_text, const Plan& plan, std::shared_ptr<Communicator> comm, std::int64_t batch,
                   int steps, const OptimizerConfig& optimizer_config = sgd_momentum(), double lr = 0.05,
-                  HaloOverlap overlap = HaloOverlap::Always) {
+                  HaloOverlap overlap = HaloOverlap::Always, Device device = Device::host()) {
   Model model = Model::parse(model_text, "invariant_test_model");
   model.init_parameters(11);
   ExecutorOptions options;
   options.global_batch = batch;
   options.halo_overlap = overlap;
+  options.device = device;
   options.seed = 11;
   options.reducer.bucket_bytes = 4 << 10;  // several buckets
   Executor executor(model, plan, comm, options);
@@ -101,7 +103,7 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
     EXPECT_EQ(r.samples, batch);
     run.losses.push_back(r.mean_loss());
     if (step == 0)
-      for (auto* p : params) run.first_gradients.push_back(p->grad.clone());
+      for (auto* p : params) run.first_gradients.push_back(p->grad.to(Device::host()).clone());
     optimizer->step(params, lr);
   }
   synthetic_batch(model.sample_shape(), batch, steps, inputs, labels);
@@ -111,7 +113,7 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
                                       labels.slice(begin, end).clone(), batch)
                             .mean_loss();
   for (auto* p : params) {
-    run.weights.push_back(p->value.clone());
+    run.weights.push_back(p->value.to(Device::host()).clone());
     run.boxes.push_back(p->whole_box());
     run.sharded.push_back(p->sharded());
     run.parameter_bytes += p->value.allocated_bytes() + p->grad.allocated_bytes();

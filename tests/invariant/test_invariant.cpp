@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "training_test_util.hpp"
+#include "tessera/core/cuda.hpp"
+#include "tessera/parallel/collective_guard.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/parallel/mpi_communicator.hpp"
 #include "tessera/train/executor.hpp"
@@ -80,6 +82,39 @@ TEST(Invariant, ResidualCnnWithGlobalBatchNormAndDropoutAdam) {
   OptimizerConfig adam;
   adam.type = "adam";
   expect_same_as_one_rank("residual_cnn.yaml", 16, 6, adam, 1e-3);
+}
+
+TEST(Invariant, AGpuPlanOverSeveralRanksIsRefusedByEveryRank) {
+  // GPU plans run on one rank so far: over more, every rank refuses with the same message naming
+  // what is missing. On one rank without a usable GPU the executor says why it cannot use one
+  // (the GPU tests, gpu.train, run the accepted case against the host).
+  auto world = MpiCommunicator::world();
+  Model model = Model::load(std::string(TESSERA_SOURCE_DIR) + "/models/fashion_cnn.yaml");
+  model.init_parameters(7);
+  ExecutorOptions options;
+  options.global_batch = 8;
+  options.device = Device::cuda(0);
+  std::string message;
+  int code = 0;
+  try {
+    Executor executor(model, Plan::sample_parallel(world->size()), world, options);
+  } catch (const AgreedFailure& e) {
+    message = e.what();
+    code = e.exit_code();
+  }
+  if (world->size() > 1) {
+    EXPECT_EQ(code, 2) << message;
+    if (world->rank() == 0) {  // the others' message points to rank 0's
+      EXPECT_NE(message.find("plans over " + std::to_string(world->size()) + " ranks on GPUs are not built yet"),
+                std::string::npos)
+          << message;
+    }
+  } else if (cuda::device_count() == 0) {
+    EXPECT_NE(code, 0);
+    EXPECT_NE(message.find(cuda::unavailable_reason()), std::string::npos) << message;
+  } else {
+    EXPECT_EQ(message, "");
+  }
 }
 
 TEST(Invariant, LocalBatchNormRunningStatisticsAreAveragedBeforeEvaluation) {

@@ -1,6 +1,6 @@
 // Every plan file shipped in plans/ validates against the model it is written for, at its rank
 // count and a batch it is meant for, and every plan file there is listed here (a new plan must
-// say which model it belongs to).
+// say which model it belongs to). Every model file in models/ loads.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -28,6 +28,8 @@ const std::multimap<std::string, Use> kUses = {
     {"cosmoflow_spatial2_deep.yaml", {"cosmoflow_128.yaml", 1}},
     {"cosmoflow_spatial4.yaml", {"cosmoflow.yaml", 4}},
     {"cosmoflow_spatial4.yaml", {"cosmoflow_128.yaml", 4}},
+    {"cosmoflow_spatial4_deep.yaml", {"cosmoflow.yaml", 4}},
+    {"cosmoflow_spatial4_deep.yaml", {"cosmoflow_128.yaml", 1}},
     {"fashion_2ranks.yaml", {"fashion_cnn.yaml", 64}},
     {"fashion_4ranks.yaml", {"fashion_cnn.yaml", 64}},
     {"wide_mlp_2d4.yaml", {"wide_mlp.yaml", 64}},
@@ -46,6 +48,17 @@ TEST(ShippedPlans, EachValidatesAgainstItsModel) {
   }
   for (const auto& entry : std::filesystem::directory_iterator(root / "plans"))
     EXPECT_TRUE(listed.count(entry.path().filename().string())) << entry.path() << " is not listed in kUses";
+}
+
+TEST(ShippedModels, EachLoads) {
+  const std::filesystem::path root(TESSERA_SOURCE_DIR);
+  int models = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(root / "models")) {
+    SCOPED_TRACE(entry.path().string());
+    EXPECT_NO_THROW(Model::load(entry.path().string()));
+    ++models;
+  }
+  EXPECT_GE(models, 7);
 }
 
 }  // namespace

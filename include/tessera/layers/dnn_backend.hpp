@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/device.hpp"
+#include "tessera/layers/update_steps.hpp"
+
 namespace tessera {
 
 /// One convolution call. Per-spatial-dimension vectors hold 2 (H, W) or 3 (D, H, W) entries.
@@ -112,9 +115,11 @@ class LinearKernels {
                                 const float* grad_output, float* grad_weights, float* grad_bias) = 0;
 };
 
-/// The element-wise work of the layers and losses, on the backend's device (host loops, or
-/// Tessera's CUDA kernels). Layers call these instead of looping themselves, so that the same
-/// layer code runs on either device.
+/// The element-wise work of the layers, losses and optimizers, on the backend's device (host
+/// loops, or Tessera's CUDA kernels). Layers call these instead of looping themselves, so that
+/// the same layer code runs on either device. Every operation is a fixed sequence of fp32
+/// operations per element, so the host and CUDA results agree to the last bit where no sum is
+/// involved (the optimizer updates).
 class ElementwiseKernels {
  public:
   virtual ~ElementwiseKernels() = default;
@@ -141,10 +146,19 @@ class ElementwiseKernels {
   /// (rows `destination_stride` apart); the two do not overlap.
   virtual void copy_rows(const float* source, std::int64_t source_stride, float* destination,
                          std::int64_t destination_stride, std::int64_t rows, std::int64_t length) = 0;
+  /// One SGD step over `count` parameters `p` with gradients `g`; `momentum_buffer` is null
+  /// without momentum.
+  virtual void sgd_update(float* p, const float* g, float* momentum_buffer, std::int64_t count,
+                          const SgdStep& step) = 0;
+  /// One Adam step over `count` parameters with first and second moments `m`, `v`.
+  virtual void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step) = 0;
 };
 
 /// The host's element-wise kernels (what the host backend's elementwise() returns).
 ElementwiseKernels& host_elementwise();
+/// The element-wise kernels for tensors on `device`: the host's, or the CUDA kernels (on the
+/// stream of that GPU, which they make current). A GPU in a build without CUDA is an Error.
+ElementwiseKernels& elementwise_kernels(const Device& device);
 
 class DnnBackend {
  public:

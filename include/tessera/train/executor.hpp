@@ -29,6 +29,7 @@
 // gathers the output gradient for backward. Each rank keeps only its block of the weights (and
 // so of their gradients and optimizer state), reduced over the ranks with the same filter and
 // channel coordinates.
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -56,6 +57,12 @@ struct ExecutorOptions {
   /// Which ranks share a node, for HaloOverlap::Automatic: 0 from the host names (gathered once);
   /// N: consecutive blocks of N ranks (launchers that place ranks so, and tests).
   int ranks_per_node = 0;
+  /// Where the layers run: the host (oneDNN), or a GPU (cuDNN, cuBLAS and Tessera's CUDA
+  /// kernels; one rank only so far: halo exchanges, redistributions and the gradient allreduce of
+  /// device tensors are not built yet, and such a plan is refused). On a GPU the executor moves
+  /// the model's parameters there; train_step and evaluate take inputs and targets on the host or
+  /// on that GPU (host ones are copied over), and the optimizer updates them there.
+  Device device = Device::host();
 };
 
 /// Sums over the whole batch (all ranks).
@@ -67,8 +74,13 @@ struct BatchResult {
   /// reductions still running after backward, and the loss reduction).
   double comm_wait_seconds = 0;
   /// Seconds this rank spent in halo exchanges and redistributions (forward and backward),
-  /// packing and waiting included: the exchange time the step exposes.
+  /// packing and waiting included: the exchange time the step exposes (what overlaps a layer's
+  /// compute is not counted).
   double exchange_seconds = 0;
+  /// The part of exchange_seconds spent in halo exchanges (an input split as its producer's
+  /// output, or as the data is read, grown by the layer's halo); the rest is redistributions
+  /// between differing splits and channel-split layers' partial sums.
+  double halo_seconds = 0;
   double mean_loss() const { return samples ? loss_sum / static_cast<double>(samples) : 0.0; }
 };
 
@@ -81,6 +93,8 @@ class Executor {
   /// The samples [begin, end) of a batch of `batch_size` whose inputs this rank reads (the input
   /// layer's sample block); train_step and evaluate take the inputs and targets of these samples.
   std::pair<std::int64_t, std::int64_t> local_samples(std::int64_t batch_size) const;
+  /// Where the layers run (ExecutorOptions::device).
+  Device device() const { return options_.device; }
   /// The part of each sample this rank reads: a box over C, (D), H, W (the whole sample unless
   /// the input layer is split spatially).
   Box input_sample_box() const;
@@ -137,6 +151,9 @@ class Executor {
   /// what the layer reads), and the targets' move from the input layer's samples to the output's.
   struct Exchanges {
     std::vector<std::vector<std::unique_ptr<TileExchange>>> inputs;
+    /// Per node and input: whether its exchange is a halo exchange (the input split as its
+    /// producer's output) rather than a redistribution.
+    std::vector<std::vector<bool>> halo;
     std::unique_ptr<TileExchange> targets;
     /// Per node split by channel: the exchange whose reverse sums the layer's partial outputs
     /// (over its sample x filter block x tile, the same on every rank of the channel group) into
@@ -206,7 +223,14 @@ class Executor {
   /// Per node and input: the box the layer reads (when exchanged) and its gradient.
   std::vector<std::vector<Tensor>> windows_, window_grads_;
   Tensor targets_;
+  /// Host inputs and targets copied to the executor's GPU.
+  mutable Tensor staged_inputs_, staged_targets_;
+  /// `given` when it is on the executor's device, else its copy there in `staging`.
+  const Tensor& on_device(const Tensor& given, Tensor& staging) const;
   double exchange_seconds_ = 0;
+  double halo_seconds_ = 0;
+  /// Adds the seconds since `start` to the exchange time (and to the halo time when `halo`).
+  void count_exchange(std::chrono::steady_clock::time_point start, bool halo);
   std::int64_t peak_bytes_ = 0;
   Watchdog* watchdog_ = nullptr;
 };
