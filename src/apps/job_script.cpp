@@ -151,9 +151,9 @@ void check_job_request(const JobSpec& spec, bool gpu_training_built) {
   if (spec.gpus_per_task < 0) fail_input("--gpus-per-task must be 0 or more (got {})", spec.gpus_per_task);
   if (spec.gpus_per_task > 0 && !gpu_training_built)
     fail_input(
-        "--gpus-per-task {}: the GPU path is not built for training in this tessera (`tessera train` runs "
-        "models on the host; TESSERA_ENABLE_CUDA=ON so far builds the GPU kernels and the NCCL communicator "
-        "only); ask for CPU tasks only (--gpus-per-task 0)",
+        "--gpus-per-task {}: the GPU path is not built for jobs yet (a GPU build's `tessera train --device cuda` "
+        "trains on one GPU under one rank; plans over several GPU ranks are still to come); ask for CPU tasks "
+        "only (--gpus-per-task 0)",
         spec.gpus_per_task);
   if (!parse_slurm_time(spec.time))
     fail_input(

@@ -18,6 +18,7 @@ namespace {
 struct TrainArgs {
   std::string model, plan, machine, data, val_data, inputs, targets, inject_failure, inject_hang;
   std::string halo_overlap = "auto";
+  std::string device = "host";
   TrainerOptions trainer;
   ExecutorOptions executor;
 };
@@ -69,6 +70,8 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   args.executor.global_batch = args.trainer.global_batch;
   args.executor.seed = args.trainer.seed;
   args.executor.halo_overlap = parse_halo_overlap(args.halo_overlap);
+  // The first GPU the rank sees (Slurm's --gpus-per-task and CUDA_VISIBLE_DEVICES choose which).
+  args.executor.device = args.device == "cuda" ? Device::cuda(0) : Device::host();
   model->init_parameters(args.trainer.seed);
   Executor executor(*model, *plan, world, args.executor);
   std::unique_ptr<Trainer> trainer;
@@ -170,6 +173,12 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
                   "1/8 of the tile), always, never")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "always", "never"}));
+  cmd->add_option("--device", args->device,
+                  "Where the layers run: host (oneDNN), or cuda: the first GPU the rank sees (cuDNN, cuBLAS; one "
+                  "rank only so far, plans over several GPU ranks are refused; batch norm and dropout have no GPU "
+                  "kernels yet)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"host", "cuda"}));
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");
   cmd->add_option("--watchdog-seconds", t.watchdog_seconds,
                   "A rank with no finished step for this long prints what it is stuck in and ends the job, exit "

@@ -122,7 +122,10 @@ std::string save_checkpoint(const std::string& dir, Model& model, Executor& exec
   writer.set_attribute("optimizer_type", std::string(optimizer.type()));
   writer.set_attribute("optimizer_steps", optimizer.steps_taken());
   writer.set_attribute("ranks", static_cast<std::int64_t>(executor.world().size()));
-  for (auto& [name, tensor, p, buffer_group] : state_tensors(model, executor, optimizer)) {
+  for (auto& [name, device_tensor, p, buffer_group] : state_tensors(model, executor, optimizer)) {
+    // Tensors on a GPU are written from a host copy (the same tensor when it is on the host).
+    const Tensor host_copy = device_tensor->to(Device::host());
+    const Tensor* tensor = &host_copy;
     if (buffer_group && buffer_group->size() > 1) {
       Communicator& group = *buffer_group;
       // Running statistics of local batch norm differ between the ranks of the sample group: store
@@ -186,7 +189,15 @@ CheckpointMeta restore_checkpoint(const std::string& path, Model& model, Executo
                  fmt::join(have, ", "), fmt::join(want, ", "));
     if (!tensor->is_contiguous()) fail("{}: state tensor '{}' is not contiguous", path, name);
   }
-  for (const auto& [name, tensor, p, group] : tensors) reader.read_tensor(name, p.box, tensor->data());
+  for (const auto& [name, tensor, p, group] : tensors) {
+    if (tensor->device().is_host()) {
+      reader.read_tensor(name, p.box, tensor->data());
+    } else {  // read on the host, then copied to the GPU
+      Tensor staging(tensor->shape());
+      reader.read_tensor(name, p.box, staging.data());
+      tensor->copy_from(staging);
+    }
+  }
   optimizer.set_steps_taken(reader.int_attribute("optimizer_steps"));
   CheckpointMeta meta;
   meta.step = reader.int_attribute("step");

@@ -93,6 +93,10 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
                  "redistributions and the gradient allreduce of device tensors); run one rank on the GPU, or the "
                  "plan on the host",
                  device.to_string(), world_->size());
+    if (device.index >= cuda::device_count())
+      fail_input("the executor on {} needs that GPU, but {}", device.to_string(),
+                 cuda::device_count() == 0 ? cuda::unavailable_reason()
+                                           : fmt::format("this rank sees {} GPU(s)", cuda::device_count()));
     cuda::set_device(device.index);
     backend_ = make_cuda_backend();
   });

@@ -4,11 +4,15 @@
 // relative (fp32: the GPU's convolutions and GEMMs sum in other orders; the optimizer updates
 // are bit-equal, test_gpu_kernels). The models cover every layer with GPU kernels: 2-D and 3-D
 // convolutions (stride, dilation), max and average pooling, ReLU, leaky ReLU, flatten, add,
-// concat, linear, and both losses; SGD with momentum and AdamW.
+// concat, linear, and both losses; SGD with momentum and AdamW. Checkpoints of GPU state round-trip.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "invariant/invariant_harness.hpp"
 #include "tessera/core/cuda.hpp"
+#include "tessera/train/checkpoint.hpp"
 
 namespace tessera {
 namespace {
@@ -132,6 +136,61 @@ loss: softmax_cross_entropy
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bn"), std::string::npos) << e.what();
   }
+}
+
+TEST(GpuTrain, CheckpointsOfGpuStateRoundTripExactly) {
+  // Saved from the GPU through a host copy, restored into another model on the GPU: parameters
+  // and Adam's moments come back bit for bit, and stay on the GPU.
+  auto world = MpiCommunicator::world();
+  const std::string model_file = std::string(TESSERA_SOURCE_DIR) + "/models/fashion_cnn.yaml";
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_gpu_checkpoint_" + std::to_string(::getpid()));
+  OptimizerConfig adam;
+  adam.type = "adam";
+  CheckpointMeta meta;
+  meta.step = 2;
+  meta.global_batch = 8;
+  meta.seed = 3;
+  meta.plan_text = Plan::sample_parallel(1).to_yaml();
+  ExecutorOptions options;
+  options.global_batch = 8;
+  options.seed = 3;
+  options.device = kGpu;
+  std::vector<Tensor> values, state;
+  std::string path;
+  {
+    Model model = Model::load(model_file);
+    model.init_parameters(3);
+    Executor executor(model, Plan::sample_parallel(1), world, options);
+    auto optimizer = create_optimizer(adam);
+    Tensor inputs, labels;
+    for (int step = 0; step < 2; ++step) {
+      testing::synthetic_batch(model.sample_shape(), 8, step, inputs, labels);
+      executor.train_step(inputs, labels, 8, step);
+      optimizer->step(model.parameters(), 1e-3);
+    }
+    path = save_checkpoint(dir.string(), model, executor, *optimizer, meta, 1);
+    for (Parameter* p : model.parameters()) values.push_back(p->value.to(Device::host()).clone());
+    for (auto& [name, tensor] : optimizer->state()) state.push_back(tensor->to(Device::host()).clone());
+  }
+  Model model = Model::load(model_file);
+  model.init_parameters(99);  // other weights: the restore must overwrite them
+  Executor executor(model, Plan::sample_parallel(1), world, options);
+  auto optimizer = create_optimizer(adam);
+  restore_checkpoint(path, model, executor, *optimizer, meta);
+  const auto params = model.parameters();
+  ASSERT_EQ(params.size(), values.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i]->value.device(), kGpu) << params[i]->name;
+    EXPECT_EQ(max_relative_difference(values[i], params[i]->value.to(Device::host())), 0.0) << params[i]->name;
+  }
+  const auto restored = optimizer->state();
+  ASSERT_EQ(restored.size(), state.size());
+  for (std::size_t i = 0; i < state.size(); ++i) {
+    EXPECT_EQ(restored[i].second->device(), kGpu) << restored[i].first;
+    EXPECT_EQ(max_relative_difference(state[i], restored[i].second->to(Device::host())), 0.0) << restored[i].first;
+  }
+  EXPECT_GT(relative_error(state.back(), Tensor(state.back().shape())), 0.0) << "Adam's moments must not be zero";
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
