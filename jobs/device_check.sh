@@ -86,10 +86,15 @@ if [ "$mpi_ok" -eq 1 ]; then
     [ "$code" -eq 0 ] || [ "$code" -eq 77 ] || nccl=$code
   done
   [ "$nccl" -eq 0 ] || status=1
-  say "the executor training on the GPU against the host (one rank; fp32: 1e-5)"
-  timeout 120 "${tessera_env[@]}" "$PREFIX/usr/bin/orterun" --oversubscribe --bind-to none -x LD_LIBRARY_PATH \
-    -n 1 "$PACK/bin/gpu_train" 2>&1 | tee -a "$LOGS/gpu_tests.log"
-  train=${PIPESTATUS[0]}
+  say "the invariant on the GPU: the executor at 1, 2 and 3 ranks (sharing the GPU) against 1 host rank (fp32: 1e-5)"
+  train=0
+  for np in 1 2 3; do
+    timeout 120 "${tessera_env[@]}" "$PREFIX/usr/bin/orterun" --oversubscribe --bind-to none -x LD_LIBRARY_PATH \
+      -n $np "$PACK/bin/gpu_train" 2>&1 | tee -a "$LOGS/gpu_tests.log"
+    code=${PIPESTATUS[0]}
+    echo "   gpu_train at $np rank(s): exit $code"
+    [ "$code" -eq 0 ] || train=$code
+  done
   [ "$train" -eq 0 ] || status=1
 fi
 

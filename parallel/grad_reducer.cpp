@@ -78,12 +78,16 @@ void GradReducer::ready(const Tensor& grad) {
 
 void GradReducer::start(Bucket& bucket) {
   if (bucket.group->size() == 1) return;  // one replica: its gradient is the sum
-  TESSERA_CHECK(bucket.flat.device().is_host(),
-                "the gradient allreduce of parameters on {} over {} ranks is not built yet (GPU gradients are "
-                "reduced by one rank only so far)",
-                bucket.flat.device().to_string(), bucket.group->size());
-  bucket.request = bucket.group->iallreduce(bucket.flat.data(), static_cast<std::size_t>(bucket.flat.numel()),
-                                            DType::F32, ReduceOp::Sum);
+  Tensor* reduced = &bucket.flat;
+  if (!bucket.flat.device().is_host()) {
+    // Gradients on a GPU are reduced through a host copy (the communicator's buffers are host
+    // memory; an allreduce between GPUs over NCCL is not built yet).
+    bucket.staged.resize(bucket.flat.shape(), Device::host());
+    bucket.staged.copy_from(bucket.flat);
+    reduced = &bucket.staged;
+  }
+  bucket.request = bucket.group->iallreduce(reduced->data(), static_cast<std::size_t>(reduced->numel()), DType::F32,
+                                            ReduceOp::Sum);
 }
 
 void GradReducer::finish() {
@@ -95,6 +99,7 @@ void GradReducer::finish() {
       const WatchdogScope scope(watchdog_, labels_[b].c_str());
       bucket.request->wait();
       bucket.request.reset();
+      if (!bucket.flat.device().is_host()) bucket.flat.copy_from(bucket.staged);
     }
     bucket.pending = bucket.grads.size();
   }

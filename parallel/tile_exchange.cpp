@@ -340,6 +340,29 @@ void TileExchange::wait_all() {
 // Forward
 
 void TileExchange::start_forward(const Tensor& held_in, Tensor& needed_out, float fill) {
+  if (device_.is_host()) {
+    start_forward_on_host(held_in, needed_out, fill);
+    return;
+  }
+  TESSERA_CHECK(pending_ == Pending::None, "TileExchange::start_forward while another exchange is in flight");
+  TESSERA_CHECK(&held_in != &needed_out, "TileExchange::forward: held_in and needed_out are the same tensor");
+  check_tile(held_in, held_box(), "forward's held_in");
+  needed_out.resize(Shape(needed_box().extent, global_.kinds()), device_);
+  staged_in_ = held_in.to(Device::host());
+  device_target_ = needed_out;  // shares its memory: finish copies the gathered box into it
+  start_forward_on_host(staged_in_, staged_out_, fill);
+}
+
+void TileExchange::finish_forward() {
+  finish_forward_on_host();
+  if (device_target_.defined()) {
+    device_target_.copy_from(staged_out_);
+    device_target_ = Tensor();
+    staged_in_ = Tensor();
+  }
+}
+
+void TileExchange::start_forward_on_host(const Tensor& held_in, Tensor& needed_out, float fill) {
   TESSERA_CHECK(pending_ == Pending::None, "TileExchange::start_forward while another exchange is in flight");
   TESSERA_CHECK(&held_in != &needed_out, "TileExchange::forward: held_in and needed_out are the same tensor");
   const Box& mine = held_box();
@@ -368,7 +391,7 @@ void TileExchange::start_forward(const Tensor& held_in, Tensor& needed_out, floa
                     incoming_counts_, incoming_displs_, DType::F32);
 }
 
-void TileExchange::finish_forward() {
+void TileExchange::finish_forward_on_host() {
   TESSERA_CHECK(pending_ == Pending::Forward, "TileExchange::finish_forward without start_forward");
   wait_all();
   const Box& need = needed_box();
@@ -387,6 +410,36 @@ void TileExchange::forward(const Tensor& held_in, Tensor& needed_out, float fill
 // Reverse: the same transfers with the directions swapped, received sums added in source order.
 
 void TileExchange::start_reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate) {
+  if (device_.is_host()) {
+    start_reverse_on_host(needed_in, held_out, accumulate);
+    return;
+  }
+  TESSERA_CHECK(pending_ == Pending::None, "TileExchange::start_reverse while another exchange is in flight");
+  TESSERA_CHECK(&needed_in != &held_out, "TileExchange::reverse: needed_in and held_out are the same tensor");
+  check_tile(needed_in, needed_box(), "reverse's needed_in");
+  const Shape held_shape(held_box().extent, global_.kinds());
+  if (accumulate) {
+    check_tile(held_out, held_box(), "reverse's accumulated held_out");
+    staged_out_ = held_out.to(Device::host());  // a copy (a GPU tensor), or held_out itself (then replaced below)
+  } else {
+    staged_out_ = Tensor();
+  }
+  held_out.resize(held_shape, device_);
+  staged_in_ = needed_in.to(Device::host());
+  device_target_ = held_out;  // shares its memory: finish copies the sums into it
+  start_reverse_on_host(staged_in_, staged_out_, accumulate);
+}
+
+void TileExchange::finish_reverse() {
+  finish_reverse_on_host();
+  if (device_target_.defined()) {
+    device_target_.copy_from(staged_out_);
+    device_target_ = Tensor();
+    staged_in_ = Tensor();
+  }
+}
+
+void TileExchange::start_reverse_on_host(const Tensor& needed_in, Tensor& held_out, bool accumulate) {
   TESSERA_CHECK(!has_replicas_,
                 "TileExchange::reverse over {}: held boxes have replicas (their sum would need a reduction "
                 "over each replica group)",
@@ -420,7 +473,7 @@ void TileExchange::start_reverse(const Tensor& needed_in, Tensor& held_out, bool
                     outgoing_counts_, outgoing_displs_, DType::F32);
 }
 
-void TileExchange::finish_reverse() {
+void TileExchange::finish_reverse_on_host() {
   TESSERA_CHECK(pending_ == Pending::Reverse, "TileExchange::finish_reverse without start_reverse");
   wait_all();
   const Box& mine = held_box();

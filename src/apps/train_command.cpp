@@ -70,8 +70,9 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   args.executor.global_batch = args.trainer.global_batch;
   args.executor.seed = args.trainer.seed;
   args.executor.halo_overlap = parse_halo_overlap(args.halo_overlap);
-  // The first GPU the rank sees (Slurm's --gpus-per-task and CUDA_VISIBLE_DEVICES choose which).
-  args.executor.device = args.device == "cuda" ? Device::cuda(0) : Device::host();
+  // One GPU per rank: the node-local rank's among those the rank sees (with Slurm's
+  // --gpus-per-task 1 each rank sees its own).
+  args.executor.device = args.device == "cuda" ? Device::cuda(ExecutorOptions::kNodeLocalGpu) : Device::host();
   model->init_parameters(args.trainer.seed);
   Executor executor(*model, *plan, world, args.executor);
   std::unique_ptr<Trainer> trainer;
@@ -174,9 +175,9 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "always", "never"}));
   cmd->add_option("--device", args->device,
-                  "Where the layers run: host (oneDNN), or cuda: the first GPU the rank sees (cuDNN, cuBLAS; one "
-                  "rank only so far, plans over several GPU ranks are refused; batch norm and dropout have no GPU "
-                  "kernels yet)")
+                  "Where the layers run: host (oneDNN), or cuda: one GPU per rank, by node-local rank (cuDNN, "
+                  "cuBLAS; messages between GPU ranks go through host memory so far; batch norm and dropout have "
+                  "no GPU kernels yet)")
       ->capture_default_str()
       ->check(CLI::IsMember({"host", "cuda"}));
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");

@@ -82,26 +82,28 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
     : model_(model), world_(std::move(world)), options_(options), reducer_(options.reducer) {
   collectively(*world_, [&] { plan.validate(world_->size(), model_.plan_info(options_.global_batch)); });
   exchange_comm_ = world_->duplicate();
-  const Device device = options_.device;
+  node_of_rank_ = options_.ranks_per_node > 0 ? nodes_in_blocks(world_->size(), options_.ranks_per_node)
+                                              : nodes_by_host_name(*world_);
   collectively(*world_, [&] {
+    Device& device = options_.device;
     if (device.is_host()) {
       backend_ = make_host_backend();
       return;
     }
-    if (world_->size() > 1)
-      fail_input("the executor on {}: plans over {} ranks on GPUs are not built yet (halo exchanges, "
-                 "redistributions and the gradient allreduce of device tensors); run one rank on the GPU, or the "
-                 "plan on the host",
-                 device.to_string(), world_->size());
-    if (device.index >= cuda::device_count())
-      fail_input("the executor on {} needs that GPU, but {}", device.to_string(),
-                 cuda::device_count() == 0 ? cuda::unavailable_reason()
-                                           : fmt::format("this rank sees {} GPU(s)", cuda::device_count()));
+    const int gpus = cuda::device_count();
+    if (gpus == 0) fail_input("the executor on a GPU needs one, but {}", cuda::unavailable_reason());
+    if (device.index == ExecutorOptions::kNodeLocalGpu) {
+      const int me = world_->rank();
+      const auto local_rank =
+          std::count(node_of_rank_.begin(), node_of_rank_.begin() + me, node_of_rank_[static_cast<std::size_t>(me)]);
+      device.index = static_cast<int>(local_rank % gpus);
+    }
+    if (device.index < 0 || device.index >= gpus)
+      fail_input("the executor on {} needs that GPU, but this rank sees {} GPU(s)", device.to_string(), gpus);
     cuda::set_device(device.index);
     backend_ = make_cuda_backend();
   });
-  node_of_rank_ = options_.ranks_per_node > 0 ? nodes_in_blocks(world_->size(), options_.ranks_per_node)
-                                              : nodes_by_host_name(*world_);
+  const Device device = options_.device;
   auto& nodes = model_.nodes();
   const std::size_t n = nodes.size();
   outputs_.resize(n);
@@ -380,6 +382,7 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
           *exchange_comm_, global, std::move(held), std::move(needed),
           same || size > TileExchange::kAllToAllVUpTo ? TileExchange::Transport::PointToPoint
                                                        : TileExchange::Transport::AllToAllV);
+      exchange->set_device(options_.device);
       if (!exchange->is_identity()) ex.inputs[i][a] = std::move(exchange);
       ex.halo[i][a] = same;
     }
@@ -426,6 +429,7 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
     }
     ex.reduce[i] = std::make_unique<TileExchange>(*exchange_comm_, nodes[i].output.with(0, batch), std::move(held),
                                                   std::move(needed), TileExchange::Transport::PointToPoint);
+    ex.reduce[i]->set_device(options_.device);
   }
   ex.split_backward.resize(nodes.size());
   for (std::size_t i = 0; i < nodes.size(); ++i) ex.split_backward[i] = split_backward(ex, i);
@@ -462,11 +466,14 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
   }
   auto exchange = std::make_unique<TileExchange>(*exchange_comm_, target_shape, std::move(held), std::move(needed),
                                                  TileExchange::Transport::AllToAllV);
+  exchange->set_device(options_.device);
   if (!exchange->is_identity()) ex.targets = std::move(exchange);
   return exchanges_.emplace(batch, std::move(ex)).first->second;
 }
 
 bool Executor::overlaps(const TileExchange& exchange) const {
+  // On a GPU the exchange stages through host copies, filled at its finish: nothing to overlap yet.
+  if (!options_.device.is_host()) return false;
   if (options_.halo_overlap != HaloOverlap::Automatic) return options_.halo_overlap == HaloOverlap::Always;
   const int me = node_of_rank_[static_cast<std::size_t>(world_->rank())];
   for (int peer : exchange.peer_ranks())
@@ -735,9 +742,11 @@ void Executor::average_buffers() {
     if (group.size() == 1) continue;
     const float scale = 1.0f / static_cast<float>(group.size());
     for (Tensor* buffer : nodes[k].layer->buffers()) {
-      group.allreduce(buffer->data(), static_cast<std::size_t>(buffer->numel()), DType::F32, ReduceOp::Sum);
-      float* b = buffer->data();
-      for (std::int64_t i = 0; i < buffer->numel(); ++i) b[i] *= scale;
+      Tensor host = buffer->to(Device::host());  // the buffer itself on the host, else a copy
+      group.allreduce(host.data(), static_cast<std::size_t>(host.numel()), DType::F32, ReduceOp::Sum);
+      float* b = host.data();
+      for (std::int64_t i = 0; i < host.numel(); ++i) b[i] *= scale;
+      if (!buffer->device().is_host()) buffer->copy_from(host);
     }
   }
 }

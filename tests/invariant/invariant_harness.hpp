@@ -125,15 +125,16 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
 
 /// Runs `model_text` under `plan_text` on every rank of the job and under one rank, and compares
 /// every rank's blocks with the same blocks of the 1-rank tensors.
+/// `device`: where the plan's run computes (the 1-rank reference always runs on the host).
 inline void expect_same_as_one_rank(const std::string& model_text, const std::string& plan_text, std::int64_t batch,
                              int steps = 4, const OptimizerConfig& optimizer = sgd_momentum(), double lr = 0.05,
-                             HaloOverlap overlap = HaloOverlap::Always) {
+                             HaloOverlap overlap = HaloOverlap::Always, Device device = Device::host()) {
   auto world = MpiCommunicator::world();
   SCOPED_TRACE(plan_text);
   std::shared_ptr<Communicator> self = world->split(world->rank(), 0);
   const TrainingRun reference = train(model_text, Plan::sample_parallel(1), self, batch, steps, optimizer, lr);
-  const TrainingRun parallel =
-      train(model_text, Plan::parse(plan_text, "invariant_test_plan"), world, batch, steps, optimizer, lr, overlap);
+  const TrainingRun parallel = train(model_text, Plan::parse(plan_text, "invariant_test_plan"), world, batch, steps,
+                                     optimizer, lr, overlap, device);
   ASSERT_EQ(reference.losses.size(), parallel.losses.size());
   for (std::size_t s = 0; s < reference.losses.size(); ++s) {
     EXPECT_TRUE(std::isfinite(reference.losses[s]));

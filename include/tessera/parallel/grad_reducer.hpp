@@ -46,6 +46,8 @@ class GradReducer {
   struct Bucket {
     Communicator* group = nullptr;
     Tensor flat;
+    /// Gradients on a GPU: the host copy the allreduce works on (copied back in finish).
+    Tensor staged;
     std::vector<Tensor*> grads;
     std::size_t pending = 0;
     std::unique_ptr<CommRequest> request;

@@ -45,6 +45,13 @@ class TileExchange {
   TileExchange(const TileExchange&) = delete;
   TileExchange& operator=(const TileExchange&) = delete;
 
+  /// Where the tensors given to and filled by forward and reverse live (default: the host).
+  /// Outputs are allocated there. Tensors on a GPU are staged through host copies around the
+  /// messages (the communicator's buffers are host memory): correct with any MPI, one copy each way
+  /// per exchange; messages straight between GPUs (NCCL) are not built yet.
+  void set_device(Device device) { device_ = device; }
+  Device device() const { return device_; }
+
   /// True when every rank needs exactly the box it holds: forward/reverse are plain copies, no messages.
   bool is_identity() const { return identity_; }
   /// True when some held boxes repeat (forward only).
@@ -100,6 +107,10 @@ class TileExchange {
   enum class Pending { None, Forward, Reverse };
 
   void plan();
+  void start_forward_on_host(const Tensor& held_in, Tensor& needed_out, float fill);
+  void finish_forward_on_host();
+  void start_reverse_on_host(const Tensor& needed_in, Tensor& held_out, bool accumulate);
+  void finish_reverse_on_host();
   void post_receives(std::vector<Transfer>& transfers, std::vector<float>& buffer);
   void post_sends(const std::vector<Transfer>& transfers, const std::vector<float>& buffer);
   void wait_all();
@@ -132,6 +143,9 @@ class TileExchange {
   Pending pending_ = Pending::None;
   Tensor target_;  ///< shares memory with the tensor being written (needed_out / held_out)
   Tensor source_;  ///< reverse: shares memory with needed_in (its local part is summed in finish)
+  Device device_ = Device::host();
+  /// On a GPU: the host copies the exchange works on, and the caller's tensor finish copies into.
+  Tensor staged_in_, staged_out_, device_target_;
 };
 
 }  // namespace tessera

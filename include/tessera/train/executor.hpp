@@ -58,11 +58,14 @@ struct ExecutorOptions {
   /// N: consecutive blocks of N ranks (launchers that place ranks so, and tests).
   int ranks_per_node = 0;
   /// Where the layers run: the host (oneDNN), or a GPU (cuDNN, cuBLAS and Tessera's CUDA
-  /// kernels; one rank only so far: halo exchanges, redistributions and the gradient allreduce of
-  /// device tensors are not built yet, and such a plan is refused). On a GPU the executor moves
-  /// the model's parameters there; train_step and evaluate take inputs and targets on the host or
-  /// on that GPU (host ones are copied over), and the optimizer updates them there.
+  /// kernels): Device::cuda(i), or Device::cuda(kNodeLocalGpu): GPU (node-local rank mod the GPUs
+  /// the rank sees). On a GPU the executor moves the model's parameters there; train_step and
+  /// evaluate take inputs and targets on the host or on that GPU (host ones are copied over), and
+  /// the optimizer updates them there. Halo exchanges, redistributions and the gradient allreduce
+  /// of GPU tensors go through host copies (MPI on host memory; NCCL between GPUs is still to
+  /// come), and halo overlap is off on GPUs.
   Device device = Device::host();
+  static constexpr int kNodeLocalGpu = -1;
 };
 
 /// Sums over the whole batch (all ranks).
