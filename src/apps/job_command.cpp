@@ -15,6 +15,7 @@
 
 #include "commands.hpp"
 #include "job_script.hpp"
+#include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
 
@@ -25,9 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/// Whether `tessera train` runs models on GPUs. Not yet in any build: TESSERA_ENABLE_CUDA=ON
-/// builds the CUDA kernels, the NCCL communicator and their tests, but the executor runs on the host.
-constexpr bool kGpuTrainingBuilt = false;
+/// Whether `tessera train` can run models on GPUs (`--device cuda`): in a build with CUDA.
 
 // The process as it was started, before MPI_Init: a singleton MPI start adds OMPI_MCA_ess=singleton,
 // PMIX_SERVER_URI* (a server that is gone once we exit) and more to this process's environment, and
@@ -122,7 +121,7 @@ void run_job(Communicator& world, const JobArgs& args) {
     const auto& argv = launch_arguments();
     if (!args.spec.train_args.empty() && std::find(argv.begin(), argv.end(), "--") == argv.end())
       fail_input("unexpected argument '{}': arguments for 'tessera train' go after '--'", args.spec.train_args[0]);
-    check_job_request(args.spec, kGpuTrainingBuilt);
+    check_job_request(args.spec, cuda::built());
     job = resolve_job(args.spec, fs::current_path().string());
     if (args.submit) {
       sbatch = find_on_path("sbatch");
@@ -186,7 +185,7 @@ std::function<void(Communicator&)> add_job_command(CLI::App& app) {
   cmd->add_option("--nodes", s.nodes, "Nodes")->required();
   cmd->add_option("--tasks-per-node", s.tasks_per_node, "MPI ranks per node")->required();
   cmd->add_option("--cpus-per-task", s.cpus_per_task, "Cores per rank (also its threads)")->capture_default_str();
-  cmd->add_option("--gpus-per-task", s.gpus_per_task, "GPUs per rank (needs the GPU build)")->capture_default_str();
+  cmd->add_option("--gpus-per-task", s.gpus_per_task, "1: a GPU per rank, which trains there (tessera train --device cuda; needs the GPU build)")->capture_default_str();
   cmd->add_option("--time", s.time, "Time limit (HH:MM:SS, or any Slurm form)")->capture_default_str();
   cmd->add_option("--partition", s.partition, "Slurm partition");
   cmd->add_option("--account", s.account, "Slurm account");

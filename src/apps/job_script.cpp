@@ -151,10 +151,13 @@ void check_job_request(const JobSpec& spec, bool gpu_training_built) {
   if (spec.gpus_per_task < 0) fail_input("--gpus-per-task must be 0 or more (got {})", spec.gpus_per_task);
   if (spec.gpus_per_task > 0 && !gpu_training_built)
     fail_input(
-        "--gpus-per-task {}: the GPU path is not built for jobs yet (a GPU build's `tessera train --device cuda` "
-        "trains on one GPU under one rank; plans over several GPU ranks are still to come); ask for CPU tasks "
-        "only (--gpus-per-task 0)",
+        "--gpus-per-task {}: the GPU path is not built in this tessera (TESSERA_ENABLE_CUDA=OFF): rebuild with "
+        "-DTESSERA_ENABLE_CUDA=ON, or ask for CPU tasks only (--gpus-per-task 0)",
         spec.gpus_per_task);
+  if (spec.gpus_per_task > 1)
+    fail_input("--gpus-per-task {}: Tessera runs one rank per GPU; ask for --gpus-per-task 1 and one task per GPU "
+               "(--tasks-per-node)",
+               spec.gpus_per_task);
   if (!parse_slurm_time(spec.time))
     fail_input(
         "--time '{}' is not a Slurm time limit greater than zero: use HH:MM:SS (e.g. 00:30:00), MM, MM:SS, "
@@ -318,6 +321,8 @@ std::string render_job_script(const ResolvedJob& job, const std::string& tessera
     lines.push_back("--resume auto");
   }
   if (!has_train_option(s.train_args, "--threads")) lines.push_back(fmt::format("--threads {}", s.cpus_per_task));
+  // A GPU per task: the layers run there (each rank sees its own GPU under --gpus-per-task).
+  if (s.gpus_per_task > 0 && !has_train_option(s.train_args, "--device")) lines.push_back("--device cuda");
   if (!s.train_args.empty()) {
     std::vector<std::string> quoted;
     for (const auto& a : s.train_args) quoted.push_back(shell_quote(a));

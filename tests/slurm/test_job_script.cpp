@@ -119,10 +119,17 @@ TEST(JobScript, RefusesImpossibleRequests) {
   EXPECT_NE(mismatch.find("is for 4 ranks, but the job has 2 ranks"), std::string::npos) << mismatch;
   EXPECT_NE(with([&](JobSpec& j) { j.workdir = (s.dir / "nope").string(); }).find("is not an existing folder"),
             std::string::npos);
-  // The GPU request is fine where the GPU path is built.
+  // The GPU request is fine where the GPU path is built, one GPU per task; the script asks Slurm for
+  // it and trains on it.
   JobSpec gpu = spec;
   gpu.gpus_per_task = 1;
   EXPECT_NO_THROW(check_job_request(gpu, true));
+  EXPECT_NE(refusal(gpu).find("the GPU path is not built in this tessera"), std::string::npos) << refusal(gpu);
+  const std::string gpu_script = render_job_script(resolve_job(gpu, s.dir.string()), "/x/tessera", "");
+  EXPECT_NE(gpu_script.find("#SBATCH --gpus-per-task=1\n"), std::string::npos) << gpu_script;
+  EXPECT_NE(gpu_script.find("--device cuda"), std::string::npos) << gpu_script;
+  gpu.gpus_per_task = 2;
+  EXPECT_NE(refusal(gpu, true).find("Tessera runs one rank per GPU"), std::string::npos) << refusal(gpu, true);
 }
 
 TEST(JobScript, WritesTheScript) {
