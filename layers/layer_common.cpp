@@ -90,9 +90,7 @@ DnnBackend& backend_of(const Layer& layer, const LayerContext& context) {
 
 ElementwiseKernels& elementwise_of(const LayerContext& context, const Tensor& tensor) {
   if (context.backend) return context.backend->elementwise();
-  if (!tensor.device().is_host()) fail("a tensor on {} but no DNN backend in the layer context (executor bug)",
-                                       tensor.device().to_string());
-  return host_elementwise();
+  return elementwise_kernels(tensor.device());
 }
 
 void check_on_host(const Layer& layer, const Tensor& tensor) {

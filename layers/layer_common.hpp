@@ -41,8 +41,8 @@ std::vector<std::int64_t> expand_per_dimension(const Layer& layer, const char* o
 /// The backend from the context, or an error that says the executor forgot it.
 DnnBackend& backend_of(const Layer& layer, const LayerContext& context);
 
-/// The element-wise kernels for a tensor: the context's backend's, or the host's when the
-/// context has no backend and the tensor is on the host.
+/// The element-wise kernels for a tensor: the context's backend's, or those of the tensor's
+/// device when the context has none.
 ElementwiseKernels& elementwise_of(const LayerContext& context, const Tensor& tensor);
 
 /// Layers whose kernels run on the host only so far refuse tensors on another device clearly.

@@ -36,7 +36,7 @@ class SummedLoss : public Loss {
   }
 
   double forward(const Tensor& prediction, const Tensor& target) final {
-    return run(prediction, target, nullptr, 0.0, elementwise_of(LayerContext{}, prediction));
+    return run(prediction, target, nullptr, 0.0, elementwise_kernels(prediction.device()));
   }
 
  protected:
@@ -81,24 +81,16 @@ class SoftmaxCrossEntropy final : public SummedLoss {
     }
   }
 
-  /// correct() has no context: the kernels of the scores' device (remembered from the last run on
-  /// a GPU, the host's otherwise).
-  ElementwiseKernels& kernels_of(const Tensor& prediction) const {
-    if (prediction.device().is_host()) return host_elementwise();
-    if (!device_kernels_) fail("loss softmax_cross_entropy: correct() on a GPU before any forward pass there");
-    return *device_kernels_;
-  }
+  /// correct() has no context: the kernels of the scores' device.
+  static ElementwiseKernels& kernels_of(const Tensor& prediction) { return elementwise_kernels(prediction.device()); }
 
   /// Loss sum; when `grad` is given, also (softmax - one_hot) * scale. Log-sum-exp in double.
   double run(const Tensor& prediction, const Tensor& target, float* grad, double scale,
              ElementwiseKernels& kernels) override {
     check(prediction, target);
-    if (!prediction.device().is_host()) device_kernels_ = &kernels;
     return kernels.softmax_cross_entropy(prediction.data(), target.data(), prediction.dim(0), prediction.dim(1), scale,
                                          grad);
   }
-
-  ElementwiseKernels* device_kernels_ = nullptr;
 };
 
 /// Per sample: the mean over its values of (prediction - target)^2, so the batch mean equals

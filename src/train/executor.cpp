@@ -84,6 +84,11 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
   exchange_comm_ = world_->duplicate();
   node_of_rank_ = options_.ranks_per_node > 0 ? nodes_in_blocks(world_->size(), options_.ranks_per_node)
                                               : nodes_by_host_name(*world_);
+  // A GPU per rank by its node-local rank among the ranks on its host (whatever ranks_per_node
+  // pretends); gathered before the checks below, which may fail on some ranks only.
+  const std::vector<int> hosts = options_.device.is_host() || options_.ranks_per_node == 0
+                                     ? node_of_rank_
+                                     : nodes_by_host_name(*world_);
   collectively(*world_, [&] {
     Device& device = options_.device;
     if (device.is_host()) {
@@ -94,8 +99,7 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
     if (gpus == 0) fail_input("the executor on a GPU needs one, but {}", cuda::unavailable_reason());
     if (device.index == ExecutorOptions::kNodeLocalGpu) {
       const int me = world_->rank();
-      const auto local_rank =
-          std::count(node_of_rank_.begin(), node_of_rank_.begin() + me, node_of_rank_[static_cast<std::size_t>(me)]);
+      const auto local_rank = std::count(hosts.begin(), hosts.begin() + me, hosts[static_cast<std::size_t>(me)]);
       device.index = static_cast<int>(local_rank % gpus);
     }
     if (device.index < 0 || device.index >= gpus)

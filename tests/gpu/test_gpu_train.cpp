@@ -6,7 +6,8 @@
 // test_gpu_kernels). Plans: sample parallel; spatial (conv blocks split along D, halos and
 // redistributions); filter and channel splits. The models cover every layer with GPU kernels:
 // 2-D and 3-D convolutions (stride, dilation), max and average pooling, ReLU, leaky ReLU, flatten,
-// add, concat, linear, and both losses; SGD with momentum and AdamW. Checkpoints of GPU state
+// add, concat, linear, and both losses (MSE on one target: the harness's labels); SGD with
+// momentum and AdamW. Checkpoints of GPU state
 // round-trip; layers without GPU kernels say so.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -41,6 +42,8 @@ layers:
   - {name: avg, type: avgpool, kernel: 3, stride: 1, padding: 1}
   - {name: both, type: concat, inputs: [act, avg]}
   - {name: flatten, type: flatten}
+  - {name: fc1, type: linear, out: 16}
+  - {name: relu2, type: relu}
   - {name: fc, type: linear, out: 10}
 loss: softmax_cross_entropy
 )";
@@ -57,7 +60,7 @@ layers:
   - {name: flatten, type: flatten}
   - {name: fc1, type: linear, out: 16}
   - {name: act3, type: leaky_relu, slope: 0.01}
-  - {name: fc2, type: linear, out: 4}
+  - {name: fc2, type: linear, out: 1}
 loss: mse
 )";
 
@@ -84,12 +87,12 @@ TEST(GpuTrain, CnnWithPoolingBranchesAndSoftmaxSampleParallel) {
   expect_gpu_plan_equals_one_host_rank(kBranchyCnn, plan_for({}, ""), 12, testing::sgd_momentum(), 0.05);
 }
 
-TEST(GpuTrain, CnnWithTheClassifierSplitByFilterAndChannel) {
+TEST(GpuTrain, CnnWithLayersSplitByFilterAndChannel) {
   const std::string split = ranks() == 1 ? "{sample: 1}" : fmt::format("{{sample: 1, filter: {}}}", ranks());
-  expect_gpu_plan_equals_one_host_rank(kBranchyCnn, plan_for({"down", "fc"}, split), 12, testing::sgd_momentum(),
+  expect_gpu_plan_equals_one_host_rank(kBranchyCnn, plan_for({"down", "fc1"}, split), 12, testing::sgd_momentum(),
                                        0.05);
   const std::string channels = ranks() == 1 ? "{sample: 1}" : fmt::format("{{sample: 1, channel: {}}}", ranks());
-  expect_gpu_plan_equals_one_host_rank(kBranchyCnn, plan_for({"fc"}, channels), 12, testing::sgd_momentum(), 0.05);
+  expect_gpu_plan_equals_one_host_rank(kBranchyCnn, plan_for({"fc1"}, channels), 12, testing::sgd_momentum(), 0.05);
 }
 
 TEST(GpuTrain, CosmoFlowStyle3dCnnSampleParallelAdamW) {
@@ -114,7 +117,7 @@ loss: mse
                              "m");
   model.init_parameters(1);
   ExecutorOptions options;
-  options.global_batch = 2;
+  options.global_batch = 6;
   options.device = kGpu;
   Executor executor(model, Plan::sample_parallel(ranks()), MpiCommunicator::world(), options);
   EXPECT_FALSE(executor.device().is_host());
@@ -148,7 +151,7 @@ loss: softmax_cross_entropy
     executor.train_step(inputs.slice(begin, end).clone(), labels.slice(begin, end).clone(), 4, 0);
     ADD_FAILURE() << "batch norm ran on a GPU tensor without GPU kernels";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("bn"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("layer 'bn'"), std::string::npos) << e.what();
   }
 }
 

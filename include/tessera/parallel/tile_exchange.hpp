@@ -48,7 +48,9 @@ class TileExchange {
   /// Where the tensors given to and filled by forward and reverse live (default: the host).
   /// Outputs are allocated there. Tensors on a GPU are staged through host copies around the
   /// messages (the communicator's buffers are host memory): correct with any MPI, one copy each way
-  /// per exchange; messages straight between GPUs (NCCL) are not built yet.
+  /// per exchange; messages straight between GPUs (NCCL) are not built yet. On a GPU the output is
+  /// filled at finish only (start fills the host copy), so nothing may read it in between: halo
+  /// overlap does not apply there.
   void set_device(Device device) { device_ = device; }
   Device device() const { return device_; }
 
