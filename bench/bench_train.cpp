@@ -76,6 +76,10 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"host", "cuda"}));
     int gpu = 0;
     app.add_option("--gpu", gpu, "with --device cuda: the GPU's index");
+    bool profile = false;
+    app.add_flag("--profile", profile,
+                 "Also print, per layer, forward, backward and exposed exchange ms per step (the most of any rank) "
+                 "to stderr");
     double lr = 0.01, momentum = 0.9;
     app.add_option("--momentum", momentum, "SGD momentum (0: plain SGD)");
     app.add_option("--lr", lr, "SGD learning rate (momentum 0.9); lower it for models that diverge on random data");
@@ -95,6 +99,7 @@ int main(int argc, char** argv) {
     options.halo_overlap = tessera::parse_halo_overlap(halo_overlap);
     options.ranks_per_node = ranks_per_node;
     options.device = device_name == "cuda" ? tessera::Device::cuda(gpu) : tessera::Device::host();
+    options.profile = profile;
     const tessera::Plan plan =
         plan_file.empty() ? tessera::Plan::sample_parallel(world->size()) : tessera::Plan::load(plan_file);
     tessera::Executor executor(model, plan, world, options);
@@ -130,6 +135,7 @@ int main(int argc, char** argv) {
         comm_wait = 0;
         exchange = 0;
         halo = 0;
+        executor.reset_layer_profile();
       }
       const tessera::BatchResult r = executor.train_step(inputs, labels, batch, s);
       comm_wait += r.comm_wait_seconds;
@@ -163,6 +169,20 @@ int main(int argc, char** argv) {
                                                      tessera::ReduceOp::Max);
     const double samples_per_s = static_cast<double>(steps * batch) / seconds;
     const double gflops = 3.0 * forward_flops(model, batch) * steps / seconds / 1e9;
+    if (profile) {
+      // Per layer, the most of any rank (the ranks of a split layer share its work).
+      std::vector<double> times;
+      for (const auto& t : executor.layer_profile())
+        times.insert(times.end(), {t.forward_seconds, t.backward_seconds, t.exchange_seconds});
+      world->allreduce(times.data(), times.size(), tessera::DType::F64, tessera::ReduceOp::Max);
+      if (world->rank() == 0) {
+        std::fprintf(stderr, "%-16s %12s %12s %12s\n", "layer", "forward ms", "backward ms", "exchange ms");
+        const auto& layers = executor.layer_profile();
+        for (std::size_t i = 0; i < layers.size(); ++i)
+          std::fprintf(stderr, "%-16s %12.2f %12.2f %12.2f\n", layers[i].name.c_str(), 1e3 * times[3 * i] / steps,
+                       1e3 * times[3 * i + 1] / steps, 1e3 * times[3 * i + 2] / steps);
+      }
+    }
     if (world->rank() == 0)
       std::printf(
           "{\"framework\": \"tessera\", \"device\": \"%s\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "

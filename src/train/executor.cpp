@@ -23,6 +23,8 @@ using Clock = std::chrono::steady_clock;
 constexpr int kSampleAxis = 0, kFilterAxis = 1, kChannelAxis = 2, kFirstSpatialAxis = 3;
 constexpr const char* kSpatialNames[3] = {"D", "H", "W"};
 constexpr std::size_t kKeep = static_cast<std::size_t>(-1);
+/// A node index no layer has: evaluation's forward is not profiled.
+constexpr std::size_t kNotProfiled = static_cast<std::size_t>(-1);
 
 /// The split with its spatial parts as three entries (D, H, W); 2-D layers have D = 1.
 LayerSplit normalised(LayerSplit split) {
@@ -187,6 +189,7 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
   for (std::size_t k = n; k-- > 0;)
     for (auto* param : nodes[k].layer->parameters()) reducer_.add(param->grad, replica_group(k, *param));
   reducer_.build();
+  reset_layer_profile();
 }
 
 Executor::~Executor() = default;
@@ -510,6 +513,36 @@ LayerContext Executor::context(std::size_t node, std::int64_t batch_size, std::i
   return ctx;
 }
 
+class Executor::LayerTimer {
+ public:
+  /// Times layer `node`'s forward (or backward) into the profile when `executor` profiles.
+  LayerTimer(Executor& executor, std::size_t node, bool forward) : executor_(executor) {
+    if (node >= executor.profile_.size()) return;  // not profiling, or kNotProfiled
+    LayerTiming& timing = executor.profile_[node];
+    seconds_ = forward ? &timing.forward_seconds : &timing.backward_seconds;
+    executor.profiled_ = &timing;
+    start_ = Clock::now();
+  }
+  ~LayerTimer() {
+    if (!seconds_) return;
+    if (!executor_.options_.device.is_host()) {
+      try {
+        cuda::synchronize();  // the layer's kernels, not only their launches
+      } catch (...) {
+      }
+    }
+    *seconds_ += seconds_since(start_);
+    executor_.profiled_ = nullptr;
+  }
+  LayerTimer(const LayerTimer&) = delete;
+  LayerTimer& operator=(const LayerTimer&) = delete;
+
+ private:
+  Executor& executor_;
+  double* seconds_ = nullptr;
+  Clock::time_point start_;
+};
+
 void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_size, std::int64_t step,
                        bool training) {
   const auto [begin, end] = local_samples(batch_size);
@@ -518,6 +551,7 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
   auto& nodes = model_.nodes();
   std::vector<const Tensor*> in;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const LayerTimer timer(*this, training ? i : kNotProfiled, /*forward=*/true);
     in.clear();
     const bool overlap = ex.overlap[i].interior;
     for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
@@ -597,6 +631,13 @@ void Executor::count_exchange(Clock::time_point start, bool halo) {
   const double seconds = seconds_since(start);
   exchange_seconds_ += seconds;
   if (halo) halo_seconds_ += seconds;
+  if (profiled_) profiled_->exchange_seconds += seconds;
+}
+
+void Executor::reset_layer_profile() {
+  profile_.clear();
+  if (!options_.profile) return;
+  for (const auto& node : model_.nodes()) profile_.push_back(LayerTiming{node.layer->name()});
 }
 
 const Tensor& Executor::on_device(const Tensor& given, Tensor& staging) const {
@@ -632,6 +673,7 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
   std::vector<Tensor*> grad_in;
   std::vector<Tensor> extra;
   for (std::size_t k = nodes.size(); k-- > 0;) {
+    const LayerTimer timer(*this, k, /*forward=*/false);
     auto& node = nodes[k];
     in.clear();
     grad_in.clear();

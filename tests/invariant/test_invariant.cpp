@@ -111,6 +111,35 @@ TEST(Invariant, AGpuWhereThereIsNoneIsRefusedByEveryRank) {
   }
 }
 
+TEST(Invariant, TheLayerProfileTimesEveryLayerOfTrainingSteps) {
+  auto world = MpiCommunicator::world();
+  Model model = Model::load(std::string(TESSERA_SOURCE_DIR) + "/models/fashion_cnn.yaml");
+  model.init_parameters(7);
+  ExecutorOptions options;
+  options.global_batch = 8;
+  Executor quiet(model, Plan::sample_parallel(world->size()), world, options);
+  EXPECT_TRUE(quiet.layer_profile().empty());
+  options.profile = true;
+  Executor executor(model, Plan::sample_parallel(world->size()), world, options);
+  Tensor inputs, labels;
+  synthetic_batch(model.sample_shape(), 8, 0, inputs, labels);
+  const auto [begin, end] = executor.local_samples(8);
+  const Tensor local_inputs = inputs.slice(begin, end).clone(), local_labels = labels.slice(begin, end).clone();
+  executor.evaluate(local_inputs, local_labels, 8);  // not profiled: evaluation is not a training step
+  for (const auto& t : executor.layer_profile()) EXPECT_EQ(t.forward_seconds, 0.0) << t.name;
+  for (int step = 0; step < 2; ++step) executor.train_step(local_inputs, local_labels, 8, step);
+  const auto& profile = executor.layer_profile();
+  ASSERT_EQ(profile.size(), model.nodes().size());
+  for (std::size_t i = 0; i < profile.size(); ++i) {
+    EXPECT_EQ(profile[i].name, model.nodes()[i].layer->name());
+    EXPECT_GT(profile[i].forward_seconds, 0.0) << profile[i].name;
+    EXPECT_GT(profile[i].backward_seconds, 0.0) << profile[i].name;
+    EXPECT_EQ(profile[i].exchange_seconds, 0.0) << profile[i].name << ": sample parallel exchanges nothing";
+  }
+  executor.reset_layer_profile();
+  for (const auto& t : executor.layer_profile()) EXPECT_EQ(t.backward_seconds, 0.0) << t.name;
+}
+
 TEST(Invariant, LocalBatchNormRunningStatisticsAreAveragedBeforeEvaluation) {
   // With local statistics each rank's running averages differ after training; evaluation must
   // still use one model on every rank.

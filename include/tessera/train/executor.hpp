@@ -66,6 +66,9 @@ struct ExecutorOptions {
   /// come), and halo overlap is off on GPUs.
   Device device = Device::host();
   static constexpr int kNodeLocalGpu = -1;
+  /// Time every layer of every training step (Executor::layer_profile). Costs a clock read per
+  /// layer on the host; on a GPU it also waits for each layer's kernels, which slows the step.
+  bool profile = false;
 };
 
 /// Sums over the whole batch (all ranks).
@@ -87,6 +90,14 @@ struct BatchResult {
   double mean_loss() const { return samples ? loss_sum / static_cast<double>(samples) : 0.0; }
 };
 
+/// Where a layer's training steps went (ExecutorOptions::profile), summed over the steps timed.
+struct LayerTiming {
+  std::string name;
+  double forward_seconds = 0;   ///< the layer's forward, its input exchanges included
+  double backward_seconds = 0;  ///< its backward, the exchanges of its input gradients included
+  double exchange_seconds = 0;  ///< of both: halo exchanges, redistributions, partial sums (exposed)
+};
+
 class Executor {
  public:
   /// Checks the plan against the model and the job (collectively: every rank fails together).
@@ -98,6 +109,10 @@ class Executor {
   std::pair<std::int64_t, std::int64_t> local_samples(std::int64_t batch_size) const;
   /// Where the layers run (ExecutorOptions::device).
   Device device() const { return options_.device; }
+  /// Per layer (model order), this rank's time in the training steps since the executor was made or
+  /// the profile reset; empty unless ExecutorOptions::profile.
+  const std::vector<LayerTiming>& layer_profile() const { return profile_; }
+  void reset_layer_profile();
   /// The part of each sample this rank reads: a box over C, (D), H, W (the whole sample unless
   /// the input layer is split spatially).
   Box input_sample_box() const;
@@ -232,6 +247,11 @@ class Executor {
   const Tensor& on_device(const Tensor& given, Tensor& staging) const;
   double exchange_seconds_ = 0;
   double halo_seconds_ = 0;
+  std::vector<LayerTiming> profile_;
+  /// The layer whose exchanges count_exchange adds to profile_ (profiling training steps only).
+  LayerTiming* profiled_ = nullptr;
+  /// Adds the time since its start to `seconds` when it ends (at any exit of a layer's step).
+  class LayerTimer;
   /// Adds the seconds since `start` to the exchange time (and to the halo time when `halo`).
   void count_exchange(std::chrono::steady_clock::time_point start, bool halo);
   std::int64_t peak_bytes_ = 0;
