@@ -23,6 +23,7 @@
 namespace tessera {
 namespace {
 
+using testing::plan_for;
 using testing::ranks;
 using testing::relative_error;
 
@@ -69,12 +70,6 @@ layers:
 loss: mse
 )";
 
-/// Every layer split by sample over this job's ranks, except `layers`, split as `split`.
-std::string plan_for(const std::vector<std::string>& layers, const std::string& split) {
-  std::string text = fmt::format("ranks: {}\ndefault: {{sample: {}}}\nlayers:\n", ranks(), ranks());
-  for (const auto& layer : layers) text += fmt::format("  {}: {}\n", layer, split);
-  return text;
-}
 
 OptimizerConfig adamw() {
   OptimizerConfig c;

@@ -3,6 +3,7 @@
 // under a plan on this job's ranks and under one rank, and compare losses, an evaluation loss,
 // every parameter's gradient (this rank's block of it) and the weights; build executors for plans
 // that must be refused. Each rank computes the 1-rank reference itself on a communicator of its own.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -155,6 +156,13 @@ inline void expect_same_as_one_rank(const std::string& model_text, const std::st
 }
 
 inline int ranks() { return MpiCommunicator::world()->size(); }
+
+/// A plan for this job's ranks that splits the named layers with `split` and every other layer by sample.
+inline std::string plan_for(const std::vector<std::string>& layers, const std::string& split) {
+  std::string text = fmt::format("ranks: {}\ndefault: {{sample: {}}}\nlayers:\n", ranks(), ranks());
+  for (const auto& layer : layers) text += fmt::format("  {}: {}\n", layer, split);
+  return text;
+}
 
 /// Builds an executor for the plan; returns the InputError's message, or "" when accepted.
 inline std::string refusal(const std::string& model_text, const std::string& plan_text, std::int64_t batch) {

@@ -47,12 +47,6 @@ std::string three_dims() {
   }
 }
 
-/// A plan that splits the named layers with `split` and everything else by sample.
-std::string plan_for(const std::vector<std::string>& layers, const std::string& split) {
-  std::string text = fmt::format("ranks: {}\ndefault: {{sample: {}}}\nlayers:\n", ranks(), ranks());
-  for (const auto& l : layers) text += fmt::format("  {}: {}\n", l, split);
-  return text;
-}
 
 // One layer under test between a 1x1 convolution (whose weight gradient carries the tested layer's
 // input gradient) and a linear classifier.
