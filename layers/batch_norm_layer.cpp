@@ -1,12 +1,12 @@
 // "batchnorm": per-channel normalization over the batch and spatial dimensions, with learned
 // scale (gamma) and shift (beta). The statistics always cover the whole spatial extent (the ranks
 // holding other spatial tiles of the same samples); with `global: true` they cover the whole batch
-// across the ranks of the sample communicator, in forward and in backward. Written with Kokkos loops
-// rather than oneDNN: oneDNN's batch norm cannot take statistics reduced across processes in its
-// backward pass.
+// across the ranks of the sample communicator, in forward and in backward. Its element-wise passes
+// are the backend's ElementwiseKernels (Kokkos loops on the host, CUDA kernels on a GPU) rather
+// than oneDNN's batch norm, which cannot take statistics reduced across processes in its backward
+// pass; the per-channel arithmetic runs on the host.
 #include <cmath>
 
-#include "layers/host_loops.hpp"
 #include "layers/layer_common.hpp"
 #include "tessera/core/communicator.hpp"
 
@@ -78,29 +78,20 @@ class BatchNormLayer final : public Layer {
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
     check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
-    check_on_host(*this, input);
-    output.resize(input.shape());
+    ElementwiseKernels& kernels = elementwise_of(ctx, input);
+    output.resize(input.shape(), input.device());
     const std::int64_t batch = input.dim(0), channels = channels_, inner = input.shape().sample_numel() / channels_;
     mean_.assign(static_cast<std::size_t>(channels), 0.0);
     inverse_std_.assign(static_cast<std::size_t>(channels), 0.0);
     used_batch_statistics_ = ctx.training;
     const float* x = input.data();
-
+    // The running statistics and the parameters are per-channel arrays: read and updated on the host
+    // (copies of them when the layer is on a GPU).
+    Tensor running_mean = running_mean_.to(Device::host()), running_variance = running_variance_.to(Device::host());
     if (ctx.training) {
       // [sum x per channel..., sum x^2 per channel..., element count], reduced in one call.
       std::vector<double> sums(static_cast<std::size_t>(2 * channels + 1), 0.0);
-      host_for("batchnorm statistics", channels, [&](std::int64_t c) {
-        double sum = 0.0, squares = 0.0;
-        for (std::int64_t n = 0; n < batch; ++n) {
-          const float* row = x + (n * channels + c) * inner;
-          for (std::int64_t i = 0; i < inner; ++i) {
-            sum += row[i];
-            squares += static_cast<double>(row[i]) * row[i];
-          }
-        }
-        sums[static_cast<std::size_t>(c)] = sum;
-        sums[static_cast<std::size_t>(channels + c)] = squares;
-      });
+      if (batch * inner > 0) kernels.batch_norm_statistics(x, batch, channels, inner, sums.data());
       sums.back() = static_cast<double>(batch * inner);
       if (Communicator* comm = statistics_comm(ctx)) comm->allreduce(std::span<double>(sums));
       const double count = sums.back();
@@ -113,93 +104,80 @@ class BatchNormLayer final : public Layer {
         inverse_std_[u] = 1.0 / std::sqrt(variance + epsilon_);
         // Running variance is the unbiased estimate, as in PyTorch.
         const double unbiased = count > 1 ? variance * count / (count - 1) : variance;
-        running_mean_.data()[c] = static_cast<float>((1 - momentum_) * running_mean_.data()[c] + momentum_ * mean);
-        running_variance_.data()[c] =
-            static_cast<float>((1 - momentum_) * running_variance_.data()[c] + momentum_ * unbiased);
+        running_mean.data()[c] = static_cast<float>((1 - momentum_) * running_mean.data()[c] + momentum_ * mean);
+        running_variance.data()[c] =
+            static_cast<float>((1 - momentum_) * running_variance.data()[c] + momentum_ * unbiased);
+      }
+      if (!running_mean_.device().is_host()) {
+        running_mean_.copy_from(running_mean);
+        running_variance_.copy_from(running_variance);
       }
     } else {
       for (std::int64_t c = 0; c < channels; ++c) {
         const auto u = static_cast<std::size_t>(c);
-        mean_[u] = running_mean_.data()[c];
-        inverse_std_[u] = 1.0 / std::sqrt(static_cast<double>(running_variance_.data()[c]) + epsilon_);
+        mean_[u] = running_mean.data()[c];
+        inverse_std_[u] = 1.0 / std::sqrt(static_cast<double>(running_variance.data()[c]) + epsilon_);
       }
     }
-
     // y = scale * x + shift per channel, folded so the inner loop is one multiply-add.
-    float* y = output.data();
-    const float* gamma = gamma_.value.data();
-    const float* beta = beta_.value.data();
-    const double* mean = mean_.data();
-    const double* inverse_std = inverse_std_.data();
-    host_for("batchnorm normalize", batch * channels, [=](std::int64_t row) {
-      const std::int64_t c = row % channels;
-      const float scale = static_cast<float>(gamma[c] * inverse_std[c]);
-      const float shift = static_cast<float>(beta[c] - gamma[c] * inverse_std[c] * mean[c]);
-      const float* in = x + row * inner;
-      float* out = y + row * inner;
-      for (std::int64_t i = 0; i < inner; ++i) out[i] = scale * in[i] + shift;
-    });
+    const Tensor gamma = gamma_.value.to(Device::host()), beta = beta_.value.to(Device::host());
+    std::vector<float> scale(static_cast<std::size_t>(channels)), shift(static_cast<std::size_t>(channels));
+    for (std::int64_t c = 0; c < channels; ++c) {
+      const auto u = static_cast<std::size_t>(c);
+      const float g = gamma.data()[c];
+      scale[u] = static_cast<float>(g * inverse_std_[u]);
+      shift[u] = static_cast<float>(beta.data()[c] - g * inverse_std_[u] * mean_[u]);
+    }
+    if (batch * inner > 0)
+      kernels.batch_norm_normalize(x, output.data(), batch, channels, inner, scale.data(), shift.data());
   }
 
   void backward(std::span<const Tensor* const> inputs, const Tensor& output, const Tensor& grad_output,
                 std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
+    ElementwiseKernels& kernels = elementwise_of(ctx, input);
     const std::int64_t batch = input.dim(0), channels = channels_, inner = input.shape().sample_numel() / channels_;
     const float* x = input.data();
     const float* dy = grad_output.data();
-    const double* mean = mean_.data();
-    const double* inverse_std = inverse_std_.data();
-
     // Local sums of dy and dy * xhat per channel: this rank's share of the parameter gradients
     // (the executor's gradient reduction adds the shares), and, reduced, the terms of dx.
     std::vector<double> sums(static_cast<std::size_t>(2 * channels + 1), 0.0);
-    host_for("batchnorm backward sums", channels, [&](std::int64_t c) {
-      double sum_dy = 0.0, sum_dy_xhat = 0.0;
-      for (std::int64_t n = 0; n < batch; ++n) {
-        const std::int64_t offset = (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i) {
-          sum_dy += dy[offset + i];
-          sum_dy_xhat += static_cast<double>(dy[offset + i]) * ((x[offset + i] - mean[c]) * inverse_std[c]);
-        }
-      }
-      sums[static_cast<std::size_t>(c)] = sum_dy;
-      sums[static_cast<std::size_t>(channels + c)] = sum_dy_xhat;
-    });
+    if (batch * inner > 0)
+      kernels.batch_norm_backward_sums(x, dy, batch, channels, inner, mean_.data(), inverse_std_.data(), sums.data());
     sums.back() = static_cast<double>(batch * inner);
+    // The parameter gradients are written on the host (into copies when they live on a GPU).
+    Tensor beta_grad = beta_.grad.device().is_host() ? beta_.grad : Tensor(beta_.grad.shape());
+    Tensor gamma_grad = gamma_.grad.device().is_host() ? gamma_.grad : Tensor(gamma_.grad.shape());
     for (std::int64_t c = 0; c < channels; ++c) {
-      beta_.grad.data()[c] = static_cast<float>(sums[static_cast<std::size_t>(c)]);
-      gamma_.grad.data()[c] = static_cast<float>(sums[static_cast<std::size_t>(channels + c)]);
+      beta_grad.data()[c] = static_cast<float>(sums[static_cast<std::size_t>(c)]);
+      gamma_grad.data()[c] = static_cast<float>(sums[static_cast<std::size_t>(channels + c)]);
+    }
+    if (!beta_.grad.device().is_host()) {
+      beta_.grad.copy_from(beta_grad);
+      gamma_.grad.copy_from(gamma_grad);
     }
     // Every rank joins the reduction (also one without samples), or the others would hang.
     if (used_batch_statistics_) {
       if (Communicator* comm = statistics_comm(ctx)) comm->allreduce(std::span<double>(sums));
     }
-
     Tensor* dx_tensor = grad_inputs[0];
     if (!dx_tensor) return;
-    dx_tensor->resize(input.shape());
+    dx_tensor->resize(input.shape(), input.device());
     if (batch == 0) return;
-    float* dx = dx_tensor->data();
-    const float* gamma = gamma_.value.data();
+    const Tensor gamma = gamma_.value.to(Device::host());
     const double count = sums.back();
-    const double* reduced = sums.data();
-    const bool batch_statistics = used_batch_statistics_;
-    host_for("batchnorm backward", batch * channels, [=](std::int64_t row) {
-      const std::int64_t c = row % channels;
-      const double scale = gamma[c] * inverse_std[c];
-      const std::int64_t offset = row * inner;
-      if (!batch_statistics) {  // statistics were constants (evaluation mode)
-        for (std::int64_t i = 0; i < inner; ++i) dx[offset + i] = static_cast<float>(scale * dy[offset + i]);
-        return;
-      }
+    std::vector<double> scale(static_cast<std::size_t>(channels)), mean_dy(scale.size()), mean_dy_xhat(scale.size());
+    for (std::int64_t c = 0; c < channels; ++c) {
+      const auto u = static_cast<std::size_t>(c);
+      scale[u] = gamma.data()[c] * inverse_std_[u];
       // dx = gamma * inv_std * (dy - mean(dy) - xhat * mean(dy * xhat)), means over the whole batch.
-      const double mean_dy = reduced[c] / count;
-      const double mean_dy_xhat = reduced[channels + c] / count;
-      for (std::int64_t i = 0; i < inner; ++i) {
-        const double xhat = (x[offset + i] - mean[c]) * inverse_std[c];
-        dx[offset + i] = static_cast<float>(scale * (dy[offset + i] - mean_dy - xhat * mean_dy_xhat));
-      }
-    });
+      mean_dy[u] = sums[u] / count;
+      mean_dy_xhat[u] = sums[static_cast<std::size_t>(channels + c)] / count;
+    }
+    if (inner > 0)
+      kernels.batch_norm_backward(x, dy, dx_tensor->data(), batch, channels, inner, scale.data(), mean_.data(),
+                                  inverse_std_.data(), used_batch_statistics_ ? mean_dy.data() : nullptr,
+                                  mean_dy_xhat.data());
   }
 
  private:

@@ -333,6 +333,11 @@ class CublasLinear final : public LinearKernels {
   cublasHandle_t handle_;
 };
 
+template <typename T>
+std::size_t bytes(std::int64_t count) {
+  return static_cast<std::size_t>(count) * sizeof(T);
+}
+
 class CudaElementwise final : public ElementwiseKernels {
  public:
   void leaky_relu_forward(const float* x, float* y, std::int64_t count, float slope) override {
@@ -376,6 +381,50 @@ class CudaElementwise final : public ElementwiseKernels {
   }
   void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step) override {
     if (count > 0) cuda_kernels::adam_update(p, g, m, v, count, step);
+  }
+
+  // Batch norm: the per-channel arrays go to and from the device around the kernels (a few KiB).
+  void batch_norm_statistics(const float* x, std::int64_t batch, std::int64_t channels, std::int64_t inner,
+                             double* sums) override {
+    const Workspace device_sums(bytes<double>(2 * channels));
+    cuda_kernels::channel_sums(x, nullptr, nullptr, nullptr, batch, channels, inner,
+                               static_cast<double*>(device_sums.get()));
+    cuda::copy(sums, device_sums.get(), device_sums.bytes());  // waits for the kernel
+  }
+  void batch_norm_normalize(const float* x, float* y, std::int64_t batch, std::int64_t channels, std::int64_t inner,
+                            const float* scale, const float* shift) override {
+    const std::int64_t count = batch * channels * inner;
+    if (count == 0) return;
+    const Workspace factors(bytes<float>(2 * channels));
+    auto* device_factors = static_cast<float*>(factors.get());
+    cuda::copy(device_factors, scale, bytes<float>(channels));
+    cuda::copy(device_factors + channels, shift, bytes<float>(channels));
+    cuda_kernels::batch_norm_normalize(x, y, count, channels, inner, device_factors, device_factors + channels);
+  }
+  void batch_norm_backward_sums(const float* x, const float* dy, std::int64_t batch, std::int64_t channels,
+                                std::int64_t inner, const double* mean, const double* inverse_std,
+                                double* sums) override {
+    const Workspace statistics(bytes<double>(2 * channels)), device_sums(bytes<double>(2 * channels));
+    auto* device_statistics = static_cast<double*>(statistics.get());
+    cuda::copy(device_statistics, mean, bytes<double>(channels));
+    cuda::copy(device_statistics + channels, inverse_std, bytes<double>(channels));
+    cuda_kernels::channel_sums(x, dy, device_statistics, device_statistics + channels, batch, channels, inner,
+                               static_cast<double*>(device_sums.get()));
+    cuda::copy(sums, device_sums.get(), device_sums.bytes());  // waits for the kernel
+  }
+  void batch_norm_backward(const float* x, const float* dy, float* dx, std::int64_t batch, std::int64_t channels,
+                           std::int64_t inner, const double* scale, const double* mean, const double* inverse_std,
+                           const double* mean_dy, const double* mean_dy_xhat) override {
+    const std::int64_t count = batch * channels * inner;
+    if (count == 0) return;
+    const Workspace arrays(bytes<double>(5 * channels));
+    auto* device = static_cast<double*>(arrays.get());
+    const double* sources[] = {scale, mean, inverse_std, mean_dy, mean_dy_xhat};
+    for (int k = 0; k < 5; ++k)
+      if (sources[k]) cuda::copy(device + k * channels, sources[k], bytes<double>(channels));
+    cuda_kernels::batch_norm_backward(x, dy, dx, count, channels, inner, device, device + channels,
+                                      device + 2 * channels, mean_dy ? device + 3 * channels : nullptr,
+                                      device + 4 * channels);
   }
 
  private:

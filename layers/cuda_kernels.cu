@@ -216,6 +216,67 @@ __global__ void adam_update_kernel(float* p, const float* g, float* m, float* v,
   }
 }
 
+// Batch norm: one block per channel, each thread summing a strided share of the channel's
+// batch x inner elements in double, then a fixed tree over the block (the order depends only on
+// the launch, so a run repeats itself exactly). With `dy` null: sums of x and x^2; else sums of dy
+// and dy * xhat, xhat = (x - mean[c]) * inverse_std[c].
+__global__ void channel_sums_kernel(const float* x, const float* dy, const double* mean, const double* inverse_std,
+                                    std::int64_t batch, std::int64_t channels, std::int64_t inner, double* sums) {
+  const std::int64_t c = blockIdx.x;
+  double first = 0.0, second = 0.0;
+  for (std::int64_t k = threadIdx.x; k < batch * inner; k += blockDim.x) {
+    const std::int64_t offset = ((k / inner) * channels + c) * inner + k % inner;
+    if (dy == nullptr) {
+      const double v = x[offset];
+      first += v;
+      second += v * v;
+    } else {
+      const double g = dy[offset];
+      first += g;
+      second += g * ((x[offset] - mean[c]) * inverse_std[c]);
+    }
+  }
+  __shared__ double a[kThreads], b[kThreads];
+  a[threadIdx.x] = first;
+  b[threadIdx.x] = second;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      a[threadIdx.x] += a[threadIdx.x + half];
+      b[threadIdx.x] += b[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    sums[c] = a[0];
+    sums[channels + c] = b[0];
+  }
+}
+
+/// y = scale[c] * x + shift[c], rounded as the host's float multiply and add (no fused multiply-add).
+__global__ void batch_norm_normalize_kernel(const float* x, float* y, std::int64_t count, std::int64_t channels,
+                                            std::int64_t inner, const float* scale, const float* shift) {
+  TESSERA_GRID_LOOP(k, count) {
+    const std::int64_t c = (k / inner) % channels;
+    y[k] = __fadd_rn(__fmul_rn(scale[c], x[k]), shift[c]);
+  }
+}
+
+__global__ void batch_norm_backward_kernel(const float* x, const float* dy, float* dx, std::int64_t count,
+                                           std::int64_t channels, std::int64_t inner, const double* scale,
+                                           const double* mean, const double* inverse_std, const double* mean_dy,
+                                           const double* mean_dy_xhat) {
+  TESSERA_GRID_LOOP(k, count) {
+    const std::int64_t c = (k / inner) % channels;
+    if (mean_dy == nullptr) {
+      dx[k] = static_cast<float>(scale[c] * dy[k]);
+      continue;
+    }
+    const double xhat = (x[k] - mean[c]) * inverse_std[c];
+    dx[k] = static_cast<float>(scale[c] * (dy[k] - mean_dy[c] - xhat * mean_dy_xhat[c]));
+  }
+}
+
 std::int64_t outputs(const PoolBox& b) { return b.planes * b.out[0] * b.out[1] * b.out[2]; }
 std::int64_t inputs(const PoolBox& b) { return b.planes * b.in[0] * b.in[1] * b.in[2]; }
 
@@ -298,6 +359,29 @@ void sgd_update(float* p, const float* g, float* momentum_buffer, std::int64_t c
 void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step) {
   adam_update_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(p, g, m, v, count, step);
   check_launch("adam update");
+}
+
+void channel_sums(const float* x, const float* dy, const double* mean, const double* inverse_std, std::int64_t batch,
+                  std::int64_t channels, std::int64_t inner, double* sums) {
+  if (channels == 0) return;
+  channel_sums_kernel<<<static_cast<unsigned>(channels), kThreads, 0, current_stream()>>>(x, dy, mean, inverse_std, batch,
+                                                                                         channels, inner, sums);
+  check_launch("batch norm sums");
+}
+
+void batch_norm_normalize(const float* x, float* y, std::int64_t count, std::int64_t channels, std::int64_t inner,
+                          const float* scale, const float* shift) {
+  batch_norm_normalize_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, y, count, channels, inner, scale,
+                                                                                   shift);
+  check_launch("batch norm normalize");
+}
+
+void batch_norm_backward(const float* x, const float* dy, float* dx, std::int64_t count, std::int64_t channels,
+                         std::int64_t inner, const double* scale, const double* mean, const double* inverse_std,
+                         const double* mean_dy, const double* mean_dy_xhat) {
+  batch_norm_backward_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(
+      x, dy, dx, count, channels, inner, scale, mean, inverse_std, mean_dy, mean_dy_xhat);
+  check_launch("batch norm backward");
 }
 
 }  // namespace tessera::cuda_kernels

@@ -53,4 +53,17 @@ void accumulate(const float* x, float* y, std::int64_t count);
 void sgd_update(float* p, const float* g, float* momentum_buffer, std::int64_t count, const SgdStep& step);
 void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step);
 
+/// Batch norm (x: batch x channels x inner; every pointer device memory). Per channel c, in
+/// double: with `dy` null sums[c] = the sum of x, sums[channels + c] = the sum of x^2; else the
+/// sums of dy and of dy * (x - mean[c]) * inverse_std[c]. One block per channel.
+void channel_sums(const float* x, const float* dy, const double* mean, const double* inverse_std, std::int64_t batch,
+                  std::int64_t channels, std::int64_t inner, double* sums);
+/// y = scale[c] * x + shift[c] over `count` = batch x channels x inner elements.
+void batch_norm_normalize(const float* x, float* y, std::int64_t count, std::int64_t channels, std::int64_t inner,
+                          const float* scale, const float* shift);
+/// dx = scale[c] * (dy - mean_dy[c] - xhat * mean_dy_xhat[c]), or scale[c] * dy with mean_dy null.
+void batch_norm_backward(const float* x, const float* dy, float* dx, std::int64_t count, std::int64_t channels,
+                         std::int64_t inner, const double* scale, const double* mean, const double* inverse_std,
+                         const double* mean_dy, const double* mean_dy_xhat);
+
 }  // namespace tessera::cuda_kernels

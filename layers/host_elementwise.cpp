@@ -133,6 +133,67 @@ class HostElementwise final : public ElementwiseKernels {
   void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step) override {
     adam_loop(count, p, g, m, v, step);
   }
+
+  void batch_norm_statistics(const float* x, std::int64_t batch, std::int64_t channels, std::int64_t inner,
+                             double* sums) override {
+    host_for("batchnorm statistics", channels, [=](std::int64_t c) {
+      double sum = 0.0, squares = 0.0;
+      for (std::int64_t n = 0; n < batch; ++n) {
+        const float* row = x + (n * channels + c) * inner;
+        for (std::int64_t i = 0; i < inner; ++i) {
+          sum += row[i];
+          squares += static_cast<double>(row[i]) * row[i];
+        }
+      }
+      sums[c] = sum;
+      sums[channels + c] = squares;
+    });
+  }
+
+  void batch_norm_normalize(const float* x, float* y, std::int64_t batch, std::int64_t channels, std::int64_t inner,
+                            const float* scale, const float* shift) override {
+    host_for("batchnorm normalize", batch * channels, [=](std::int64_t row) {
+      const std::int64_t c = row % channels;
+      const float a = scale[c], b = shift[c];
+      const float* in = x + row * inner;
+      float* out = y + row * inner;
+      for (std::int64_t i = 0; i < inner; ++i) out[i] = a * in[i] + b;
+    });
+  }
+
+  void batch_norm_backward_sums(const float* x, const float* dy, std::int64_t batch, std::int64_t channels,
+                                std::int64_t inner, const double* mean, const double* inverse_std,
+                                double* sums) override {
+    host_for("batchnorm backward sums", channels, [=](std::int64_t c) {
+      double sum_dy = 0.0, sum_dy_xhat = 0.0;
+      for (std::int64_t n = 0; n < batch; ++n) {
+        const std::int64_t offset = (n * channels + c) * inner;
+        for (std::int64_t i = 0; i < inner; ++i) {
+          sum_dy += dy[offset + i];
+          sum_dy_xhat += static_cast<double>(dy[offset + i]) * ((x[offset + i] - mean[c]) * inverse_std[c]);
+        }
+      }
+      sums[c] = sum_dy;
+      sums[channels + c] = sum_dy_xhat;
+    });
+  }
+
+  void batch_norm_backward(const float* x, const float* dy, float* dx, std::int64_t batch, std::int64_t channels,
+                           std::int64_t inner, const double* scale, const double* mean, const double* inverse_std,
+                           const double* mean_dy, const double* mean_dy_xhat) override {
+    host_for("batchnorm backward", batch * channels, [=](std::int64_t row) {
+      const std::int64_t c = row % channels;
+      const std::int64_t offset = row * inner;
+      if (!mean_dy) {  // statistics were constants (evaluation mode)
+        for (std::int64_t i = 0; i < inner; ++i) dx[offset + i] = static_cast<float>(scale[c] * dy[offset + i]);
+        return;
+      }
+      for (std::int64_t i = 0; i < inner; ++i) {
+        const double xhat = (x[offset + i] - mean[c]) * inverse_std[c];
+        dx[offset + i] = static_cast<float>(scale[c] * (dy[offset + i] - mean_dy[c] - xhat * mean_dy_xhat[c]));
+      }
+    });
+  }
 };
 
 }  // namespace

@@ -1,9 +1,9 @@
 // Layers on the GPU against the same layers on the host (convolution 2-D/3-D, max and average
-// pooling, linear, ReLU, leaky ReLU, flatten, add, concat) and the losses, each built twice with
+// pooling, linear, ReLU, leaky ReLU, flatten, add, concat, batch norm with batch statistics) and the losses, each built twice with
 // the same initial weights, one moved to the GPU
 // (Layer::move_to): outputs, input gradients and parameter gradients within 1e-5 of the largest
 // value, the losses (MSE, softmax cross-entropy) within 1e-9. Layers whose GPU kernels are not
-// built yet (batch norm, dropout) refuse GPU tensors with a message that says so.
+// built yet (dropout) refuse GPU tensors with a message that says so.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -111,7 +111,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"leaky_relu", {{"slope", {"0.3"}}}, {Shape::image(2, 3, {4, 5, 6})}},
         Case{"flatten", {}, {Shape::image(2, 3, {4, 5, 6})}},
         Case{"add", {}, {Shape::image(2, 3, {4, 5}), Shape::image(2, 3, {4, 5}), Shape::image(2, 3, {4, 5})}},
-        Case{"concat", {}, {Shape::image(2, 3, {4, 5, 3}), Shape::image(2, 5, {4, 5, 3})}}),
+        Case{"concat", {}, {Shape::image(2, 3, {4, 5, 3}), Shape::image(2, 5, {4, 5, 3})}},
+        Case{"batchnorm", {}, {Shape::image(4, 3, {5, 6})}},
+        Case{"batchnorm", {{"epsilon", {"0.001"}}}, {Shape::image(2, 5, {4, 3, 6})}}),
     [](const ::testing::TestParamInfo<Case>& param) { return param.param.type + std::to_string(param.index); });
 
 TEST(GpuLoss, MeanSquaredErrorMatchesTheHost) {
@@ -141,7 +143,7 @@ TEST(GpuLayersNotBuilt, RefuseGpuTensorsClearly) {
   const Shape shape = Shape::image(2, 4, {6, 6});
   const Tensor x = testing::random_tensor(shape, 1).to(kGpu);
   for (const auto& [type, options] : std::vector<std::pair<std::string, OptionList>>{
-           {"batchnorm", {}}, {"dropout", {{"rate", {"0.5"}}}}}) {
+           {"dropout", {{"rate", {"0.5"}}}}}) {
     auto layer = testing::make_layer(type, options);
     layer->setup({shape});
     layer->init_parameters(3);

@@ -5,10 +5,10 @@
 // the GPU's convolutions and GEMMs sum in other orders; the optimizer updates are bit-equal,
 // test_gpu_kernels). Plans: sample parallel; spatial (conv blocks split along D, halos and
 // redistributions); filter and channel splits. The models cover every layer with GPU kernels:
-// 2-D and 3-D convolutions (stride, dilation), max and average pooling, ReLU, leaky ReLU, flatten,
-// add, concat, linear, and both losses (MSE on one target: the harness's labels); SGD with
-// momentum and AdamW. Checkpoints of GPU state
-// round-trip; layers without GPU kernels say so.
+// 2-D and 3-D convolutions (stride, dilation), max and average pooling, batch norm with global
+// statistics, ReLU, leaky ReLU, flatten, add, concat, linear, and both losses (MSE on one target:
+// the harness's labels); SGD with momentum and AdamW. Checkpoints of GPU state round-trip; layers
+// without GPU kernels (dropout) say so.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -95,6 +95,26 @@ TEST(GpuTrain, CnnWithLayersSplitByFilterAndChannel) {
   expect_gpu_plan_equals_one_host_rank(kBranchyCnn, plan_for({"fc1"}, channels), 12, testing::sgd_momentum(), 0.05);
 }
 
+TEST(GpuTrain, CnnWithGlobalBatchNormSampleParallel) {
+  // Global statistics: the ranks normalise with the whole batch's, as one rank does. No bias before
+  // a batch norm: its gradient is zero up to rounding, which no relative comparison can judge.
+  const std::string global = R"(
+input: {shape: [2, 10, 10]}
+layers:
+  - {name: conv1, type: conv, filters: 4, kernel: 3, padding: 1, bias: false}
+  - {name: bn1, type: batchnorm, global: true}
+  - {name: relu1, type: relu}
+  - {name: pool, type: maxpool, kernel: 2}
+  - {name: conv2, type: conv, filters: 6, kernel: 3, bias: false}
+  - {name: bn2, type: batchnorm, global: true}
+  - {name: relu2, type: relu}
+  - {name: flatten, type: flatten}
+  - {name: fc, type: linear, out: 10}
+loss: softmax_cross_entropy
+)";
+  expect_gpu_plan_equals_one_host_rank(global, plan_for({}, ""), 12, testing::sgd_momentum(), 0.05);
+}
+
 TEST(GpuTrain, CosmoFlowStyle3dCnnSampleParallelAdamW) {
   expect_gpu_plan_equals_one_host_rank(kCosmoStyle, plan_for({}, ""), 4, adamw(), 1e-3);
 }
@@ -133,12 +153,12 @@ TEST(GpuTrain, LayersWithoutGpuKernelsSayWhich) {
 input: {shape: [2, 6, 6]}
 layers:
   - {name: conv, type: conv, filters: 3, kernel: 3}
-  - {name: bn, type: batchnorm}
+  - {name: drop, type: dropout, rate: 0.5}
   - {name: flatten, type: flatten}
   - {name: fc, type: linear, out: 10}
 loss: softmax_cross_entropy
 )",
-                             "bn_model");
+                             "dropout_model");
   model.init_parameters(3);
   ExecutorOptions options;
   options.global_batch = 4;
@@ -149,9 +169,9 @@ loss: softmax_cross_entropy
   const auto [begin, end] = executor.local_samples(4);
   try {
     executor.train_step(inputs.slice(begin, end).clone(), labels.slice(begin, end).clone(), 4, 0);
-    ADD_FAILURE() << "batch norm ran on a GPU tensor without GPU kernels";
+    ADD_FAILURE() << "dropout ran on a GPU tensor without GPU kernels";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("layer 'bn'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("layer 'drop'"), std::string::npos) << e.what();
   }
 }
 

@@ -152,6 +152,26 @@ class ElementwiseKernels {
                           const SgdStep& step) = 0;
   /// One Adam step over `count` parameters with first and second moments `m`, `v`.
   virtual void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step) = 0;
+
+  // Batch norm over x of batch x channels x inner (row-major). Per-channel arrays (`sums`, `scale`,
+  // `shift`, `mean`, ...) are host memory of `channels` entries (`sums`: 2 x channels); the
+  // tensors are on the kernels' device. Sums are accumulated in double.
+  /// sums[c] = the sum of x over channel c, sums[channels + c] = the sum of x^2.
+  virtual void batch_norm_statistics(const float* x, std::int64_t batch, std::int64_t channels, std::int64_t inner,
+                                     double* sums) = 0;
+  /// y = scale[c] * x + shift[c].
+  virtual void batch_norm_normalize(const float* x, float* y, std::int64_t batch, std::int64_t channels,
+                                    std::int64_t inner, const float* scale, const float* shift) = 0;
+  /// sums[c] = the sum of dy over channel c, sums[channels + c] = the sum of dy * xhat with
+  /// xhat = (x - mean[c]) * inverse_std[c].
+  virtual void batch_norm_backward_sums(const float* x, const float* dy, std::int64_t batch, std::int64_t channels,
+                                        std::int64_t inner, const double* mean, const double* inverse_std,
+                                        double* sums) = 0;
+  /// dx = scale[c] * (dy - mean_dy[c] - xhat * mean_dy_xhat[c]) (in double, xhat as above); with
+  /// `mean_dy` null (statistics that were constants) dx = scale[c] * dy.
+  virtual void batch_norm_backward(const float* x, const float* dy, float* dx, std::int64_t batch,
+                                   std::int64_t channels, std::int64_t inner, const double* scale, const double* mean,
+                                   const double* inverse_std, const double* mean_dy, const double* mean_dy_xhat) = 0;
 };
 
 /// The host's element-wise kernels (what the host backend's elementwise() returns).
