@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <vector>
@@ -395,19 +396,23 @@ class CudaElementwise final : public ElementwiseKernels {
                             const float* scale, const float* shift) override {
     const std::int64_t count = batch * channels * inner;
     if (count == 0) return;
+    std::vector<float> host(static_cast<std::size_t>(2 * channels));  // one copy (each one waits)
+    std::copy(scale, scale + channels, host.begin());
+    std::copy(shift, shift + channels, host.begin() + channels);
     const Workspace factors(bytes<float>(2 * channels));
     auto* device_factors = static_cast<float*>(factors.get());
-    cuda::copy(device_factors, scale, bytes<float>(channels));
-    cuda::copy(device_factors + channels, shift, bytes<float>(channels));
+    cuda::copy(device_factors, host.data(), factors.bytes());
     cuda_kernels::batch_norm_normalize(x, y, count, channels, inner, device_factors, device_factors + channels);
   }
   void batch_norm_backward_sums(const float* x, const float* dy, std::int64_t batch, std::int64_t channels,
                                 std::int64_t inner, const double* mean, const double* inverse_std,
                                 double* sums) override {
+    std::vector<double> host(static_cast<std::size_t>(2 * channels));
+    std::copy(mean, mean + channels, host.begin());
+    std::copy(inverse_std, inverse_std + channels, host.begin() + channels);
     const Workspace statistics(bytes<double>(2 * channels)), device_sums(bytes<double>(2 * channels));
     auto* device_statistics = static_cast<double*>(statistics.get());
-    cuda::copy(device_statistics, mean, bytes<double>(channels));
-    cuda::copy(device_statistics + channels, inverse_std, bytes<double>(channels));
+    cuda::copy(device_statistics, host.data(), statistics.bytes());
     cuda_kernels::channel_sums(x, dy, device_statistics, device_statistics + channels, batch, channels, inner,
                                static_cast<double*>(device_sums.get()));
     cuda::copy(sums, device_sums.get(), device_sums.bytes());  // waits for the kernel
@@ -417,11 +422,13 @@ class CudaElementwise final : public ElementwiseKernels {
                            const double* mean_dy, const double* mean_dy_xhat) override {
     const std::int64_t count = batch * channels * inner;
     if (count == 0) return;
+    std::vector<double> host(static_cast<std::size_t>(5 * channels), 0.0);
+    const double* sources[] = {scale, mean, inverse_std, mean_dy, mean_dy_xhat};
+    for (std::int64_t k = 0; k < 5; ++k)
+      if (sources[k]) std::copy(sources[k], sources[k] + channels, host.begin() + k * channels);
     const Workspace arrays(bytes<double>(5 * channels));
     auto* device = static_cast<double*>(arrays.get());
-    const double* sources[] = {scale, mean, inverse_std, mean_dy, mean_dy_xhat};
-    for (int k = 0; k < 5; ++k)
-      if (sources[k]) cuda::copy(device + k * channels, sources[k], bytes<double>(channels));
+    cuda::copy(device, host.data(), arrays.bytes());  // one copy (each one waits)
     cuda_kernels::batch_norm_backward(x, dy, dx, count, channels, inner, device, device + channels,
                                       device + 2 * channels, mean_dy ? device + 3 * channels : nullptr,
                                       device + 4 * channels);

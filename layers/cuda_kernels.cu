@@ -240,8 +240,9 @@ __global__ void channel_sums_kernel(const float* x, const float* dy, const doubl
   a[threadIdx.x] = first;
   b[threadIdx.x] = second;
   __syncthreads();
+  static_assert((kThreads & (kThreads - 1)) == 0, "the tree below halves a power of two");
   for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) {
+    if (static_cast<int>(threadIdx.x) < half) {
       a[threadIdx.x] += a[threadIdx.x + half];
       b[threadIdx.x] += b[threadIdx.x + half];
     }

@@ -134,6 +134,44 @@ TEST(GpuLoss, MeanSquaredErrorMatchesTheHost) {
   EXPECT_LT(gpu_difference(grad, ggrad), kTolerance);
 }
 
+TEST(GpuLayers, BatchNormInEvaluationModeMatchesTheHost) {
+  // A training pass first moves the running statistics; evaluation then normalises with them and
+  // its backward treats them as constants (the path without batch statistics).
+  auto host_backend = make_host_backend();
+  auto gpu_backend = make_cuda_backend();
+  const Shape shape = Shape::image(3, 4, {5, 6});
+  auto host = testing::make_layer("batchnorm", {});
+  auto gpu = testing::make_layer("batchnorm", {});
+  host->setup({shape});
+  gpu->setup({shape});
+  gpu->move_to(kGpu);
+  const Tensor x = testing::random_tensor(shape, 7), dy = testing::random_tensor(shape, 8);
+  const Tensor gx = x.to(kGpu), gdy = dy.to(kGpu);
+  LayerContext host_ctx, gpu_ctx;
+  host_ctx.backend = host_backend.get();
+  gpu_ctx.backend = gpu_backend.get();
+  host_ctx.global_batch = gpu_ctx.global_batch = 3;
+  host_ctx.training = gpu_ctx.training = true;
+  const Tensor* in[] = {&x};
+  const Tensor* gin[] = {&gx};
+  Tensor y, gy, dx, gdx;
+  host->forward(in, y, host_ctx);
+  gpu->forward(gin, gy, gpu_ctx);
+  for (std::size_t b = 0; b < host->buffers().size(); ++b)
+    EXPECT_LT(gpu_difference(*host->buffers()[b], *gpu->buffers()[b]), kTolerance) << "running statistic " << b;
+  host_ctx.training = gpu_ctx.training = false;
+  Tensor* grad_in[] = {&dx};
+  Tensor* ggrad_in[] = {&gdx};
+  host->forward(in, y, host_ctx);
+  host->backward(in, y, dy, grad_in, host_ctx);
+  gpu->forward(gin, gy, gpu_ctx);
+  gpu->backward(gin, gy, gdy, ggrad_in, gpu_ctx);
+  EXPECT_LT(gpu_difference(y, gy), kTolerance);
+  EXPECT_LT(gpu_difference(dx, gdx), kTolerance);
+  const auto hp = host->parameters(), gp = gpu->parameters();
+  for (std::size_t p = 0; p < hp.size(); ++p) EXPECT_LT(gpu_difference(hp[p]->grad, gp[p]->grad), kTolerance) << hp[p]->name;
+}
+
 TEST(GpuLayersNotBuilt, RefuseGpuTensorsClearly) {
   auto backend = make_cuda_backend();
   LayerContext ctx;
