@@ -368,6 +368,9 @@ class CudaElementwise final : public ElementwiseKernels {
     return static_cast<std::int64_t>(sum_in_row_order(per_row, rows));
   }
   void accumulate(const float* x, float* y, std::int64_t count) override { cuda_kernels::accumulate(x, y, count); }
+  void multiply(const float* a, const float* b, float* y, std::int64_t count) override {
+    if (count > 0) cuda_kernels::multiply(a, b, y, count);
+  }
   void copy_rows(const float* source, std::int64_t source_stride, float* destination, std::int64_t destination_stride,
                  std::int64_t rows, std::int64_t length) override {
     if (rows == 0 || length == 0) return;

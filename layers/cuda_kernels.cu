@@ -186,6 +186,10 @@ __global__ void accumulate_kernel(const float* x, float* y, std::int64_t count) 
   TESSERA_GRID_LOOP(i, count) { y[i] += x[i]; }
 }
 
+__global__ void multiply_kernel(const float* a, const float* b, float* y, std::int64_t count) {
+  TESSERA_GRID_LOOP(i, count) { y[i] = a[i] * b[i]; }
+}
+
 // The optimizer updates, operation by operation as the host's loops (layers/host_elementwise.cpp)
 // with explicitly rounded fp32 intrinsics: nvcc would otherwise contract a * b + c into one fused
 // multiply-add, which rounds once where the host rounds twice.
@@ -350,6 +354,11 @@ void count_correct(const float* scores, const float* labels, std::int64_t rows, 
 void accumulate(const float* x, float* y, std::int64_t count) {
   accumulate_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, y, count);
   check_launch("accumulate");
+}
+
+void multiply(const float* a, const float* b, float* y, std::int64_t count) {
+  multiply_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(a, b, y, count);
+  check_launch("multiply");
 }
 
 void sgd_update(float* p, const float* g, float* momentum_buffer, std::int64_t count, const SgdStep& step) {

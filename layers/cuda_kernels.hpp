@@ -46,6 +46,8 @@ void count_correct(const float* scores, const float* labels, std::int64_t rows, 
 
 /// y += x.
 void accumulate(const float* x, float* y, std::int64_t count);
+/// y = a * b (y may be a or b).
+void multiply(const float* a, const float* b, float* y, std::int64_t count);
 
 /// The optimizers' updates (ElementwiseKernels::sgd_update, adam_update): the same fp32
 /// operations in the same order as the host's, each rounded on its own (no fused multiply-add),

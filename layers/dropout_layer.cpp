@@ -1,6 +1,7 @@
 // "dropout": inverted dropout (kept elements scaled by 1 / (1 - rate) in training, identity in
 // evaluation). Each element's keep/drop draw is keyed by its global index in the batch, so a
-// batch split over ranks drops exactly what one rank would.
+// batch split over ranks drops exactly what one rank would. The draws are made on the host and
+// applied by the backend's element-wise kernels, so a GPU run drops exactly what a host run does.
 #include <cstdint>
 
 #include "layers/host_loops.hpp"
@@ -40,8 +41,8 @@ class DropoutLayer final : public Layer {
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
     check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
-    check_on_host(*this, input);
-    output.resize(input.shape());
+    ElementwiseKernels& kernels = elementwise_of(ctx, input);
+    output.resize(input.shape(), input.device());
     applied_ = ctx.training && rate_ > 0;
     if (!applied_) {
       output.copy_from(input);
@@ -49,22 +50,31 @@ class DropoutLayer final : public Layer {
     }
     const std::int64_t count = input.numel(), sample_numel = input.shape().sample_numel();
     // Scale per element (0 or 1 / (1 - rate)): backward multiplies by the same factors.
-    scales_.resize(static_cast<std::size_t>(count));
+    scales_.resize(Shape({count}), Device::host());
     const std::uint64_t seed = ctx.seed;
     const std::uint64_t stream = rng_substream(RngStream::Dropout, static_cast<std::uint64_t>(id()),
                                                static_cast<std::uint64_t>(ctx.step));
     const float rate = static_cast<float>(rate_);
     const float keep_scale = static_cast<float>(1.0 / (1.0 - rate_));
-    const float* x = input.data();
-    float* y = output.data();
     float* scales = scales_.data();
+    // The masks are drawn on the host (the counter-based stream, keyed by global index, the same on
+    // every device), then applied where the tensors are.
+    const auto apply = [&] {
+      const float* factors = scales;
+      if (!input.device().is_host()) {
+        device_scales_.resize(Shape({count}), input.device());
+        device_scales_.copy_from(scales_);
+        factors = device_scales_.data();
+      }
+      kernels.multiply(input.data(), factors, output.data(), count);
+    };
     if (!ctx.tile && model_split_.none()) {
       const std::uint64_t first = static_cast<std::uint64_t>(ctx.sample_offset * sample_numel);
-      host_for("dropout forward", count, [=](std::int64_t i) {
+      host_for("dropout masks", count, [=](std::int64_t i) {
         const bool keep = random_uniform(seed, stream, first + static_cast<std::uint64_t>(i)) >= rate;
         scales[i] = keep ? keep_scale : 0.0f;
-        y[i] = x[i] * scales[i];
       });
+      apply();
       return;
     }
     // On a spatial tile or a block of the channels: the global index of each local element, from
@@ -80,7 +90,7 @@ class DropoutLayer final : public Layer {
     const std::int64_t channels = input.dim(1), offset = ctx.sample_offset;
     const std::int64_t global_channels = model_split_.none() ? channels : global_channels_;
     const std::int64_t channel_offset = model_split_.none() ? 0 : channel_offset_;
-    host_for("dropout forward (tile)", input.dim(0) * channels, [=](std::int64_t plane) {
+    host_for("dropout masks (tile)", input.dim(0) * channels, [=](std::int64_t plane) {
       const std::int64_t n = plane / channels, c = plane % channels;
       const std::int64_t global_plane = (offset + n) * global_channels + channel_offset + c;
       std::int64_t i = plane * local[0] * local[1] * local[2];
@@ -91,23 +101,21 @@ class DropoutLayer final : public Layer {
                 ((global_plane * global[0] + origin[0] + d) * global[1] + origin[1] + h) * global[2] + origin[2] + w;
             const bool keep = random_uniform(seed, stream, static_cast<std::uint64_t>(g)) >= rate;
             scales[i] = keep ? keep_scale : 0.0f;
-            y[i] = x[i] * scales[i];
           }
     });
+    apply();
   }
 
   void backward(std::span<const Tensor* const> inputs, const Tensor&, const Tensor& grad_output,
-                std::span<Tensor* const> grad_inputs, LayerContext&) override {
+                std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
     if (!grad_inputs[0]) return;
-    grad_inputs[0]->resize(inputs[0]->shape());
+    grad_inputs[0]->resize(inputs[0]->shape(), grad_output.device());
     if (!applied_) {
       grad_inputs[0]->copy_from(grad_output);
       return;
     }
-    const float* dy = grad_output.data();
-    const float* scales = scales_.data();
-    float* dx = grad_inputs[0]->data();
-    host_for("dropout backward", grad_output.numel(), [=](std::int64_t i) { dx[i] = dy[i] * scales[i]; });
+    const float* factors = grad_output.device().is_host() ? scales_.data() : device_scales_.data();
+    elementwise_of(ctx, grad_output).multiply(grad_output.data(), factors, grad_inputs[0]->data(), grad_output.numel());
   }
 
  private:
@@ -115,7 +123,8 @@ class DropoutLayer final : public Layer {
   Shape input_shape_;
   std::int64_t global_channels_ = 0, channel_offset_ = 0;
   bool applied_ = false;
-  std::vector<float> scales_;
+  Tensor scales_;         ///< per element: 0 or 1 / (1 - rate), on the host
+  Tensor device_scales_;  ///< scales_ on the GPU, when the layer runs on one
 };
 
 }  // namespace

@@ -118,6 +118,10 @@ class HostElementwise final : public ElementwiseKernels {
     host_for("accumulate", count, [=](std::int64_t i) { y[i] += x[i]; });
   }
 
+  void multiply(const float* a, const float* b, float* y, std::int64_t count) override {
+    host_for("multiply", count, [=](std::int64_t i) { y[i] = a[i] * b[i]; });
+  }
+
   void copy_rows(const float* source, std::int64_t source_stride, float* destination, std::int64_t destination_stride,
                  std::int64_t rows, std::int64_t length) override {
     host_for("copy rows", rows, [=](std::int64_t r) {

@@ -93,12 +93,6 @@ ElementwiseKernels& elementwise_of(const LayerContext& context, const Tensor& te
   return elementwise_kernels(tensor.device());
 }
 
-void check_on_host(const Layer& layer, const Tensor& tensor) {
-  if (!tensor.device().is_host())
-    fail_layer(layer, "runs on the host only so far: its GPU kernels are not built yet (got a tensor on {})",
-               tensor.device().to_string());
-}
-
 void check_same_device(const Layer& layer, const Tensor& first, const Tensor& other) {
   if (first.device() != other.device())
     fail_layer(layer, "inputs on different devices ({} and {})", first.device().to_string(), other.device().to_string());

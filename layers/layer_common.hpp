@@ -45,8 +45,6 @@ DnnBackend& backend_of(const Layer& layer, const LayerContext& context);
 /// device when the context has none.
 ElementwiseKernels& elementwise_of(const LayerContext& context, const Tensor& tensor);
 
-/// Layers whose kernels run on the host only so far refuse tensors on another device clearly.
-void check_on_host(const Layer& layer, const Tensor& tensor);
 /// Inputs of one layer call must be on one device.
 void check_same_device(const Layer& layer, const Tensor& first, const Tensor& other);
 

@@ -176,8 +176,7 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "always", "never"}));
   cmd->add_option("--device", args->device,
                   "Where the layers run: host (oneDNN), or cuda: one GPU per rank, by node-local rank (cuDNN, "
-                  "cuBLAS; messages between GPU ranks go through host memory so far; dropout has no GPU kernels "
-                  "yet)")
+                  "cuBLAS; messages between GPU ranks go through host memory so far)")
       ->capture_default_str()
       ->check(CLI::IsMember({"host", "cuda"}));
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");

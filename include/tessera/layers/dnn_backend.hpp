@@ -142,6 +142,8 @@ class ElementwiseKernels {
                                      std::int64_t classes) = 0;
   /// y += x.
   virtual void accumulate(const float* x, float* y, std::int64_t count) = 0;
+  /// y = a * b, element by element (y may be a or b).
+  virtual void multiply(const float* a, const float* b, float* y, std::int64_t count) = 0;
   /// `rows` rows of `length` floats from `source` (rows `source_stride` apart) to `destination`
   /// (rows `destination_stride` apart); the two do not overlap.
   virtual void copy_rows(const float* source, std::int64_t source_stride, float* destination,
