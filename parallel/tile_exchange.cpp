@@ -355,11 +355,14 @@ void TileExchange::start_forward(const Tensor& held_in, Tensor& needed_out, floa
 
 void TileExchange::finish_forward() {
   finish_forward_on_host();
-  if (device_target_.defined()) {
-    device_target_.copy_from(staged_out_);
-    device_target_ = Tensor();
-    staged_in_ = Tensor();
-  }
+  finish_staging();
+}
+
+void TileExchange::finish_staging() {
+  if (!device_target_.defined()) return;  // on the host: nothing staged
+  device_target_.copy_from(staged_out_);
+  device_target_ = Tensor();
+  staged_in_ = Tensor();
 }
 
 void TileExchange::start_forward_on_host(const Tensor& held_in, Tensor& needed_out, float fill) {
@@ -432,11 +435,7 @@ void TileExchange::start_reverse(const Tensor& needed_in, Tensor& held_out, bool
 
 void TileExchange::finish_reverse() {
   finish_reverse_on_host();
-  if (device_target_.defined()) {
-    device_target_.copy_from(staged_out_);
-    device_target_ = Tensor();
-    staged_in_ = Tensor();
-  }
+  finish_staging();
 }
 
 void TileExchange::start_reverse_on_host(const Tensor& needed_in, Tensor& held_out, bool accumulate) {

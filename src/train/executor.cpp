@@ -102,11 +102,12 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
     if (device.index == ExecutorOptions::kNodeLocalGpu) {
       const int me = world_->rank();
       const auto local_rank = std::count(hosts.begin(), hosts.begin() + me, hosts[static_cast<std::size_t>(me)]);
-      device.index = static_cast<int>(local_rank % gpus);
-    }
-    if (device.index < 0 || device.index >= gpus)
+      device.index = cuda::select_device_for_local_rank(static_cast<int>(local_rank));
+    } else if (device.index < 0 || device.index >= gpus) {
       fail_input("the executor on {} needs that GPU, but this rank sees {} GPU(s)", device.to_string(), gpus);
-    cuda::set_device(device.index);
+    } else {
+      cuda::set_device(device.index);
+    }
     backend_ = make_cuda_backend();
   });
   const Device device = options_.device;

@@ -113,6 +113,8 @@ class TileExchange {
   void finish_forward_on_host();
   void start_reverse_on_host(const Tensor& needed_in, Tensor& held_out, bool accumulate);
   void finish_reverse_on_host();
+  /// On a GPU: copies the host result into the caller's tensor and drops the host copies.
+  void finish_staging();
   void post_receives(std::vector<Transfer>& transfers, std::vector<float>& buffer);
   void post_sends(const std::vector<Transfer>& transfers, const std::vector<float>& buffer);
   void wait_all();

@@ -242,7 +242,7 @@ class Executor {
   std::vector<std::vector<Tensor>> windows_, window_grads_;
   Tensor targets_;
   /// Host inputs and targets copied to the executor's GPU.
-  mutable Tensor staged_inputs_, staged_targets_;
+  Tensor staged_inputs_, staged_targets_;
   /// `given` when it is on the executor's device, else its copy there in `staging`.
   const Tensor& on_device(const Tensor& given, Tensor& staging) const;
   double exchange_seconds_ = 0;
