@@ -76,6 +76,9 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"host", "cuda"}));
     int gpu = 0;
     app.add_option("--gpu", gpu, "with --device cuda: the GPU's index");
+    std::string precision;
+    app.add_option("--precision", precision, "fp32 or bf16 for the conv and linear layers (default: the model file's)")
+        ->check(CLI::IsMember({"fp32", "bf16"}));
     bool profile = false;
     app.add_flag("--profile", profile,
                  "Also print, per layer, forward, backward and exposed exchange ms per step (the most of any rank) "
@@ -92,7 +95,9 @@ int main(int argc, char** argv) {
     }
     try {
     tessera::LayersRuntime runtime(threads);
-    tessera::Model model = tessera::Model::load(model_file);
+    tessera::ModelOptions model_options;
+    if (!precision.empty()) model_options.precision = tessera::parse_precision(precision, "--precision");
+    tessera::Model model = tessera::Model::load(model_file, model_options);
     model.init_parameters(1);
     tessera::ExecutorOptions options;
     options.global_batch = batch;
@@ -185,10 +190,11 @@ int main(int argc, char** argv) {
     }
     if (world->rank() == 0)
       std::printf(
-          "{\"framework\": \"tessera\", \"device\": \"%s\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "
+          "{\"framework\": \"tessera\", \"device\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "
           "\"step_ms\": %.3f, \"comm_wait_ms\": %.3f, \"exchange_ms\": %.3f, \"exchange_critical_ms\": %.3f, \"halo_ms\": %.3f, \"halo_critical_ms\": %.3f, \"exchanged_mib\": %.2f, "
           "\"gflops\": %.2f, \"activation_mib\": %.1f, \"peak_rss_mib\": %.1f, \"gpu_peak_gib\": %.2f, \"overlapped_layers\": %d}\n",
-          options.device.to_string().c_str(), world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps,
+          options.device.to_string().c_str(), std::string(tessera::precision_name(model.precision())).c_str(),
+          world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps,
           1e3 * comm_wait / steps, 1e3 * exchange / steps, 1e3 * critical_exchange / steps, 1e3 * halo / steps, 1e3 * critical_halo / steps, exchanged_mib, gflops, activation_mib, peak_mib, gpu_peak_gib,
           static_cast<int>(overlapped));
     } catch (const tessera::Error& e) {

@@ -5,8 +5,9 @@ Runs gpu_step_bench (the step composed from Tessera's CUDA kernels), with --exec
 bench_train on the GPU (the whole framework: the model file, the executor, the optimizer), and
 bench/gpu_cosmoflow_torch.py (PyTorch, cuDNN) on the CosmoFlow reference network with the same
 input, batch and FLOP count, and prints one table with the ratio of Tessera's throughput to
-PyTorch's at the same precision (strict fp32: no TF32 on either side) and each one's TFLOP/s
-against the GPU's measured matmul rate.
+PyTorch's at the same precision (strict fp32: no TF32 on either side; bf16: Tessera's
+`precision: bf16` beside PyTorch's autocast to bf16) and each one's TFLOP/s against the GPU's
+measured matmul rate at that precision.
 
     python3 bench/gpu_compare.py --tessera build-cuda/bin/gpu_step_bench [--executor build-cuda/bin/bench_train]
                                  [--batch 4] [--size 128]
@@ -71,27 +72,31 @@ def main():
         if args.library_path:
             env["LD_LIBRARY_PATH"] = args.library_path + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         failed = run([args.tessera, *shape, "--matmul", "--verbose", "--json", records], log, env)
+        failed |= run([args.tessera, *shape, "--bf16", "--matmul", "--json", records], log, env)
+        executor = {}
         if args.executor:
             model = os.path.join(tmp, "cosmoflow_reference.yaml")
             with open(model, "w") as f:
                 f.write(reference_model(args.size, args.in_channels, args.base_filters))
-            print("$ " + args.executor + " ... (the executor on the GPU)", flush=True)
-            result = subprocess.run([args.executor, "--model", model, "--batch", str(args.batch), "--steps",
-                                     str(args.steps), "--warmup", str(args.warmup), "--device", "cuda",
-                                     "--momentum", "0", "--lr", "1e-3"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-            print(result.stdout, flush=True)
-            log.write(result.stdout)
-            executor = last_json(result.stdout) if result.returncode == 0 else None
-            failed |= result.returncode
+            for precision in ("fp32", "bf16"):
+                print(f"$ {args.executor} ... --precision {precision} (the executor on the GPU)", flush=True)
+                result = subprocess.run([args.executor, "--model", model, "--batch", str(args.batch), "--steps",
+                                         str(args.steps), "--warmup", str(args.warmup), "--device", "cuda",
+                                         "--precision", precision, "--momentum", "0", "--lr", "1e-3"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                print(result.stdout, flush=True)
+                log.write(result.stdout)
+                if result.returncode == 0 and last_json(result.stdout):
+                    executor[precision] = last_json(result.stdout)
+                failed |= result.returncode
         failed |= run([sys.executable, os.path.join(HERE, "gpu_cosmoflow_torch.py"), *shape, "--matmul",
                        "--json", records], log)
         rows = [json.loads(line) for line in open(records)] if os.path.exists(records) else []
-    if args.executor and executor:
-        flops = next((r["step_flops"] for r in rows if r["record"] == "step" and "step_flops" in r), None)
-        rows.append({"record": "step", "framework": "tessera-executor", "precision": "fp32",
-                     "mean_ms": executor["step_ms"],
-                     "tflops": flops / (executor["step_ms"] * 1e-3) / 1e12 if flops else executor["gflops"] / 1e3})
+    flops = next((r["step_flops"] for r in rows if r["record"] == "step" and "step_flops" in r), None)
+    for precision, result in executor.items():
+        rows.append({"record": "step", "framework": "tessera-executor", "precision": precision,
+                     "mean_ms": result["step_ms"],
+                     "tflops": flops / (result["step_ms"] * 1e-3) / 1e12 if flops else result["gflops"] / 1e3})
     steps = {(r.get("framework", "pytorch"), r["precision"]): r for r in rows if r["record"] == "step"}
     matmul = {(r.get("framework", "pytorch"), r["precision"]): r["tflops"] for r in rows if r["record"] == "matmul"}
     print(f"CosmoFlow {args.batch} x {args.in_channels} x {args.size}^3, base filters {args.base_filters}: "
@@ -107,8 +112,6 @@ def main():
         of = f"{r['tflops'] / rate:9.1%}" if rate else "-"
         print(f"{framework:16s} {precision:9s} {ms:9.2f} {args.batch / (ms * 1e-3):10.2f} {r['tflops']:8.2f} "
               f"{of:>9s} {ratio:>10s}")
-    if ("tessera", "bf16") not in steps:
-        print("tessera          bf16      not built yet (bf16 mixed precision is still to come)")
     for (framework, precision), tflops in sorted(matmul.items()):
         print(f"matmul 8192^3 {framework} {precision}: {tflops:.1f} TFLOP/s")
     return 1 if failed else 0

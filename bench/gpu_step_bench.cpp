@@ -35,7 +35,7 @@ constexpr std::int64_t kWidths[] = {128, 64, 4};
 struct Options {
   std::int64_t size = 128, in_channels = 4, base_filters = 32, batch = 4;
   int steps = 20, warmup = 5, device = 0;
-  bool tf32 = false, matmul = false, verbose = false;
+  bool tf32 = false, bf16 = false, matmul = false, verbose = false;
   std::string json;
 };
 
@@ -82,6 +82,7 @@ class CosmoFlowStep {
       block.conv.kernel = {3, 3, 3};
       block.conv.stride = block.conv.dilation = {1, 1, 1};
       block.conv.padding = {1, 1, 1};
+      block.conv.precision = options.bf16 ? Precision::BF16 : Precision::F32;
       const float bound = 1.0f / std::sqrt(static_cast<float>(channels * 27));  // PyTorch's default bound
       block.weights = {uniform(filters * channels * 27, bound, generator, gpu), Tensor(Shape({filters * channels * 27}), gpu)};
       block.bias = {uniform(filters, bound, generator, gpu), Tensor(Shape({filters}), gpu)};
@@ -109,6 +110,7 @@ class CosmoFlowStep {
     for (std::int64_t width : kWidths) {
       LinearStage stage;
       stage.geometry = {options.batch, features, width, true};
+      stage.geometry.precision = options.bf16 ? Precision::BF16 : Precision::F32;
       const float bound = 1.0f / std::sqrt(static_cast<float>(features));
       stage.weights = {uniform(width * features, bound, generator, gpu), Tensor(Shape({width * features}), gpu)};
       stage.bias = {uniform(width, bound, generator, gpu), Tensor(Shape({width}), gpu)};
@@ -217,13 +219,15 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-/// FLOP/s of an n^3 GEMM through the backend's linear kernels (cuBLAS).
-double matmul_rate(DnnBackend& backend, std::int64_t n) {
+/// FLOP/s of an n^3 GEMM through the backend's linear kernels (cuBLAS; in bf16 with the operands'
+/// conversions, O(n^2) beside the GEMM's O(n^3)).
+double matmul_rate(DnnBackend& backend, std::int64_t n, Precision precision) {
   const Device gpu = Device::cuda(cuda::current_device());
   std::mt19937 generator(1);
   const Tensor a = uniform(n * n, 1.0f, generator, gpu), b = uniform(n * n, 1.0f, generator, gpu);
   Tensor c(Shape({n * n}), gpu);
-  const LinearGeometry g{n, n, n, false};
+  LinearGeometry g{n, n, n, false};
+  g.precision = precision;
   for (int i = 0; i < 3; ++i) backend.linear().forward(g, a.data(), b.data(), nullptr, c.data());
   cuda::synchronize();
   const auto start = std::chrono::steady_clock::now();
@@ -242,12 +246,12 @@ int run(const Options& options) {
   CudaBackendOptions backend_options;
   backend_options.allow_tf32 = options.tf32;
   auto backend = make_cuda_backend(backend_options);
-  const std::string precision = options.tf32 ? "tf32" : "fp32";
+  const std::string precision = options.bf16 ? "bf16" : options.tf32 ? "tf32" : "fp32";
   fmt::print("Tessera GPU step: {}\n", cuda::describe_device(options.device));
   fmt::print("input {} x {} x {}^3, base filters {}, {} (the executor does not run models on the GPU yet: this\n"
              "is the step composed from Tessera's CUDA kernels)\n",
              options.batch, options.in_channels, options.size, options.base_filters,
-             options.tf32 ? "TF32 allowed" : "strict fp32");
+             options.bf16 ? "bf16 operands on TF32 tensor cores" : options.tf32 ? "TF32 allowed" : "strict fp32");
 
   CosmoFlowStep step(options, *backend);
   const auto warm_start = std::chrono::steady_clock::now();
@@ -296,7 +300,7 @@ int run(const Options& options) {
                            {"loss_first", first_loss},   {"loss_last", last_loss}};
   std::vector<nlohmann::json> records{record};
   if (options.matmul) {
-    const double rate = matmul_rate(*backend, 8192) / 1e12;
+    const double rate = matmul_rate(*backend, 8192, options.bf16 ? Precision::BF16 : Precision::F32) / 1e12;
     fmt::print("cuBLAS 8192^3 GEMM ({}): {:.2f} TFLOP/s; the step reaches {:.1f} % of it\n", precision, rate,
                100.0 * flops / (mean_ms * 1e-3) / 1e12 / rate);
     records.push_back({{"record", "matmul"}, {"framework", "tessera"}, {"precision", precision}, {"n", 8192},
@@ -328,6 +332,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--device", options.device, "GPU index");
   app.add_flag("--tf32", options.tf32, "let cuDNN and cuBLAS use TF32 tensor cores (default: strict fp32)");
+  app.add_flag("--bf16", options.bf16,
+               "bf16 operands (Precision::BF16): convolutions and GEMMs over bf16-rounded operands on TF32 tensor "
+               "cores, fp32 sums and results");
   app.add_flag("--matmul", options.matmul, "also measure an 8192^3 cuBLAS GEMM at the same precision");
   app.add_flag("--verbose", options.verbose, "print the algorithm chosen for every kernel");
   app.add_option("--json", options.json, "append the results as JSON lines to this file");

@@ -3,6 +3,10 @@
 // linear layers on cuBLAS, pooling on Tessera's own kernels (the host kernels' semantics, tiles
 // included). fp32 by default means strict fp32: no TF32 tensor-core math in cuDNN (FMA math) or
 // cuBLAS (its default math never uses TF32 for fp32), so results agree with the host backend to ~1e-6.
+// Precision::BF16 (bf16 operands, fp32 sums and results): the operands rounded to bf16
+// (with_bf16_operands), then cuDNN and cuBLAS on TF32 tensor cores, which multiply bf16 values
+// exactly (a bf16 value is a TF32 value) and sum in fp32. cuDNN's own bf16 configurations would
+// write bf16 results, which Precision::BF16 does not round.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -12,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "layers/bf16_operands.hpp"
 #include "layers/cuda_elementwise.hpp"
 #include "layers/cuda_kernels.hpp"
 #include "tessera/core/cuda.hpp"
@@ -102,7 +107,7 @@ class CudnnConvolution final : public ConvolutionKernels {
       const auto& best = first_usable(perf, returned, "forward", g);
       plan.forward_algorithm = best.algo;
       plan.forward_workspace = best.memory;
-      use_math(plan.forward_conv, best.mathType);
+      use_math(plan.forward_conv, best.mathType, g);
       record("convolution forward", g, static_cast<int>(best.algo), best.memory, best.time, math_of(plan.forward_conv));
       plan.have_forward = true;
     }
@@ -130,7 +135,7 @@ class CudnnConvolution final : public ConvolutionKernels {
       const auto& best = first_usable(perf, returned, "backward data", g);
       plan.data_algorithm = best.algo;
       plan.data_workspace = best.memory;
-      use_math(plan.data_conv, best.mathType);
+      use_math(plan.data_conv, best.mathType, g);
       record("convolution backward data", g, static_cast<int>(best.algo), best.memory, best.time, math_of(plan.data_conv));
       plan.have_data = true;
     }
@@ -157,7 +162,7 @@ class CudnnConvolution final : public ConvolutionKernels {
       const auto& best = first_usable(perf, returned, "backward weights", g);
       plan.filter_algorithm = best.algo;
       plan.filter_workspace = best.memory;
-      use_math(plan.filter_conv, best.mathType);
+      use_math(plan.filter_conv, best.mathType, g);
       record("convolution backward weights", g, static_cast<int>(best.algo), best.memory, best.time,
              math_of(plan.filter_conv));
       plan.have_filter = true;
@@ -197,7 +202,7 @@ class CudnnConvolution final : public ConvolutionKernels {
                                      static_cast<int>(filter.size()), filter.data()),
           "cudnnSetFilterNdDescriptor");
     const auto padding = as_int(g.padding), stride = as_int(g.stride), dilation = as_int(g.dilation);
-    const cudnnMathType_t math = options_.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    const cudnnMathType_t math = tensor_cores_allowed(g) ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
     for (const ConvDescriptor* conv : {&plan->forward_conv, &plan->data_conv, &plan->filter_conv}) {
       check(cudnnSetConvolutionNdDescriptor(conv->get(), spatial, padding.data(), stride.data(), dilation.data(),
                                             CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
@@ -223,29 +228,35 @@ class CudnnConvolution final : public ConvolutionKernels {
     return std::min(options_.workspace_limit, free_bytes / 2);
   }
 
+  /// TF32 tensor cores: where fp32 may use them (allow_tf32), and for bf16 operands (exact there).
+  bool tensor_cores_allowed(const ConvolutionGeometry& g) const {
+    return options_.allow_tf32 || g.precision == Precision::BF16;
+  }
+
   static bool tensor_op(cudnnMathType_t math) {
     return math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
   }
 
   /// Results come sorted by time; the first that ran, fits the workspace limit and, in strict
-  /// fp32, does not run on tensor-op (TF32) math wins.
+  /// fp32, does not run on tensor-op (TF32) math wins (bf16 operands may: TF32 is exact on them).
   template <typename Perf>
   const Perf& first_usable(const std::vector<Perf>& perf, int returned, const char* what, const ConvolutionGeometry& g) {
     for (int i = 0; i < returned; ++i) {
       const Perf& candidate = perf[static_cast<std::size_t>(i)];
       if (candidate.status != CUDNN_STATUS_SUCCESS || candidate.memory > options_.workspace_limit) continue;
-      if (!options_.allow_tf32 && tensor_op(candidate.mathType)) continue;
+      if (!tensor_cores_allowed(g) && tensor_op(candidate.mathType)) continue;
       return candidate;
     }
     fail("cuDNN found no usable {} algorithm for the convolution {}{}", what, g.to_string(),
-         options_.allow_tf32 ? "" : " in strict fp32");
+         tensor_cores_allowed(g) ? "" : " in strict fp32");
   }
 
-  /// With TF32 allowed, an algorithm runs with the math type it was measured with (as PyTorch
-  /// does); in strict fp32 the descriptor keeps FMA math whatever Find reports (it reports
-  /// algorithms without tensor-op kernels as DEFAULT math, which would allow TF32 elsewhere).
-  void use_math(const ConvDescriptor& conv, cudnnMathType_t measured) {
-    if (options_.allow_tf32) check(cudnnSetConvolutionMathType(conv.get(), measured), "cudnnSetConvolutionMathType");
+  /// With TF32 allowed (and for bf16 operands), an algorithm runs with the math type it was
+  /// measured with (as PyTorch does); in strict fp32 the descriptor keeps FMA math whatever Find
+  /// reports (it reports algorithms without tensor-op kernels as DEFAULT math, which would allow
+  /// TF32 elsewhere).
+  void use_math(const ConvDescriptor& conv, cudnnMathType_t measured, const ConvolutionGeometry& g) {
+    if (tensor_cores_allowed(g)) check(cudnnSetConvolutionMathType(conv.get(), measured), "cudnnSetConvolutionMathType");
   }
 
   static cudnnMathType_t math_of(const ConvDescriptor& conv) {
@@ -306,31 +317,39 @@ class CublasLinear final : public LinearKernels {
 
   void forward(const LinearGeometry& g, const float* input, const float* weights, const float* bias,
                float* output) override {
-    const float one = 1.0f, zero = 0.0f;
     const int n = static_cast<int>(g.batch), in = static_cast<int>(g.in_features), out = static_cast<int>(g.out_features);
-    check(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, weights, in, input, in, &zero, output, out),
-          "cublasSgemm (linear forward)");
+    gemm(g, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, weights, in, input, in, output, out, "linear forward");
     if (g.bias) cuda_kernels::add_row_bias(output, bias, g.batch, g.out_features);
   }
   void backward_data(const LinearGeometry& g, const float* grad_output, const float* weights,
                      float* grad_input) override {
-    const float one = 1.0f, zero = 0.0f;
     const int n = static_cast<int>(g.batch), in = static_cast<int>(g.in_features), out = static_cast<int>(g.out_features);
-    check(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &one, weights, in, grad_output, out, &zero,
-                      grad_input, in),
-          "cublasSgemm (linear backward data)");
+    gemm(g, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, weights, in, grad_output, out, grad_input, in,
+         "linear backward data");
   }
   void backward_weights(const LinearGeometry& g, const float* input, const float* grad_output, float* grad_weights,
                         float* grad_bias) override {
-    const float one = 1.0f, zero = 0.0f;
     const int n = static_cast<int>(g.batch), in = static_cast<int>(g.in_features), out = static_cast<int>(g.out_features);
-    check(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &one, input, in, grad_output, out, &zero,
-                      grad_weights, in),
-          "cublasSgemm (linear backward weights)");
+    gemm(g, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, input, in, grad_output, out, grad_weights, in,
+         "linear backward weights");
     if (g.bias) cuda_kernels::row_bias_gradient(grad_output, grad_bias, g.batch, g.out_features);
   }
 
  private:
+  /// C = op(A) * op(B), column-major fp32; the handle's math for fp32, TF32 tensor cores for bf16
+  /// operands (exact on them).
+  void gemm(const LinearGeometry& g, cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, const float* a,
+            int lda, const float* b, int ldb, float* c, int ldc, const char* what) {
+    const float one = 1.0f, zero = 0.0f;
+    if (g.precision == Precision::F32) {
+      check(cublasSgemm(handle_, op_a, op_b, m, n, k, &one, a, lda, b, ldb, &zero, c, ldc), what);
+      return;
+    }
+    check(cublasGemmEx(handle_, op_a, op_b, m, n, k, &one, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, &zero, c, CUDA_R_32F,
+                       ldc, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+          what);
+  }
+
   cublasHandle_t handle_;
 };
 
@@ -368,6 +387,9 @@ class CudaElementwise final : public ElementwiseKernels {
     return static_cast<std::int64_t>(sum_in_row_order(per_row, rows));
   }
   void accumulate(const float* x, float* y, std::int64_t count) override { cuda_kernels::accumulate(x, y, count); }
+  void round_to_bf16(const float* x, float* y, std::int64_t count) override {
+    if (count > 0) cuda_kernels::round_to_bf16(x, y, count);
+  }
   void multiply(const float* a, const float* b, float* y, std::int64_t count) override {
     if (count > 0) cuda_kernels::multiply(a, b, y, count);
   }
@@ -459,8 +481,9 @@ class CudaBackend final : public DnnBackend {
     check(cublasSetStream(cublas_, stream), "cublasSetStream");
     check(cublasSetMathMode(cublas_, options.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
           "cublasSetMathMode");
-    convolution_ = std::make_unique<CudnnConvolution>(cudnn_, options, log_);
-    linear_ = std::make_unique<CublasLinear>(cublas_);
+    const Device gpu = Device::cuda(device);
+    convolution_ = with_bf16_operands(std::make_unique<CudnnConvolution>(cudnn_, options, log_), elementwise_, gpu);
+    linear_ = with_bf16_operands(std::make_unique<CublasLinear>(cublas_), elementwise_, gpu);
     log_.push_back(fmt::format("device {}: {}; cuDNN {}, cuBLAS, {}", device, cuda::describe_device(device),
                                cudnnGetVersion(), options.allow_tf32 ? "TF32 allowed" : "strict fp32"));
   }
@@ -482,10 +505,10 @@ class CudaBackend final : public DnnBackend {
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::vector<std::string> log_;
-  std::unique_ptr<CudnnConvolution> convolution_;
+  CudaElementwise elementwise_;  // before the kernels that round with it
+  std::unique_ptr<ConvolutionKernels> convolution_;
   CudaPooling pooling_;
-  std::unique_ptr<CublasLinear> linear_;
-  CudaElementwise elementwise_;
+  std::unique_ptr<LinearKernels> linear_;
 };
 
 }  // namespace

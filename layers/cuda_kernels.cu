@@ -4,6 +4,7 @@
 
 #include <math_constants.h>
 
+#include "layers/bf16_bits.hpp"
 #include "layers/cuda_kernels.hpp"
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
@@ -186,6 +187,10 @@ __global__ void accumulate_kernel(const float* x, float* y, std::int64_t count) 
   TESSERA_GRID_LOOP(i, count) { y[i] += x[i]; }
 }
 
+__global__ void round_to_bf16_kernel(const float* x, float* y, std::int64_t count) {
+  TESSERA_GRID_LOOP(i, count) { y[i] = __uint_as_float(bf16_round_bits(__float_as_uint(x[i]))); }
+}
+
 __global__ void multiply_kernel(const float* a, const float* b, float* y, std::int64_t count) {
   TESSERA_GRID_LOOP(i, count) { y[i] = a[i] * b[i]; }
 }
@@ -354,6 +359,11 @@ void count_correct(const float* scores, const float* labels, std::int64_t rows, 
 void accumulate(const float* x, float* y, std::int64_t count) {
   accumulate_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, y, count);
   check_launch("accumulate");
+}
+
+void round_to_bf16(const float* x, float* y, std::int64_t count) {
+  round_to_bf16_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, y, count);
+  check_launch("round to bf16");
 }
 
 void multiply(const float* a, const float* b, float* y, std::int64_t count) {

@@ -44,6 +44,9 @@ void softmax_cross_entropy(const float* scores, const float* labels, std::int64_
 void count_correct(const float* scores, const float* labels, std::int64_t rows, std::int64_t classes,
                    double* row_correct);
 
+/// y = x rounded to bf16 (bf16_round_bits: the host's rounding, bit for bit), as fp32; y may be x.
+void round_to_bf16(const float* x, float* y, std::int64_t count);
+
 /// y += x.
 void accumulate(const float* x, float* y, std::int64_t count);
 /// y = a * b (y may be a or b).

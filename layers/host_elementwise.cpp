@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "layers/bf16_bits.hpp"
 #include "layers/cuda_elementwise.hpp"
 #include "layers/host_loops.hpp"
 #include "tessera/layers/dnn_backend.hpp"
@@ -118,6 +119,14 @@ class HostElementwise final : public ElementwiseKernels {
     host_for("accumulate", count, [=](std::int64_t i) { y[i] += x[i]; });
   }
 
+  void round_to_bf16(const float* x, float* y, std::int64_t count) override {
+    host_for("round_to_bf16", count, [=](std::int64_t i) {
+      std::uint32_t bits;
+      std::memcpy(&bits, x + i, sizeof bits);
+      bits = bf16_round_bits(bits);
+      std::memcpy(y + i, &bits, sizeof bits);
+    });
+  }
   void multiply(const float* a, const float* b, float* y, std::int64_t count) override {
     host_for("multiply", count, [=](std::int64_t i) { y[i] = a[i] * b[i]; });
   }

@@ -2,14 +2,26 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "layers/bf16_operands.hpp"
 #include "layers/onednn_common.hpp"
+#include "tessera/core/error.hpp"
 
 namespace tessera {
 
+std::string_view precision_name(Precision precision) {
+  return precision == Precision::BF16 ? "bf16" : "fp32";
+}
+
+Precision parse_precision(std::string_view text, const std::string& context) {
+  if (text == "fp32") return Precision::F32;
+  if (text == "bf16") return Precision::BF16;
+  fail_input("{}: precision must be fp32 or bf16, got '{}'", context, text);
+}
+
 std::string ConvolutionGeometry::to_string() const {
-  return fmt::format("N={} C={} F={} input={} kernel={} stride={} padding={} dilation={} output={}{}", batch,
+  return fmt::format("N={} C={} F={} input={} kernel={} stride={} padding={} dilation={} output={}{}{}", batch,
                      in_channels, out_channels, input_size, kernel, stride, padding, dilation, output_size,
-                     bias ? " +bias" : "");
+                     bias ? " +bias" : "", precision == Precision::BF16 ? " bf16" : "");
 }
 
 std::string PoolingGeometry::to_string() const {
@@ -19,7 +31,8 @@ std::string PoolingGeometry::to_string() const {
 }
 
 std::string LinearGeometry::to_string() const {
-  return fmt::format("N={} in={} out={}{}", batch, in_features, out_features, bias ? " +bias" : "");
+  return fmt::format("N={} in={} out={}{}{}", batch, in_features, out_features, bias ? " +bias" : "",
+                     precision == Precision::BF16 ? " bf16" : "");
 }
 
 namespace {
@@ -27,9 +40,10 @@ namespace {
 class HostBackend final : public DnnBackend {
  public:
   explicit HostBackend(const HostBackendOptions& options)
-      : convolution_(onednn::make_convolution_kernels(context_, options.convolution_layout)),
+      : convolution_(with_bf16_operands(onednn::make_convolution_kernels(context_, options.convolution_layout),
+                                        host_elementwise(), Device::host())),
         pooling_(onednn::make_pooling_kernels(context_)),
-        linear_(onednn::make_linear_kernels(context_)) {}
+        linear_(with_bf16_operands(onednn::make_linear_kernels(context_), host_elementwise(), Device::host())) {}
 
   std::string name() const override { return "onednn"; }
   ConvolutionKernels& convolution() override { return *convolution_; }

@@ -19,6 +19,7 @@ struct TrainArgs {
   std::string model, plan, machine, data, val_data, inputs, targets, inject_failure, inject_hang;
   std::string halo_overlap = "auto";
   std::string device = "host";
+  std::string precision;  ///< empty: the model file's
   TrainerOptions trainer;
   ExecutorOptions executor;
 };
@@ -50,7 +51,9 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   collectively(*world, [&] {
     parse_rank_step(args.inject_failure, "--inject-failure", args.trainer.fail_rank, args.trainer.fail_step);
     parse_rank_step(args.inject_hang, "--inject-hang", args.trainer.hang_rank, args.trainer.hang_step);
-    model = std::make_unique<Model>(Model::load(args.model));
+    ModelOptions model_options;
+    if (!args.precision.empty()) model_options.precision = parse_precision(args.precision, "--precision");
+    model = std::make_unique<Model>(Model::load(args.model, model_options));
     if (args.plan.empty()) plan = std::make_unique<Plan>(Plan::sample_parallel(world->size()));
     else if (args.plan == "auto") {
       std::string report;
@@ -179,6 +182,11 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
                   "cuBLAS; messages between GPU ranks go through host memory so far)")
       ->capture_default_str()
       ->check(CLI::IsMember({"host", "cuda"}));
+  cmd->add_option("--precision", args->precision,
+                  "Arithmetic of the conv and linear layers, for the layers that do not name their own: fp32, or bf16 "
+                  "(bf16 operands, fp32 sums, bf16 outputs; fp32 master weights and gradient reductions). Default: "
+                  "the model file's 'precision' (fp32 without one)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");
   cmd->add_option("--watchdog-seconds", t.watchdog_seconds,
                   "A rank with no finished step for this long prints what it is stuck in and ends the job, exit "

@@ -83,25 +83,25 @@ Shape with_batch(const Shape& sample, std::int64_t batch) {
 
 }  // namespace
 
-Model Model::load(const std::string& path) {
+Model Model::load(const std::string& path, const ModelOptions& options) {
   std::ifstream file(path);
   if (!file) fail_input("cannot open model file '{}'", path);
   std::stringstream text;
   text << file.rdbuf();
-  return parse(text.str(), path);
+  return parse(text.str(), path, options);
 }
 
-Model Model::parse(const std::string& yaml_text, const std::string& source) {
+Model Model::parse(const std::string& yaml_text, const std::string& source, const ModelOptions& options) {
   // yaml-cpp throws its own exceptions for shapes the checks below do not expect (a key that is a
   // list, a name that is a mapping...): still the file's fault, so still an InputError.
   try {
-    return parse_unchecked(yaml_text, source);
+    return parse_unchecked(yaml_text, source, options);
   } catch (const YAML::Exception& e) {
     fail_input("model file '{}': unexpected YAML: {}", source, e.what());
   }
 }
 
-Model Model::parse_unchecked(const std::string& yaml_text, const std::string& source) {
+Model Model::parse_unchecked(const std::string& yaml_text, const std::string& source, const ModelOptions& model_options) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -109,14 +109,21 @@ Model Model::parse_unchecked(const std::string& yaml_text, const std::string& so
     fail_input("model file '{}' is not valid YAML: {}", source, e.what());
   }
   if (!root.IsMap()) fail_input("model file '{}': expected a mapping with 'input', 'layers' and 'loss'", source);
-  static const std::set<std::string> known{"name", "input", "layers", "loss", "output"};
+  static const std::set<std::string> known{"name", "input", "layers", "loss", "output", "precision"};
   for (const auto& item : root) {
     const auto key = item.first.as<std::string>();
     if (!known.count(key))
-      fail_input("model file '{}': unknown key '{}' (known: name, input, layers, loss, output)", source, key);
+      fail_input("model file '{}': unknown key '{}' (known: name, input, layers, loss, output, precision)", source,
+                 key);
   }
   Model model;
   model.source_ = source;
+  if (root["precision"]) {
+    if (!root["precision"].IsScalar())
+      fail_input("model file '{}': 'precision' must be fp32 or bf16, not {}", source, describe(root["precision"]));
+    model.precision_ = parse_precision(root["precision"].Scalar(), fmt::format("model file '{}'", source));
+  }
+  if (model_options.precision) model.precision_ = *model_options.precision;
   model.name_ = root["name"] ? root["name"].as<std::string>() : std::string("model");
   if (!root["input"]) fail_input("model file '{}': missing 'input' (e.g. input: {{shape: [1, 28, 28]}})", source);
   model.sample_shape_ = parse_input_shape(root["input"], source);
@@ -154,6 +161,10 @@ Model Model::parse_unchecked(const std::string& yaml_text, const std::string& so
       node.inputs.push_back(i == 0 ? kModelInput : static_cast<int>(i) - 1);
     }
     LayerOptions options = to_options(entry, fmt::format("layer '{}' ({})", name, type));
+    // The model-wide precision goes to the layers that compute in one (conv, linear) unless they
+    // name their own.
+    if (model.precision_ != Precision::F32 && (type == "conv" || type == "linear") && !options.has("precision"))
+      options.set("precision", std::string(precision_name(model.precision_)));
     model.layer_specs_.emplace_back(type, options);  // before create_layer marks options as used
     node.layer = create_layer(type, name, static_cast<int>(i), options);
     const int arity = node.layer->arity();

@@ -213,8 +213,9 @@ TrainSummary Trainer::run() {
     return ReadRequest{std::vector<std::int64_t>(batch.begin() + begin, batch.begin() + end), box};
   };
 
-  log_info("training '{}' ({} parameters) on {} ranks: {} steps ({} per epoch), global batch {}", model_.name(),
-           model_.parameter_count(), executor_.world().size(), total_steps, per_epoch, options_.global_batch);
+  log_info("training '{}' ({} parameters, {}) on {} ranks: {} steps ({} per epoch), global batch {}", model_.name(),
+           model_.parameter_count(), precision_name(model_.precision()), executor_.world().size(), total_steps,
+           per_epoch, options_.global_batch);
   TrainSummary summary;
   const auto start = Clock::now();
   // Resume: the step restores everything else (see train/checkpoint.hpp).

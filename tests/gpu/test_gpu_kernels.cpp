@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 
 #include "layers/cuda_kernels.hpp"
@@ -277,6 +279,34 @@ TEST(GpuElementwise, OptimizerUpdatesEqualTheHostExactly) {
     EXPECT_EQ(max_relative_difference(m, gm.to(Device::host())), 0.0);
     EXPECT_EQ(max_relative_difference(v, gv.to(Device::host())), 0.0);
   }
+}
+
+TEST(GpuElementwise, Bf16RoundingEqualsTheHostBitForBit) {
+  // Values of every magnitude, exact ties, infinities, NaNs and subnormals.
+  std::vector<float> values;
+  for (int e = -130; e <= 128; e += 3)
+    for (float m : {1.0f, 1.00390625f, 1.01171875f, 1.3f, -1.7f, 1.99999f}) values.push_back(std::ldexp(m, e));
+  values.push_back(std::numeric_limits<float>::infinity());
+  values.push_back(-std::numeric_limits<float>::infinity());
+  values.push_back(std::numeric_limits<float>::quiet_NaN());
+  const auto n = static_cast<std::int64_t>(values.size());
+  Tensor x(Shape({n}));
+  std::copy(values.begin(), values.end(), x.data());
+  Tensor expected = x.clone();
+  host_elementwise().round_to_bf16(expected.data(), expected.data(), n);
+  const Tensor gx = x.to(kGpu);
+  Tensor gy(Shape({n}), kGpu);
+  elementwise_kernels(kGpu).round_to_bf16(gx.data(), gy.data(), n);
+  const Tensor y = gy.to(Device::host());
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t want, got;
+    std::memcpy(&want, expected.data() + i, 4);
+    std::memcpy(&got, y.data() + i, 4);
+    EXPECT_EQ(got, want) << "round_to_bf16 of " << values[static_cast<std::size_t>(i)];
+  }
+  // In place.
+  elementwise_kernels(kGpu).round_to_bf16(gx.data(), gx.data(), n);
+  EXPECT_EQ(max_relative_difference(y, gx.to(Device::host())), 0.0);
 }
 
 TEST(GpuMemory, TensorsMoveBetweenHostAndDevice) {

@@ -3,7 +3,9 @@
 // dropout: the same masks) and the losses, each built twice with
 // the same initial weights, one moved to the GPU
 // (Layer::move_to): outputs, input gradients and parameter gradients within 1e-5 of the largest
-// value, the losses (MSE, softmax cross-entropy) within 1e-9.
+// value, the losses (MSE, softmax cross-entropy) within 1e-9. Convolutions and linear layers with
+// bf16 operands (Precision::BF16: cuDNN and cuBLAS on TF32 tensor cores over the rounded operands,
+// the host's fp32 kernels over the same): within 1e-3 (both multiply exactly and sum in fp32).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,7 +31,10 @@ struct Case {
   std::string type;
   OptionList options;
   std::vector<Shape> inputs;
+  double tolerance = kTolerance;
 };
+
+constexpr double kBf16Tolerance = 1e-3;
 
 class GpuLayers : public ::testing::TestWithParam<Case> {
  protected:
@@ -83,14 +88,14 @@ TEST_P(GpuLayers, MatchTheHost) {
     gpu->backward(gin, gy, gdy, ggrad_in, gpu_ctx);
     ASSERT_EQ(gy.device(), kGpu);
     ASSERT_EQ(gy.shape().dims(), y.shape().dims());
-    EXPECT_LT(gpu_difference(y, gy), kTolerance) << "output, call " << call;
+    EXPECT_LT(gpu_difference(y, gy), c.tolerance) << "output, call " << call;
     for (std::size_t k = 0; k < n; ++k) {
       ASSERT_EQ(gdx[k].device(), kGpu);
-      EXPECT_LT(gpu_difference(dx[k], gdx[k]), kTolerance) << "gradient of input " << k << ", call " << call;
+      EXPECT_LT(gpu_difference(dx[k], gdx[k]), c.tolerance) << "gradient of input " << k << ", call " << call;
     }
     const auto host_parameters = host->parameters(), gpu_parameters = gpu->parameters();
     for (std::size_t p = 0; p < host_parameters.size(); ++p)
-      EXPECT_LT(gpu_difference(host_parameters[p]->grad, gpu_parameters[p]->grad), kTolerance)
+      EXPECT_LT(gpu_difference(host_parameters[p]->grad, gpu_parameters[p]->grad), c.tolerance)
           << host_parameters[p]->name << ", call " << call;
   }
 }
@@ -114,7 +119,14 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"concat", {}, {Shape::image(2, 3, {4, 5, 3}), Shape::image(2, 5, {4, 5, 3})}},
         Case{"batchnorm", {}, {Shape::image(4, 3, {5, 6})}},
         Case{"batchnorm", {{"epsilon", {"0.001"}}}, {Shape::image(2, 5, {4, 3, 6})}},
-        Case{"dropout", {{"rate", {"0.3"}}}, {Shape::image(2, 3, {4, 5, 6})}}),
+        Case{"dropout", {{"rate", {"0.3"}}}, {Shape::image(2, 3, {4, 5, 6})}},
+        Case{"conv", {{"filters", {"8"}}, {"kernel", {"3"}}, {"padding", {"1"}}, {"precision", {"bf16"}}},
+             {Shape::image(2, 8, {9, 8})}, kBf16Tolerance},
+        Case{"conv", {{"filters", {"16"}}, {"kernel", {"3"}}, {"padding", {"1"}}, {"precision", {"bf16"}}},
+             {Shape::image(2, 4, {8, 8, 8})}, kBf16Tolerance},
+        Case{"conv", {{"filters", {"5"}}, {"kernel", {"3"}}, {"stride", {"2"}}, {"bias", {"false"}}, {"precision", {"bf16"}}},
+             {Shape::image(1, 3, {10, 9, 8})}, kBf16Tolerance},
+        Case{"linear", {{"out", {"24"}}, {"precision", {"bf16"}}}, {Shape::flat(8, 40)}, kBf16Tolerance}),
     [](const ::testing::TestParamInfo<Case>& param) { return param.param.type + std::to_string(param.index); });
 
 TEST(GpuLoss, MeanSquaredErrorMatchesTheHost) {

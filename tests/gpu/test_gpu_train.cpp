@@ -7,7 +7,8 @@
 // redistributions); filter and channel splits. The models cover every layer with GPU kernels:
 // 2-D and 3-D convolutions (stride, dilation), max and average pooling, batch norm with global
 // statistics, dropout, ReLU, leaky ReLU, flatten, add, concat, linear, and both losses (MSE on one
-// target: the harness's labels); SGD with momentum and AdamW. Checkpoints of GPU state round-trip.
+// target: the harness's labels); SGD with momentum and AdamW; bf16 operands (within 1e-3).
+// Checkpoints of GPU state round-trip.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -79,8 +80,8 @@ OptimizerConfig adamw() {
 }
 
 void expect_gpu_plan_equals_one_host_rank(const std::string& model, const std::string& plan, std::int64_t batch,
-                                          const OptimizerConfig& optimizer, double lr) {
-  testing::expect_same_as_one_rank(model, plan, batch, 4, optimizer, lr, HaloOverlap::Never, kGpu);
+                                          const OptimizerConfig& optimizer, double lr, double tolerance = 1e-5) {
+  testing::expect_same_as_one_rank(model, plan, batch, 4, optimizer, lr, HaloOverlap::Never, kGpu, tolerance);
 }
 
 TEST(GpuTrain, CnnWithPoolingBranchesAndSoftmaxSampleParallel) {
@@ -123,6 +124,17 @@ TEST(GpuTrain, CosmoFlowStyle3dCnnConvBlocksSplitAlongD) {
   const std::string split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
   expect_gpu_plan_equals_one_host_rank(
       kCosmoStyle, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, split), 4, adamw(), 1e-3);
+}
+
+TEST(GpuTrain, Bf16CosmoFlowStyle3dCnnSampleParallelAndSplitAlongD) {
+  // bf16 operands: cuDNN and cuBLAS on TF32 tensor cores over the rounded operands against the
+  // host's fp32 kernels over the same (1-rank reference); both multiply exactly and sum in fp32:
+  // within 1e-3 (the host plans agree within 1e-7, test_bf16).
+  const std::string model = std::string("precision: bf16\n") + kCosmoStyle;
+  expect_gpu_plan_equals_one_host_rank(model, plan_for({}, ""), 4, adamw(), 1e-3, 1e-3);
+  const std::string split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
+  expect_gpu_plan_equals_one_host_rank(model, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, split), 4,
+                                       adamw(), 1e-3, 1e-3);
 }
 
 TEST(GpuTrain, TheModelLivesOnTheGpu) {

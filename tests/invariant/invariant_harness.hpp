@@ -127,9 +127,11 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
 /// Runs `model_text` under `plan_text` on every rank of the job and under one rank, and compares
 /// every rank's blocks with the same blocks of the 1-rank tensors.
 /// `device`: where the plan's run computes (the 1-rank reference always runs on the host).
+/// `tolerance`: relative (1e-5 for fp32).
 inline void expect_same_as_one_rank(const std::string& model_text, const std::string& plan_text, std::int64_t batch,
                              int steps = 4, const OptimizerConfig& optimizer = sgd_momentum(), double lr = 0.05,
-                             HaloOverlap overlap = HaloOverlap::Always, Device device = Device::host()) {
+                             HaloOverlap overlap = HaloOverlap::Always, Device device = Device::host(),
+                             double tolerance = 1e-5) {
   auto world = MpiCommunicator::world();
   SCOPED_TRACE(plan_text);
   std::shared_ptr<Communicator> self = world->split(world->rank(), 0);
@@ -139,10 +141,10 @@ inline void expect_same_as_one_rank(const std::string& model_text, const std::st
   ASSERT_EQ(reference.losses.size(), parallel.losses.size());
   for (std::size_t s = 0; s < reference.losses.size(); ++s) {
     EXPECT_TRUE(std::isfinite(reference.losses[s]));
-    EXPECT_NEAR(parallel.losses[s], reference.losses[s], 1e-5 * std::fabs(reference.losses[s])) << "step " << s;
+    EXPECT_NEAR(parallel.losses[s], reference.losses[s], tolerance * std::fabs(reference.losses[s])) << "step " << s;
   }
   EXPECT_NE(reference.losses.front(), reference.losses.back());
-  EXPECT_NEAR(parallel.evaluation_loss, reference.evaluation_loss, 1e-5 * std::fabs(reference.evaluation_loss));
+  EXPECT_NEAR(parallel.evaluation_loss, reference.evaluation_loss, tolerance * std::fabs(reference.evaluation_loss));
   ASSERT_EQ(reference.first_gradients.size(), parallel.first_gradients.size());
   for (std::size_t i = 0; i < reference.first_gradients.size(); ++i) {
     EXPECT_GT(relative_error(reference.first_gradients[i], Tensor(reference.first_gradients[i].shape())), 0.5)
@@ -150,8 +152,8 @@ inline void expect_same_as_one_rank(const std::string& model_text, const std::st
     const Tensor grad = block_of(reference.first_gradients[i], parallel.boxes[i]);
     const Tensor weight = block_of(reference.weights[i], parallel.boxes[i]);
     ASSERT_EQ(grad.shape(), parallel.first_gradients[i].shape()) << "parameter " << i;
-    EXPECT_LT(relative_error(grad, parallel.first_gradients[i]), 1e-5) << "gradient of parameter " << i;
-    EXPECT_LT(relative_error(weight, parallel.weights[i]), 1e-5) << "parameter " << i;
+    EXPECT_LT(relative_error(grad, parallel.first_gradients[i]), tolerance) << "gradient of parameter " << i;
+    EXPECT_LT(relative_error(weight, parallel.weights[i]), tolerance) << "parameter " << i;
   }
 }
 

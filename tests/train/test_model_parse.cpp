@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tessera/core/error.hpp"
+#include "tessera/layers/dnn_backend.hpp"
 #include "tessera/train/model.hpp"
 
 namespace tessera {
@@ -53,6 +54,69 @@ TEST(ModelParse, SizesBeyondWhatTesseraAcceptsAreInputErrors) {
                      "parameter 'filters' is 100000000000");
   expect_input_error("input: {shape: [9223372036854775807, 9223372036854775807]}\n" + kLayers,
                      "an input sample of more than 2147483647 elements");
+}
+
+/// Which layers of `text` (parsed with `options`) compute with bf16 operands: each layer is fed the
+/// activations of the all-fp32 model of the same text and weights, and one whose output differs
+/// from the fp32 layer's on the same input rounds its operands.
+std::vector<bool> bf16_layers(const std::string& text, const ModelOptions& options) {
+  ModelOptions fp32;
+  fp32.precision = Precision::F32;
+  Model model = Model::parse(text, "m.yaml", options);
+  Model reference = Model::parse(text, "m.yaml", fp32);
+  model.init_parameters(3);
+  reference.init_parameters(3);
+  auto backend = make_host_backend();
+  LayerContext context;
+  context.backend = backend.get();
+  Tensor input(model.input_shape(2));
+  for (std::int64_t i = 0; i < input.numel(); ++i) input.data()[i] = 0.1f * static_cast<float>(i % 17) - 0.77f;
+  std::vector<Tensor> activations(model.nodes().size());
+  std::vector<bool> bf16;
+  for (std::size_t n = 0; n < model.nodes().size(); ++n) {
+    const int from = model.nodes()[n].inputs[0];
+    const Tensor* inputs[] = {from == Model::kModelInput ? &input : &activations[static_cast<std::size_t>(from)]};
+    Tensor output;
+    model.nodes()[n].layer->forward(inputs, output, context);
+    reference.nodes()[n].layer->forward(inputs, activations[n], context);
+    bf16.push_back(max_relative_difference(output, activations[n]) > 0.0);
+  }
+  return bf16;
+}
+
+TEST(ModelParse, PrecisionIsModelWideUnlessALayerNamesItsOwn) {
+  const std::string body = R"(
+input: {shape: [2, 6, 6]}
+layers:
+  - {name: conv, type: conv, filters: 3, kernel: 3}
+  - {name: flatten, type: flatten}
+  - {name: fc1, type: linear, out: 5}
+  - {name: fc2, type: linear, out: 4, precision: fp32}
+loss: softmax_cross_entropy
+)";
+  const std::string text = "precision: bf16\n" + body;
+  EXPECT_EQ(Model::parse(text, "m.yaml").precision(), Precision::BF16);
+  EXPECT_EQ(Model::parse(body, "m.yaml").precision(), Precision::F32);
+  // Model-wide bf16 for conv and linear layers; fc2 keeps its own fp32.
+  EXPECT_EQ(bf16_layers(text, {}), (std::vector<bool>{true, false, true, false}));
+  // A command line's --precision replaces the model-wide one; fc2 still keeps its own.
+  ModelOptions fp32_options;
+  fp32_options.precision = Precision::F32;
+  EXPECT_EQ(Model::parse(text, "m.yaml", fp32_options).precision(), Precision::F32);
+  EXPECT_EQ(bf16_layers(text, fp32_options), (std::vector<bool>{false, false, false, false}));
+  ModelOptions bf16_options;
+  bf16_options.precision = Precision::BF16;
+  EXPECT_EQ(bf16_layers(body, bf16_options), (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(bf16_layers(body, {}), (std::vector<bool>{false, false, false, false}));
+}
+
+TEST(ModelParse, BadPrecisionsAreInputErrors) {
+  expect_input_error("precision: fp16\ninput: {shape: [4]}\n" + kLayers,
+                     "model file 'm.yaml': precision must be fp32 or bf16, got 'fp16'");
+  expect_input_error("precision: [bf16]\ninput: {shape: [4]}\n" + kLayers, "'precision' must be fp32 or bf16");
+  expect_input_error("input: {shape: [4]}\nlayers:\n  - {name: fc, type: linear, out: 2, precision: half}\n"
+                     "loss: softmax_cross_entropy\n",
+                     "layer 'fc' (linear): precision must be fp32 or bf16, got 'half'");
 }
 
 }  // namespace

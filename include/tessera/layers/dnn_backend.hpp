@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/core/device.hpp"
+#include "tessera/layers/precision.hpp"
 #include "tessera/layers/update_steps.hpp"
 
 namespace tessera {
@@ -32,6 +34,7 @@ struct ConvolutionGeometry {
   std::vector<std::int64_t> dilation;  ///< 1 = a dense kernel (PyTorch's convention)
   std::vector<std::int64_t> output_size;
   bool bias = true;
+  Precision precision = Precision::F32;
 
   auto operator<=>(const ConvolutionGeometry&) const = default;
   std::string to_string() const;
@@ -66,6 +69,7 @@ struct LinearGeometry {
   std::int64_t in_features = 0;
   std::int64_t out_features = 0;
   bool bias = true;
+  Precision precision = Precision::F32;
 
   auto operator<=>(const LinearGeometry&) const = default;
   std::string to_string() const;
@@ -142,6 +146,9 @@ class ElementwiseKernels {
                                      std::int64_t classes) = 0;
   /// y += x.
   virtual void accumulate(const float* x, float* y, std::int64_t count) = 0;
+  /// y = x rounded to the nearest bf16 value (ties to even; infinities and NaNs stay what they
+  /// are), as fp32; y may be x. The same bits on every device.
+  virtual void round_to_bf16(const float* x, float* y, std::int64_t count) = 0;
   /// y = a * b, element by element (y may be a or b).
   virtual void multiply(const float* a, const float* b, float* y, std::int64_t count) = 0;
   /// `rows` rows of `length` floats from `source` (rows `source_stride` apart) to `destination`

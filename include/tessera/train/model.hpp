@@ -9,12 +9,16 @@
 //     - {name: relu1, type: relu}
 //     - {name: skip, type: add, inputs: [relu1, conv1]}
 //   loss: softmax_cross_entropy          # or {type: mse}
+//   precision: bf16                      # optional: fp32 (default) or bf16 mixed precision for
+//                                        # every conv and linear layer without its own 'precision'
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tessera/layers/layer.hpp"
+#include "tessera/layers/precision.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/planner.hpp"
 
@@ -30,15 +34,23 @@ struct ModelNode {
   std::vector<int> consumers;
 };
 
+/// What a command line may change in a model file.
+struct ModelOptions {
+  /// Replaces the file's model-wide `precision` (layers that name their own keep it).
+  std::optional<Precision> precision;
+};
+
 class Model {
  public:
   static constexpr int kModelInput = -1;
 
-  static Model load(const std::string& path);
-  static Model parse(const std::string& yaml_text, const std::string& source_name);
+  static Model load(const std::string& path, const ModelOptions& options = {});
+  static Model parse(const std::string& yaml_text, const std::string& source_name, const ModelOptions& options = {});
 
   const std::string& name() const { return name_; }
   const std::string& source() const { return source_; }
+  /// The model-wide precision of conv and linear layers (a layer may name its own).
+  Precision precision() const { return precision_; }
   /// One sample's shape (no batch dimension).
   const Shape& sample_shape() const { return sample_shape_; }
   /// The model's input for a batch of `batch` samples: batch x sample_shape().
@@ -64,10 +76,12 @@ class Model {
 
  private:
   /// parse() without its net for yaml-cpp's own exceptions.
-  static Model parse_unchecked(const std::string& yaml_text, const std::string& source_name);
+  static Model parse_unchecked(const std::string& yaml_text, const std::string& source_name,
+                               const ModelOptions& options);
 
   std::string name_;
   std::string source_;
+  Precision precision_ = Precision::F32;
   Shape sample_shape_;
   Shape target_shape_;
   std::vector<ModelNode> nodes_;
