@@ -9,12 +9,12 @@
 
 #include <fmt/format.h>
 
+#include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/tensor/box_ops.hpp"
 
 namespace tessera {
 namespace {
-
-constexpr int kMaxRank = 6;
 
 std::string box_string(const Box& box) {
   std::string out = "[";
@@ -51,77 +51,6 @@ bool inside(const Box& box, const Shape& global) {
   return true;
 }
 
-/// Walks `region` (global coordinates) inside two dense row-major arrays that cover the boxes `src`
-/// and `dst`, calling fn(src_offset, dst_offset, length) once per contiguous run. Trailing dimensions
-/// that all three boxes span completely merge into one run, so a whole-tile copy is a single run.
-template <typename RunFn>
-void for_each_run(const Box& region, const Box& src, const Box& dst, RunFn fn) {
-  if (region.numel() == 0) return;
-  const int rank = static_cast<int>(region.extent.size());
-  std::array<std::int64_t, kMaxRank> src_stride{}, dst_stride{}, count{};
-  std::int64_t s = 0, t = 0, src_step = 1, dst_step = 1;
-  for (int d = rank - 1; d >= 0; --d) {
-    const auto i = static_cast<std::size_t>(d);
-    src_stride[i] = src_step;
-    dst_stride[i] = dst_step;
-    s += (region.begin[i] - src.begin[i]) * src_step;
-    t += (region.begin[i] - dst.begin[i]) * dst_step;
-    src_step *= src.extent[i];
-    dst_step *= dst.extent[i];
-  }
-  // Dimensions [outer, rank) form one contiguous run.
-  int outer = rank - 1;
-  std::int64_t run = region.extent[static_cast<std::size_t>(outer)];
-  while (outer > 0) {
-    const auto i = static_cast<std::size_t>(outer);
-    if (region.extent[i] != src.extent[i] || region.extent[i] != dst.extent[i]) break;
-    --outer;
-    run *= region.extent[static_cast<std::size_t>(outer)];
-  }
-  // The innermost outer dimension is a plain loop; an odometer walks the dimensions before it.
-  const int last = outer - 1;  // -1: the whole region is one run
-  const auto l = static_cast<std::size_t>(std::max(last, 0));
-  const std::int64_t rows = last >= 0 ? region.extent[l] : 1;
-  const std::int64_t src_row = last >= 0 ? src_stride[l] : 0, dst_row = last >= 0 ? dst_stride[l] : 0;
-  while (true) {
-    for (std::int64_t j = 0; j < rows; ++j) fn(s + j * src_row, t + j * dst_row, run);
-    int d = last - 1;
-    for (; d >= 0; --d) {
-      const auto i = static_cast<std::size_t>(d);
-      s += src_stride[i];
-      t += dst_stride[i];
-      if (++count[i] < region.extent[i]) break;
-      s -= src_stride[i] * region.extent[i];
-      t -= dst_stride[i] * region.extent[i];
-      count[i] = 0;
-    }
-    if (d < 0) return;
-  }
-}
-
-void copy_region(const Box& region, const float* src, const Box& src_box, float* dst, const Box& dst_box) {
-  for_each_run(region, src_box, dst_box, [&](std::int64_t s, std::int64_t t, std::int64_t n) {
-    if (n <= 4) {  // halo strips of the innermost dimension: runs of one or two elements
-      for (std::int64_t k = 0; k < n; ++k) dst[t + k] = src[s + k];
-    } else {
-      std::memcpy(dst + t, src + s, static_cast<std::size_t>(n) * sizeof(float));
-    }
-  });
-}
-
-void add_region(const Box& region, const float* src, const Box& src_box, float* dst, const Box& dst_box) {
-  for_each_run(region, src_box, dst_box, [&](std::int64_t s, std::int64_t t, std::int64_t n) {
-    const float* from = src + s;
-    float* to = dst + t;
-    for (std::int64_t k = 0; k < n; ++k) to[k] += from[k];
-  });
-}
-
-void fill_region(const Box& region, float* dst, const Box& dst_box, float value) {
-  for_each_run(region, dst_box, dst_box,
-               [&](std::int64_t, std::int64_t t, std::int64_t n) { std::fill_n(dst + t, n, value); });
-}
-
 /// Checks that `tensor` is a dense tile of `box` (an empty box accepts any empty tensor).
 void check_tile(const Tensor& tensor, const Box& box, const char* what) {
   if (box.numel() == 0 && tensor.numel() == 0) return;
@@ -143,8 +72,8 @@ TileExchange::TileExchange(Communicator& comm, Shape global, std::vector<Box> he
       me_(comm.rank()) {
   const int p = comm_.size();
   const int rank = global_.rank();
-  TESSERA_CHECK(rank >= 1 && rank <= kMaxRank, "TileExchange: global shape {} must have 1 to {} dimensions",
-                global_.to_string(), kMaxRank);
+  TESSERA_CHECK(rank >= 1 && rank <= kMaxBoxRank, "TileExchange: global shape {} must have 1 to {} dimensions",
+                global_.to_string(), kMaxBoxRank);
   TESSERA_CHECK(static_cast<int>(held_.size()) == p && static_cast<int>(needed_.size()) == p,
                 "TileExchange: {} held and {} needed boxes for {} ranks of {}", held_.size(), needed_.size(), p,
                 comm_.name());
@@ -339,39 +268,33 @@ void TileExchange::wait_all() {
 // ---------------------------------------------------------------------------------------------
 // Forward
 
+// Packing and unpacking run where the tensors are (copy_box and friends on device_): on a GPU
+// the messages are packed there, and only the packed buffers cross to and from the host buffers
+// the communicator sends.
+
+float* TileExchange::packing_area(std::vector<float>& host, Tensor& staging) {
+  if (device_.is_host()) return host.data();
+  staging.resize(Shape{std::max<std::int64_t>(static_cast<std::int64_t>(host.size()), 1)}, device_);
+  return staging.data();
+}
+
+void TileExchange::stage_to_host(std::vector<float>& host, const Tensor& staging) {
+  if (!device_.is_host()) cuda::copy(host.data(), staging.data(), host.size() * sizeof(float));
+}
+
+void TileExchange::stage_from_host(const std::vector<float>& host, Tensor& staging) {
+  if (device_.is_host()) return;
+  staging.resize(Shape{std::max<std::int64_t>(static_cast<std::int64_t>(host.size()), 1)}, device_);
+  cuda::copy(staging.data(), host.data(), host.size() * sizeof(float));
+}
+
 void TileExchange::start_forward(const Tensor& held_in, Tensor& needed_out, float fill) {
-  if (device_.is_host()) {
-    start_forward_on_host(held_in, needed_out, fill);
-    return;
-  }
-  TESSERA_CHECK(pending_ == Pending::None, "TileExchange::start_forward while another exchange is in flight");
-  TESSERA_CHECK(&held_in != &needed_out, "TileExchange::forward: held_in and needed_out are the same tensor");
-  check_tile(held_in, held_box(), "forward's held_in");
-  needed_out.resize(Shape(needed_box().extent, global_.kinds()), device_);
-  staged_in_ = held_in.to(Device::host());
-  device_target_ = needed_out;  // shares its memory: finish copies the gathered box into it
-  start_forward_on_host(staged_in_, staged_out_, fill);
-}
-
-void TileExchange::finish_forward() {
-  finish_forward_on_host();
-  finish_staging();
-}
-
-void TileExchange::finish_staging() {
-  if (!device_target_.defined()) return;  // on the host: nothing staged
-  device_target_.copy_from(staged_out_);
-  device_target_ = Tensor();
-  staged_in_ = Tensor();
-}
-
-void TileExchange::start_forward_on_host(const Tensor& held_in, Tensor& needed_out, float fill) {
   TESSERA_CHECK(pending_ == Pending::None, "TileExchange::start_forward while another exchange is in flight");
   TESSERA_CHECK(&held_in != &needed_out, "TileExchange::forward: held_in and needed_out are the same tensor");
   const Box& mine = held_box();
   const Box& need = needed_box();
   check_tile(held_in, mine, "forward's held_in");
-  needed_out.resize(Shape(need.extent, global_.kinds()));
+  needed_out.resize(Shape(need.extent, global_.kinds()), device_);
   TESSERA_CHECK(needed_out.numel() == 0 || held_in.numel() == 0 || needed_out.data() != held_in.data(),
                 "TileExchange::forward: held_in and needed_out share memory");
   target_ = needed_out;
@@ -380,13 +303,14 @@ void TileExchange::start_forward_on_host(const Tensor& held_in, Tensor& needed_o
   incoming_buffer_.resize(static_cast<std::size_t>(recv_elements()));
   outgoing_buffer_.resize(static_cast<std::size_t>(send_elements()));
   post_receives(incoming_, incoming_buffer_);
-  for (const auto& t : outgoing_)
-    copy_region(t.region, held_in.data(), mine, outgoing_buffer_.data() + t.offset, t.region);
+  float* packed = packing_area(outgoing_buffer_, outgoing_staging_);
+  for (const auto& t : outgoing_) copy_box(t.region, held_in.data(), mine, packed + t.offset, t.region, device_);
+  stage_to_host(outgoing_buffer_, outgoing_staging_);
   post_sends(outgoing_, outgoing_buffer_);
 
   // While messages fly: the local overlap and the padding outside the global tensor.
-  copy_region(local_, held_in.data(), mine, needed_out.data(), need);
-  for (const auto& slab : outside_) fill_region(slab, needed_out.data(), need, fill);
+  copy_box(local_, held_in.data(), mine, needed_out.data(), need, device_);
+  for (const auto& slab : outside_) fill_box(slab, needed_out.data(), need, fill, device_);
 
   // The Communicator has no nonblocking alltoallv: the collective runs here, finish only unpacks.
   if (transport_ == Transport::AllToAllV)
@@ -394,12 +318,14 @@ void TileExchange::start_forward_on_host(const Tensor& held_in, Tensor& needed_o
                     incoming_counts_, incoming_displs_, DType::F32);
 }
 
-void TileExchange::finish_forward_on_host() {
+void TileExchange::finish_forward() {
   TESSERA_CHECK(pending_ == Pending::Forward, "TileExchange::finish_forward without start_forward");
   wait_all();
   const Box& need = needed_box();
+  stage_from_host(incoming_buffer_, incoming_staging_);
+  const float* received = device_.is_host() ? incoming_buffer_.data() : incoming_staging_.data();
   for (const auto& t : incoming_)
-    copy_region(t.region, incoming_buffer_.data() + t.offset, t.region, target_.data(), need);
+    copy_box(t.region, received + t.offset, t.region, target_.data(), need, device_);
   target_ = Tensor();
   pending_ = Pending::None;
 }
@@ -413,32 +339,6 @@ void TileExchange::forward(const Tensor& held_in, Tensor& needed_out, float fill
 // Reverse: the same transfers with the directions swapped, received sums added in source order.
 
 void TileExchange::start_reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate) {
-  if (device_.is_host()) {
-    start_reverse_on_host(needed_in, held_out, accumulate);
-    return;
-  }
-  TESSERA_CHECK(pending_ == Pending::None, "TileExchange::start_reverse while another exchange is in flight");
-  TESSERA_CHECK(&needed_in != &held_out, "TileExchange::reverse: needed_in and held_out are the same tensor");
-  check_tile(needed_in, needed_box(), "reverse's needed_in");
-  const Shape held_shape(held_box().extent, global_.kinds());
-  if (accumulate) {
-    check_tile(held_out, held_box(), "reverse's accumulated held_out");
-    staged_out_ = held_out.to(Device::host());  // a copy (a GPU tensor), or held_out itself (then replaced below)
-  } else {
-    staged_out_ = Tensor();
-  }
-  held_out.resize(held_shape, device_);
-  staged_in_ = needed_in.to(Device::host());
-  device_target_ = held_out;  // shares its memory: finish copies the sums into it
-  start_reverse_on_host(staged_in_, staged_out_, accumulate);
-}
-
-void TileExchange::finish_reverse() {
-  finish_reverse_on_host();
-  finish_staging();
-}
-
-void TileExchange::start_reverse_on_host(const Tensor& needed_in, Tensor& held_out, bool accumulate) {
   TESSERA_CHECK(!has_replicas_,
                 "TileExchange::reverse over {}: held boxes have replicas (their sum would need a reduction "
                 "over each replica group)",
@@ -450,9 +350,9 @@ void TileExchange::start_reverse_on_host(const Tensor& needed_in, Tensor& held_o
   check_tile(needed_in, need, "reverse's needed_in");
   if (accumulate) {
     check_tile(held_out, mine, "reverse's accumulated held_out");
-    if (held_out.numel() == 0) held_out.resize(Shape(mine.extent, global_.kinds()));
+    if (held_out.numel() == 0) held_out.resize(Shape(mine.extent, global_.kinds()), device_);
   } else {
-    held_out.resize(Shape(mine.extent, global_.kinds()));
+    held_out.resize(Shape(mine.extent, global_.kinds()), device_);
     held_out.zero();
   }
   TESSERA_CHECK(needed_in.numel() == 0 || held_out.numel() == 0 || needed_in.data() != held_out.data(),
@@ -464,27 +364,30 @@ void TileExchange::start_reverse_on_host(const Tensor& needed_in, Tensor& held_o
   outgoing_buffer_.resize(static_cast<std::size_t>(send_elements()));
   incoming_buffer_.resize(static_cast<std::size_t>(recv_elements()));
   post_receives(outgoing_, outgoing_buffer_);
-  for (const auto& t : incoming_)
-    copy_region(t.region, needed_in.data(), need, incoming_buffer_.data() + t.offset, t.region);
+  float* packed = packing_area(incoming_buffer_, incoming_staging_);
+  for (const auto& t : incoming_) copy_box(t.region, needed_in.data(), need, packed + t.offset, t.region, device_);
+  stage_to_host(incoming_buffer_, incoming_staging_);
   post_sends(incoming_, incoming_buffer_);
   if (transport_ == Transport::AllToAllV)
     comm_.alltoallv(incoming_buffer_.data(), incoming_counts_, incoming_displs_, outgoing_buffer_.data(),
                     outgoing_counts_, outgoing_displs_, DType::F32);
 }
 
-void TileExchange::finish_reverse_on_host() {
+void TileExchange::finish_reverse() {
   TESSERA_CHECK(pending_ == Pending::Reverse, "TileExchange::finish_reverse without start_reverse");
   wait_all();
   const Box& mine = held_box();
+  stage_from_host(outgoing_buffer_, outgoing_staging_);
+  const float* received = device_.is_host() ? outgoing_buffer_.data() : outgoing_staging_.data();
   // Ascending source rank, this rank's own contribution in its place: outgoing_ is sorted by peer.
   bool local_done = false;
   auto add_local = [&] {
-    add_region(local_, source_.data(), needed_box(), target_.data(), mine);
+    add_box(local_, source_.data(), needed_box(), target_.data(), mine, device_);
     local_done = true;
   };
   for (const auto& t : outgoing_) {
     if (!local_done && t.peer > me_) add_local();
-    add_region(t.region, outgoing_buffer_.data() + t.offset, t.region, target_.data(), mine);
+    add_box(t.region, received + t.offset, t.region, target_.data(), mine, device_);
   }
   if (!local_done) add_local();
   target_ = Tensor();

@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/tensor/box_ops.hpp"
 #include "tessera/tensor/distribution.hpp"
 #include "tessera/tensor/shape.hpp"
 #include "tessera/tensor/tensor.hpp"
@@ -362,6 +364,89 @@ TEST(Distribution, Equality) {
   EXPECT_EQ(sample_and_height(), sample_and_height());
   EXPECT_NE(Distribution::sample_split({2, 2}, 4, 0), Distribution::sample_split({2, 2}, 4, 1));
   EXPECT_NE(Distribution::sample_split({2}, 4), Distribution::sample_split({4}, 4));
+}
+
+/// Row-major flat index of global point `p` in a tile of `box`.
+std::int64_t flat_in(const Box& box, const std::vector<std::int64_t>& p) {
+  std::int64_t index = 0;
+  for (std::size_t d = 0; d < p.size(); ++d) index = index * box.extent[d] + (p[d] - box.begin[d]);
+  return index;
+}
+
+/// Calls fn(point) for every point of `box` in row-major order.
+void for_each_point(const Box& box, const std::function<void(const std::vector<std::int64_t>&)>& fn) {
+  if (box.numel() == 0) return;
+  std::vector<std::int64_t> p = box.begin;
+  while (true) {
+    fn(p);
+    int d = static_cast<int>(p.size()) - 1;
+    for (; d >= 0; --d) {
+      const auto i = static_cast<std::size_t>(d);
+      if (++p[i] < box.begin[i] + box.extent[i]) break;
+      p[i] = box.begin[i];
+    }
+    if (d < 0) return;
+  }
+}
+
+TEST(BoxOps, CopyAddAndFillTouchExactlyTheRegion) {
+  // Regions of 1 to 6 dimensions inside two tiles of other boxes, some spanning whole trailing
+  // dimensions (merged runs), some strips of one element: against a point-by-point walk.
+  std::uint64_t state = 12345;
+  auto next = [&](std::int64_t bound) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<std::int64_t>((state >> 33) % static_cast<std::uint64_t>(bound));
+  };
+  for (int trial = 0; trial < 60; ++trial) {
+    const int rank = 1 + trial % kMaxBoxRank;
+    Box region, src_box, dst_box;
+    for (int d = 0; d < rank; ++d) {
+      const std::int64_t extent = 1 + next(rank > 4 ? 3 : 5);
+      const std::int64_t begin = next(4);
+      region.begin.push_back(begin);
+      region.extent.push_back(extent);
+      // Tiles that hold the region, with margins (none in some trailing dimensions: merged runs).
+      const bool tight = trial % 3 == 0 && d >= rank / 2;
+      const std::int64_t before_src = tight ? 0 : next(3), after_src = tight ? 0 : next(3);
+      const std::int64_t before_dst = tight ? 0 : next(3), after_dst = tight ? 0 : next(3);
+      src_box.begin.push_back(begin - before_src);
+      src_box.extent.push_back(extent + before_src + after_src);
+      dst_box.begin.push_back(begin - before_dst);
+      dst_box.extent.push_back(extent + before_dst + after_dst);
+    }
+    std::vector<float> src(static_cast<std::size_t>(src_box.numel())), dst(static_cast<std::size_t>(dst_box.numel()));
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) + 0.5f;
+    for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = -static_cast<float>(i);
+    std::vector<float> copied = dst, added = dst, filled = dst;
+    copy_box(region, src.data(), src_box, copied.data(), dst_box);
+    add_box(region, src.data(), src_box, added.data(), dst_box);
+    fill_box(region, filled.data(), dst_box, 7.0f);
+    std::vector<float> want_copy = dst, want_add = dst, want_fill = dst;
+    for_each_point(region, [&](const std::vector<std::int64_t>& p) {
+      const auto s = static_cast<std::size_t>(flat_in(src_box, p)), t = static_cast<std::size_t>(flat_in(dst_box, p));
+      want_copy[t] = src[s];
+      want_add[t] = dst[t] + src[s];
+      want_fill[t] = 7.0f;
+    });
+    EXPECT_EQ(copied, want_copy) << "trial " << trial;
+    EXPECT_EQ(added, want_add) << "trial " << trial;
+    EXPECT_EQ(filled, want_fill) << "trial " << trial;
+  }
+}
+
+TEST(BoxOps, OnAGpuWhereThereIsNoneAreRefusedWithTheReason) {
+  // Where a GPU exists, gpu.kernels runs the GPU box operations against these host ones.
+  if (cuda::device_count() > 0) return;
+  const Box box{{0}, {2}};
+  std::vector<float> a(2), b(2);
+  try {
+    copy_box(box, a.data(), box, b.data(), box, Device::cuda(0));
+    ADD_FAILURE() << "a GPU box copy ran without a GPU";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_TRUE(message.find("without CUDA") != std::string::npos || message.find("GPU") != std::string::npos)
+        << message;
+  }
 }
 
 }  // namespace

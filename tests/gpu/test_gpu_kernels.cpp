@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "layers/cuda_kernels.hpp"
 #include "layers/pool_box.hpp"
@@ -18,6 +19,7 @@
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/layers/dnn_backend.hpp"
+#include "tessera/tensor/box_ops.hpp"
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera {
@@ -294,7 +296,7 @@ TEST(GpuElementwise, Bf16RoundingEqualsTheHostBitForBit) {
   std::copy(values.begin(), values.end(), x.data());
   Tensor expected = x.clone();
   host_elementwise().round_to_bf16(expected.data(), expected.data(), n);
-  const Tensor gx = x.to(kGpu);
+  Tensor gx = x.to(kGpu);
   Tensor gy(Shape({n}), kGpu);
   elementwise_kernels(kGpu).round_to_bf16(gx.data(), gy.data(), n);
   const Tensor y = gy.to(Device::host());
@@ -307,6 +309,32 @@ TEST(GpuElementwise, Bf16RoundingEqualsTheHostBitForBit) {
   // In place.
   elementwise_kernels(kGpu).round_to_bf16(gx.data(), gx.data(), n);
   EXPECT_EQ(max_relative_difference(y, gx.to(Device::host())), 0.0);
+}
+
+TEST(GpuBoxOps, CopyAddAndFillEqualTheHost) {
+  // The packing of halo exchanges and redistributions on the GPU (TileExchange on a GPU): regions
+  // of 2-5 dimensions, with merged trailing runs and single-element strips.
+  const std::vector<std::tuple<Box, Box, Box>> cases = {
+      {Box{{1, 2}, {3, 4}}, Box{{0, 0}, {5, 7}}, Box{{1, 1}, {4, 6}}},
+      {Box{{0, 1, 0}, {2, 1, 9}}, Box{{0, 0, 0}, {2, 3, 9}}, Box{{0, 1, 0}, {2, 1, 9}}},
+      {Box{{0, 0, 3, 0, 0}, {2, 3, 1, 8, 8}}, Box{{0, 0, 0, 0, 0}, {2, 3, 6, 8, 8}}, Box{{0, 0, 2, 0, 0}, {2, 3, 3, 8, 8}}},
+      {Box{{1, 0, 2, 2}, {1, 4, 5, 1}}, Box{{0, 0, 0, 0}, {3, 4, 9, 5}}, Box{{1, 0, 1, 1}, {2, 4, 6, 3}}},
+  };
+  for (const auto& [region, src_box, dst_box] : cases) {
+    const Tensor src = random_tensor(src_box.numel(), 60), dst = random_tensor(dst_box.numel(), 61);
+    Tensor host_copy = dst.clone(), host_add = dst.clone(), host_fill = dst.clone();
+    copy_box(region, src.data(), src_box, host_copy.data(), dst_box);
+    add_box(region, src.data(), src_box, host_add.data(), dst_box);
+    fill_box(region, host_fill.data(), dst_box, 3.5f);
+    const Tensor gsrc = src.to(kGpu);
+    Tensor gcopy = dst.to(kGpu), gadd = dst.to(kGpu), gfill = dst.to(kGpu);
+    copy_box(region, gsrc.data(), src_box, gcopy.data(), dst_box, kGpu);
+    add_box(region, gsrc.data(), src_box, gadd.data(), dst_box, kGpu);
+    fill_box(region, gfill.data(), dst_box, 3.5f, kGpu);
+    EXPECT_EQ(max_relative_difference(host_copy, gcopy.to(Device::host())), 0.0);
+    EXPECT_EQ(max_relative_difference(host_add, gadd.to(Device::host())), 0.0);
+    EXPECT_EQ(max_relative_difference(host_fill, gfill.to(Device::host())), 0.0);
+  }
 }
 
 TEST(GpuMemory, TensorsMoveBetweenHostAndDevice) {

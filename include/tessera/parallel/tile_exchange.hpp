@@ -46,11 +46,10 @@ class TileExchange {
   TileExchange& operator=(const TileExchange&) = delete;
 
   /// Where the tensors given to and filled by forward and reverse live (default: the host).
-  /// Outputs are allocated there. Tensors on a GPU are staged through host copies around the
-  /// messages (the communicator's buffers are host memory): correct with any MPI, one copy each way
-  /// per exchange; messages straight between GPUs (NCCL) are not built yet. On a GPU the output is
-  /// filled at finish only (start fills the host copy), so nothing may read it in between: halo
-  /// overlap does not apply there.
+  /// Outputs are allocated there. On a GPU the messages are packed and unpacked there (box
+  /// kernels), and only the packed messages cross to and from host buffers for the communicator
+  /// (host memory): one copy of the halo each way per exchange, not of the tile. Messages straight
+  /// between GPUs (NCCL) are not built yet.
   void set_device(Device device) { device_ = device; }
   Device device() const { return device_; }
 
@@ -109,12 +108,11 @@ class TileExchange {
   enum class Pending { None, Forward, Reverse };
 
   void plan();
-  void start_forward_on_host(const Tensor& held_in, Tensor& needed_out, float fill);
-  void finish_forward_on_host();
-  void start_reverse_on_host(const Tensor& needed_in, Tensor& held_out, bool accumulate);
-  void finish_reverse_on_host();
-  /// On a GPU: copies the host result into the caller's tensor and drops the host copies.
-  void finish_staging();
+  /// Where messages are packed: the host buffer itself, or on a GPU `staging` (resized there).
+  float* packing_area(std::vector<float>& host, Tensor& staging);
+  /// On a GPU: the packed messages to the host buffer / the received ones from it to `staging`.
+  void stage_to_host(std::vector<float>& host, const Tensor& staging);
+  void stage_from_host(const std::vector<float>& host, Tensor& staging);
   void post_receives(std::vector<Transfer>& transfers, std::vector<float>& buffer);
   void post_sends(const std::vector<Transfer>& transfers, const std::vector<float>& buffer);
   void wait_all();
@@ -148,8 +146,8 @@ class TileExchange {
   Tensor target_;  ///< shares memory with the tensor being written (needed_out / held_out)
   Tensor source_;  ///< reverse: shares memory with needed_in (its local part is summed in finish)
   Device device_ = Device::host();
-  /// On a GPU: the host copies the exchange works on, and the caller's tensor finish copies into.
-  Tensor staged_in_, staged_out_, device_target_;
+  /// On a GPU: the packed messages there (the host buffers above carry them to and from MPI).
+  Tensor outgoing_staging_, incoming_staging_;
 };
 
 }  // namespace tessera

@@ -1,0 +1,128 @@
+#include "tessera/tensor/box_ops.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+namespace {
+
+/// Walks `region` inside two dense row-major arrays that cover the boxes `src` and `dst`, calling
+/// fn(src_offset, dst_offset, length) once per contiguous run. Trailing dimensions that all three
+/// boxes span completely merge into one run, so a whole-tile copy is a single run.
+template <typename RunFn>
+void for_each_run(const Box& region, const Box& src, const Box& dst, RunFn fn) {
+  if (region.numel() == 0) return;
+  const int rank = static_cast<int>(region.extent.size());
+  TESSERA_CHECK(rank <= kMaxBoxRank, "box operations support {} dimensions at most, got {}", kMaxBoxRank, rank);
+  std::array<std::int64_t, kMaxBoxRank> src_stride{}, dst_stride{}, count{};
+  std::int64_t s = 0, t = 0, src_step = 1, dst_step = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    const auto i = static_cast<std::size_t>(d);
+    src_stride[i] = src_step;
+    dst_stride[i] = dst_step;
+    s += (region.begin[i] - src.begin[i]) * src_step;
+    t += (region.begin[i] - dst.begin[i]) * dst_step;
+    src_step *= src.extent[i];
+    dst_step *= dst.extent[i];
+  }
+  // Dimensions [outer, rank) form one contiguous run.
+  int outer = rank - 1;
+  std::int64_t run = region.extent[static_cast<std::size_t>(outer)];
+  while (outer > 0) {
+    const auto i = static_cast<std::size_t>(outer);
+    if (region.extent[i] != src.extent[i] || region.extent[i] != dst.extent[i]) break;
+    --outer;
+    run *= region.extent[static_cast<std::size_t>(outer)];
+  }
+  // The innermost outer dimension is a plain loop; an odometer walks the dimensions before it.
+  const int last = outer - 1;  // -1: the whole region is one run
+  const auto l = static_cast<std::size_t>(std::max(last, 0));
+  const std::int64_t rows = last >= 0 ? region.extent[l] : 1;
+  const std::int64_t src_row = last >= 0 ? src_stride[l] : 0, dst_row = last >= 0 ? dst_stride[l] : 0;
+  while (true) {
+    for (std::int64_t j = 0; j < rows; ++j) fn(s + j * src_row, t + j * dst_row, run);
+    int d = last - 1;
+    for (; d >= 0; --d) {
+      const auto i = static_cast<std::size_t>(d);
+      s += src_stride[i];
+      t += dst_stride[i];
+      if (++count[i] < region.extent[i]) break;
+      s -= src_stride[i] * region.extent[i];
+      t -= dst_stride[i] * region.extent[i];
+      count[i] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+BoxWalk box_walk(const Box& region, const Box& src_box, const Box& dst_box) {
+  BoxWalk walk;
+  walk.rank = static_cast<int>(region.extent.size());
+  TESSERA_CHECK(walk.rank <= kMaxBoxRank, "box operations support {} dimensions at most, got {}", kMaxBoxRank,
+                walk.rank);
+  walk.count = region.numel();
+  std::int64_t src_step = 1, dst_step = 1;
+  for (int d = walk.rank - 1; d >= 0; --d) {
+    const auto i = static_cast<std::size_t>(d);
+    walk.extent[d] = region.extent[i];
+    walk.src_stride[d] = src_step;
+    walk.dst_stride[d] = dst_step;
+    walk.src_offset += (region.begin[i] - src_box.begin[i]) * src_step;
+    walk.dst_offset += (region.begin[i] - dst_box.begin[i]) * dst_step;
+    src_step *= src_box.extent[i];
+    dst_step *= dst_box.extent[i];
+  }
+  return walk;
+}
+
+}  // namespace detail
+
+void copy_box(const Box& region, const float* src, const Box& src_box, float* dst, const Box& dst_box,
+              const Device& device) {
+  if (region.numel() == 0) return;
+  if (!device.is_host()) {
+    detail::cuda_box_op(detail::BoxOp::Copy, detail::box_walk(region, src_box, dst_box), src, dst, 0.0f, device.index);
+    return;
+  }
+  for_each_run(region, src_box, dst_box, [&](std::int64_t s, std::int64_t t, std::int64_t n) {
+    if (n <= 4) {  // halo strips of the innermost dimension: runs of one or two elements
+      for (std::int64_t k = 0; k < n; ++k) dst[t + k] = src[s + k];
+    } else {
+      std::memcpy(dst + t, src + s, static_cast<std::size_t>(n) * sizeof(float));
+    }
+  });
+}
+
+void add_box(const Box& region, const float* src, const Box& src_box, float* dst, const Box& dst_box,
+             const Device& device) {
+  if (region.numel() == 0) return;
+  if (!device.is_host()) {
+    detail::cuda_box_op(detail::BoxOp::Add, detail::box_walk(region, src_box, dst_box), src, dst, 0.0f, device.index);
+    return;
+  }
+  for_each_run(region, src_box, dst_box, [&](std::int64_t s, std::int64_t t, std::int64_t n) {
+    const float* from = src + s;
+    float* to = dst + t;
+    for (std::int64_t k = 0; k < n; ++k) to[k] += from[k];
+  });
+}
+
+void fill_box(const Box& region, float* dst, const Box& dst_box, float value, const Device& device) {
+  if (region.numel() == 0) return;
+  if (!device.is_host()) {
+    detail::cuda_box_op(detail::BoxOp::Fill, detail::box_walk(region, dst_box, dst_box), nullptr, dst, value,
+                        device.index);
+    return;
+  }
+  for_each_run(region, dst_box, dst_box,
+               [&](std::int64_t, std::int64_t t, std::int64_t n) { std::fill_n(dst + t, n, value); });
+}
+
+}  // namespace tessera
