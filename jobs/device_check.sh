@@ -94,7 +94,7 @@ if [ "${loads[gpu_train]}" -eq 1 ]; then
   say "the invariant on the GPU: the executor at 1, 2 and 3 ranks (sharing the GPU) against 1 host rank (fp32: 1e-5)"
   train=0
   for np in 1 2 3; do
-    timeout 45 "${tessera_env[@]}" "$PREFIX/usr/bin/orterun" --oversubscribe --bind-to none -x LD_LIBRARY_PATH \
+    timeout 60 "${tessera_env[@]}" "$PREFIX/usr/bin/orterun" --oversubscribe --bind-to none -x LD_LIBRARY_PATH \
       -n $np "$PACK/bin/gpu_train" 2>&1 | tee -a "$LOGS/gpu_tests.log"
     code=${PIPESTATUS[0]}
     echo "   gpu_train at $np rank(s): exit $code"

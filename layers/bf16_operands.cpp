@@ -75,9 +75,11 @@ class Bf16OperandConvolution final : public ConvolutionKernels {
                 float* grad_input, float* grad_weights, float* grad_bias) override {
     if (g.precision == Precision::F32)
       return inner_->backward(g, input, grad_output, weights, grad_input, grad_weights, grad_bias);
+    // Without grad_input the weights are not read.
     inner_->backward(g, round_(RoundedOperands::kInput, input, input_count(g)),
                      round_(RoundedOperands::kGradOutput, grad_output, output_count(g)),
-                     round_(RoundedOperands::kWeights, weights, weight_count(g)), grad_input, grad_weights, grad_bias);
+                     grad_input ? round_(RoundedOperands::kWeights, weights, weight_count(g)) : weights, grad_input,
+                     grad_weights, grad_bias);
   }
 
  private:

@@ -4,9 +4,11 @@
 // included). fp32 by default means strict fp32: no TF32 tensor-core math in cuDNN (FMA math) or
 // cuBLAS (its default math never uses TF32 for fp32), so results agree with the host backend to ~1e-6.
 // Precision::BF16 (bf16 operands, fp32 sums and results): the operands rounded to bf16
-// (with_bf16_operands), then cuDNN and cuBLAS on TF32 tensor cores, which multiply bf16 values
-// exactly (a bf16 value is a TF32 value) and sum in fp32. cuDNN's own bf16 configurations would
-// write bf16 results, which Precision::BF16 does not round.
+// (with_bf16_operands), then cuBLAS with bf16 tensor-core math (CUBLAS_COMPUTE_32F_FAST_16BF:
+// its conversion of the operands to bf16 is exact, the sums fp32) and cuDNN's GEMM-type
+// algorithms on TF32 tensor cores (a bf16 value is a TF32 value, so the products stay exact;
+// Winograd and FFT transform the operands first, so they are not used for bf16). cuDNN's own bf16
+// configurations would write bf16 results, which Precision::BF16 does not round.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -237,18 +239,40 @@ class CudnnConvolution final : public ConvolutionKernels {
     return math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
   }
 
+  /// Whether an algorithm multiplies the operands as they are: GEMM-type algorithms do; Winograd
+  /// and FFT transform them first, and ALLOW_CONVERSION converts fp32 data to fp16.
+  static bool exact_on_bf16(const cudnnConvolutionFwdAlgoPerf_t& p) {
+    return p.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
+           (p.algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
+            p.algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM || p.algo == CUDNN_CONVOLUTION_FWD_ALGO_GEMM ||
+            p.algo == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT);
+  }
+  static bool exact_on_bf16(const cudnnConvolutionBwdDataAlgoPerf_t& p) {
+    return p.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
+           (p.algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || p.algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
+  }
+  static bool exact_on_bf16(const cudnnConvolutionBwdFilterAlgoPerf_t& p) {
+    return p.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
+           (p.algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || p.algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+            p.algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3);
+  }
+
   /// Results come sorted by time; the first that ran, fits the workspace limit and, in strict
-  /// fp32, does not run on tensor-op (TF32) math wins (bf16 operands may: TF32 is exact on them).
+  /// fp32, does not run on tensor-op (TF32) math wins (bf16 operands may: TF32 is exact on them,
+  /// with a GEMM-type algorithm).
   template <typename Perf>
   const Perf& first_usable(const std::vector<Perf>& perf, int returned, const char* what, const ConvolutionGeometry& g) {
     for (int i = 0; i < returned; ++i) {
       const Perf& candidate = perf[static_cast<std::size_t>(i)];
       if (candidate.status != CUDNN_STATUS_SUCCESS || candidate.memory > options_.workspace_limit) continue;
       if (!tensor_cores_allowed(g) && tensor_op(candidate.mathType)) continue;
+      if (g.precision == Precision::BF16 && !exact_on_bf16(candidate)) continue;
       return candidate;
     }
     fail("cuDNN found no usable {} algorithm for the convolution {}{}", what, g.to_string(),
-         tensor_cores_allowed(g) ? "" : " in strict fp32");
+         g.precision == Precision::BF16 ? " with bf16 operands (GEMM-type algorithms only)"
+         : tensor_cores_allowed(g)      ? ""
+                                        : " in strict fp32");
   }
 
   /// With TF32 allowed (and for bf16 operands), an algorithm runs with the math type it was
@@ -336,8 +360,8 @@ class CublasLinear final : public LinearKernels {
   }
 
  private:
-  /// C = op(A) * op(B), column-major fp32; the handle's math for fp32, TF32 tensor cores for bf16
-  /// operands (exact on them).
+  /// C = op(A) * op(B), column-major fp32; the handle's math for fp32; for bf16 operands (already
+  /// bf16 values, so cuBLAS's conversion to bf16 is exact) bf16 tensor cores with fp32 sums.
   void gemm(const LinearGeometry& g, cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, const float* a,
             int lda, const float* b, int ldb, float* c, int ldc, const char* what) {
     const float one = 1.0f, zero = 0.0f;
@@ -346,7 +370,7 @@ class CublasLinear final : public LinearKernels {
       return;
     }
     check(cublasGemmEx(handle_, op_a, op_b, m, n, k, &one, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, &zero, c, CUDA_R_32F,
-                       ldc, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+                       ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
           what);
   }
 
@@ -485,7 +509,7 @@ class CudaBackend final : public DnnBackend {
     convolution_ = with_bf16_operands(std::make_unique<CudnnConvolution>(cudnn_, options, log_), elementwise_, gpu);
     linear_ = with_bf16_operands(std::make_unique<CublasLinear>(cublas_), elementwise_, gpu);
     log_.push_back(fmt::format("device {}: {}; cuDNN {}, cuBLAS, {}", device, cuda::describe_device(device),
-                               cudnnGetVersion(), options.allow_tf32 ? "TF32 allowed" : "strict fp32"));
+                               cudnnGetVersion(), options.allow_tf32 ? "TF32 allowed" : "strict fp32 (bf16 operands: tensor cores)"));
   }
   ~CudaBackend() override {
     convolution_.reset();

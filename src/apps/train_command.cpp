@@ -184,7 +184,7 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"host", "cuda"}));
   cmd->add_option("--precision", args->precision,
                   "Arithmetic of the conv and linear layers, for the layers that do not name their own: fp32, or bf16 "
-                  "(bf16 operands, fp32 sums, bf16 outputs; fp32 master weights and gradient reductions). Default: "
+                  "(operands rounded to bf16, fp32 sums and results; fp32 master weights and gradient reductions). Default: "
                   "the model file's 'precision' (fp32 without one)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 
+#include "box_walk.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera {
@@ -61,6 +62,9 @@ void for_each_run(const Box& region, const Box& src, const Box& dst, RunFn fn) {
 }  // namespace
 
 namespace detail {
+namespace {
+
+static_assert(kBoxWalkRank == kMaxBoxRank);
 
 BoxWalk box_walk(const Box& region, const Box& src_box, const Box& dst_box) {
   BoxWalk walk;
@@ -82,6 +86,7 @@ BoxWalk box_walk(const Box& region, const Box& src_box, const Box& dst_box) {
   return walk;
 }
 
+}  // namespace
 }  // namespace detail
 
 void copy_box(const Box& region, const float* src, const Box& src_box, float* dst, const Box& dst_box,

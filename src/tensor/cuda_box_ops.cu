@@ -6,7 +6,7 @@
 
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
-#include "tessera/tensor/box_ops.hpp"
+#include "box_walk.hpp"
 
 namespace tessera::detail {
 namespace {

@@ -1,6 +1,6 @@
 // A build without CUDA: box operations on a GPU are refused with the reason.
 #include "tessera/core/error.hpp"
-#include "tessera/tensor/box_ops.hpp"
+#include "box_walk.hpp"
 
 namespace tessera::detail {
 

@@ -2,8 +2,8 @@
 // channel splits on this job's ranks against its 1-rank run (both bf16). Products of bf16
 // operands are exact and every sum and result is fp32 (no partial result is rounded to bf16), so
 // the plans agree as fp32 plans do, unless an operand lands on the other side of a bf16 rounding
-// boundary: within 1e-4 relative (the issue's bound for bf16 is 1e-2). That a bf16 run is not
-// simply the fp32 run is checked too.
+// boundary: asserted within bf16's 1e-2 relative (measured: 9e-8). That a bf16 run is not simply
+// the fp32 run is checked too.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -17,9 +17,11 @@ using testing::expect_same_as_one_rank;
 using testing::plan_for;
 using testing::ranks;
 
-// Measured: at most 9e-8 over these tests at 1-4 ranks (as fp32's plans agree); 1e-4 leaves room
-// for the operand that rounds the other way.
-constexpr double kBf16Tolerance = 1e-4;
+// Measured here: at most 9e-8 over these tests at 1-4 ranks (as fp32's plans agree). An operand
+// whose fp32 value lands on the other side of a bf16 rounding boundary in another plan (another
+// order of an fp32 sum: another machine's kernels) moves a few values by ~1e-3; the bound is
+// bf16's, 1e-2.
+constexpr double kBf16Tolerance = 1e-2;
 
 const char* kCnn = R"(
 precision: bf16

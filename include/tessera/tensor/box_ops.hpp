@@ -20,21 +20,4 @@ void add_box(const Box& region, const float* src, const Box& src_box, float* dst
 /// dst[region] = value.
 void fill_box(const Box& region, float* dst, const Box& dst_box, float value, const Device& device = Device::host());
 
-namespace detail {
-
-/// A region inside two tiles as flat offsets and per-dimension strides (what a GPU kernel walks).
-struct BoxWalk {
-  int rank = 0;
-  std::int64_t extent[kMaxBoxRank] = {};
-  std::int64_t src_stride[kMaxBoxRank] = {};
-  std::int64_t dst_stride[kMaxBoxRank] = {};
-  std::int64_t src_offset = 0, dst_offset = 0, count = 0;
-};
-BoxWalk box_walk(const Box& region, const Box& src_box, const Box& dst_box);
-
-enum class BoxOp { Copy, Add, Fill };
-/// The GPU side (src/tensor/cuda_box_ops.cu; a build without CUDA refuses).
-void cuda_box_op(BoxOp op, const BoxWalk& walk, const float* src, float* dst, float value, int device);
-
-}  // namespace detail
 }  // namespace tessera
