@@ -480,8 +480,8 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
 }
 
 bool Executor::overlaps(const TileExchange& exchange) const {
-  // On a GPU the exchange stages through host copies, filled at its finish: nothing to overlap yet.
-  if (!options_.device.is_host()) return false;
+  // On a GPU as on the host: the exchange packs and fills the local part at start (queued on the
+  // GPU's stream), so the interior computes while the messages travel.
   if (options_.halo_overlap != HaloOverlap::Automatic) return options_.halo_overlap == HaloOverlap::Always;
   const int me = node_of_rank_[static_cast<std::size_t>(world_->rank())];
   for (int peer : exchange.peer_ranks())

@@ -72,12 +72,7 @@ loss: mse
 )";
 
 
-OptimizerConfig adamw() {
-  OptimizerConfig c;
-  c.type = "adamw";
-  c.weight_decay = 0.01;
-  return c;
-}
+using testing::adamw;
 
 void expect_gpu_plan_equals_one_host_rank(const std::string& model, const std::string& plan, std::int64_t batch,
                                           const OptimizerConfig& optimizer, double lr, double tolerance = 1e-5) {
@@ -124,6 +119,14 @@ TEST(GpuTrain, CosmoFlowStyle3dCnnConvBlocksSplitAlongD) {
   const std::string split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
   expect_gpu_plan_equals_one_host_rank(
       kCosmoStyle, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, split), 4, adamw(), 1e-3);
+}
+
+TEST(GpuTrain, CosmoFlowStyle3dCnnSplitAlongDWithHaloOverlap) {
+  // Halo overlap on the GPU: interiors computed while the halos travel (packed on the GPU), the
+  // boundary outputs recomputed, the input gradient's halos sent back during the weight gradients.
+  const std::string split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
+  testing::expect_same_as_one_rank(kCosmoStyle, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, split),
+                                   4, 4, adamw(), 1e-3, HaloOverlap::Always, kGpu);
 }
 
 TEST(GpuTrain, Bf16CosmoFlowStyle3dCnnSampleParallelAndSplitAlongD) {

@@ -76,6 +76,13 @@ inline OptimizerConfig sgd_momentum() {
   return c;
 }
 
+inline OptimizerConfig adamw() {
+  OptimizerConfig c;
+  c.type = "adamw";
+  c.weight_decay = 0.01;
+  return c;
+}
+
 /// The tests overlap every halo exchange a layer can (HaloOverlap::Always), so the overlapped
 /// path is what the invariant covers; tests that name HaloOverlap::Never cover the other. The
 /// layers run on `device` (the GPU tests); gradients and weights come back on the host.

@@ -54,12 +54,7 @@ layers:
 loss: mse
 )";
 
-OptimizerConfig adamw() {
-  OptimizerConfig c;
-  c.type = "adamw";
-  c.weight_decay = 0.01;
-  return c;
-}
+using testing::adamw;
 
 void expect_bf16_plan_equals_one_rank(const std::string& model, const std::string& plan, std::int64_t batch,
                                       const OptimizerConfig& optimizer = testing::sgd_momentum(), double lr = 0.05) {
