@@ -1,5 +1,5 @@
 #pragma once
-// Precision::BF16 (tessera/layers/precision.hpp) on any backend's kernels: the operands are
+// Precision::BF16 (tessera/core/precision.hpp) on any backend's kernels: the operands are
 // rounded to bf16 into scratch buffers and the wrapped kernels run on them, their results left
 // fp32. The wrapped kernels see the BF16 geometry with operands that are already bf16 values; they
 // may use any arithmetic that multiplies bf16 values exactly and sums in fp32 (the host's fp32

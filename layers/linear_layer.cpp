@@ -33,6 +33,7 @@ class LinearLayer final : public Layer {
   }
 
   bool model_splittable() const override { return true; }
+  Precision precision() const override { return precision_; }
 
   void set_model_split(const ModelSplit& split) override {
     if (split == model_split_) return;  // a second executor on the same model

@@ -158,8 +158,15 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     // Forward reads the input and writes the output; backward reads both and the output gradient
     // and writes the input gradient.
     const double bytes = kBytes * (2.0 * in_local + 3.0 * out_local);
-    e.compute = std::max(flops / machine_.rank_flops(P), bytes / machine_.rank_memory_bandwidth(P)) +
+    e.compute = std::max(flops / machine_.rank_flops(P, l.precision), bytes / machine_.rank_memory_bandwidth(P)) +
                 2.0 * machine_.kernel_overhead;
+    if (l.precision == Precision::BF16) {
+      // Passes of their own that round the operands (each element read and written): the input
+      // twice (forward, weight gradient), the output gradient and the weights (forward, input
+      // gradient).
+      const double weights = static_cast<double>(l.parameters) / (split.filter * split.channel);
+      e.compute += 2.0 * kBytes * (2.0 * in_local + out_local + 2.0 * weights) / machine_.rank_memory_bandwidth(P);
+    }
   }
 
   // Model-parallel communication of a channel split: the partial sums of the filter block are

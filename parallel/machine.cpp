@@ -109,6 +109,7 @@ Machine Machine::parse(const std::string& yaml_text, const std::string& source_n
       else if (key == "ranks_per_node") m.ranks_per_node = parse_count(v, where);
       else if (key == "cores_per_node") m.cores_per_node = parse_count(v, where);
       else if (key == "flops") m.flops = parse_number(v, where, false);
+      else if (key == "bf16_flops") m.bf16_flops = parse_number(v, where, false);
       else if (key == "memory_bandwidth") m.memory_bandwidth = parse_number(v, where, false);
       else if (key == "memory_per_rank") m.memory_per_rank = parse_number(v, where, false);
       else if (key == "kernel_overhead") m.kernel_overhead = parse_number(v, where, true);
@@ -133,7 +134,7 @@ Machine Machine::parse(const std::string& yaml_text, const std::string& source_n
               parse_number(k.second, fmt::format("{} '{}'", where, k.first.as<std::string>()), false);
       } else {
         fail_input("machine file '{}': unknown key '{}' (known: name, source, device, nodes, ranks_per_node, "
-                   "cores_per_node, flops, memory_bandwidth, memory_per_rank, kernel_overhead, grad_overlap, intra, "
+                   "cores_per_node, flops, bf16_flops, memory_bandwidth, memory_per_rank, kernel_overhead, grad_overlap, intra, "
                    "inter, sync_wait, kernels)",
                    source_name, key);
       }
@@ -157,6 +158,7 @@ std::string Machine::to_yaml() const {
                    cores_per_node);
   s += fmt::format("flops: {:.6g}\nmemory_bandwidth: {:.6g}\nmemory_per_rank: {:.6g}\n", flops, memory_bandwidth,
                    memory_per_rank);
+  if (bf16_flops > 0) s += fmt::format("bf16_flops: {:.6g}\n", bf16_flops);
   s += fmt::format("kernel_overhead: {:.6g}\ngrad_overlap: {:.6g}\n", kernel_overhead, grad_overlap);
   s += fmt::format("intra: {}\ninter: {}\n", level_yaml(intra), level_yaml(inter));
   if (!sync_wait.empty()) {
@@ -177,7 +179,10 @@ int Machine::threads_per_rank(int ranks) const {
   return std::max(1, cores_per_node / ranks_on_node(ranks));
 }
 
-double Machine::rank_flops(int ranks) const { return device == "gpu" ? flops : flops / ranks_on_node(ranks); }
+double Machine::rank_flops(int ranks, Precision precision) const {
+  const double rate = precision == Precision::BF16 && bf16_flops > 0 ? bf16_flops : flops;
+  return device == "gpu" ? rate : rate / ranks_on_node(ranks);
+}
 
 double Machine::rank_memory_bandwidth(int ranks) const {
   return device == "gpu" ? memory_bandwidth : memory_bandwidth / ranks_on_node(ranks);

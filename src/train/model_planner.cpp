@@ -23,7 +23,8 @@ PlannerGraph Model::planner_graph(std::int64_t global_batch) const {
     l.model_splittable = info[i].model_splittable;
     l.filter_splittable = info[i].filter_splittable;
     l.batch_norm = l.type == "batchnorm";
-    l.signature = name_ + "/" + l.name;
+    l.precision = layer.precision();
+    l.signature = name_ + "/" + l.name + (l.precision == Precision::BF16 ? "@bf16" : "");
     for (Parameter* p : layer.parameters()) {
       std::int64_t count = 1;
       for (auto d : p->whole_shape()) count *= d;

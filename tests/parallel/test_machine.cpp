@@ -25,6 +25,7 @@ nodes: 2
 ranks_per_node: 4
 cores_per_node: 64
 flops: 1.5e13
+bf16_flops: 6.0e13
 memory_bandwidth: 1.2e12
 memory_per_rank: 3.8e10
 kernel_overhead: 1.5e-5
@@ -79,6 +80,7 @@ TEST(Machine, RoundTripsThroughYaml) {
   EXPECT_EQ(again.ranks_per_node, m.ranks_per_node);
   EXPECT_EQ(again.cores_per_node, m.cores_per_node);
   EXPECT_DOUBLE_EQ(again.flops, m.flops);
+  EXPECT_DOUBLE_EQ(again.bf16_flops, 6.0e13);
   EXPECT_DOUBLE_EQ(again.memory_bandwidth, m.memory_bandwidth);
   EXPECT_DOUBLE_EQ(again.memory_per_rank, m.memory_per_rank);
   EXPECT_DOUBLE_EQ(again.kernel_overhead, m.kernel_overhead);
@@ -184,6 +186,9 @@ TEST(Machine, RatesPerRankOnCpuNodes) {
   EXPECT_DOUBLE_EQ(m.rank_flops(1), 400e9);
   EXPECT_DOUBLE_EQ(m.rank_flops(4), 100e9);
   EXPECT_DOUBLE_EQ(m.rank_flops(100), 50e9);
+  EXPECT_DOUBLE_EQ(m.rank_flops(4, Precision::BF16), 100e9);  // no bf16_flops: the fp32 rate
+  m.bf16_flops = 800e9;
+  EXPECT_DOUBLE_EQ(m.rank_flops(4, Precision::BF16), 200e9);  // the node's bf16 rate, shared
   EXPECT_DOUBLE_EQ(m.rank_memory_bandwidth(2), 20e9);
   EXPECT_DOUBLE_EQ(m.oversubscription(1), 1);
   EXPECT_DOUBLE_EQ(m.oversubscription(4), 1);
@@ -199,6 +204,7 @@ TEST(Machine, RatesPerRankOnGpuNodes) {
   EXPECT_EQ(m.threads_per_rank(1), 1);
   EXPECT_EQ(m.threads_per_rank(8), 1);
   EXPECT_DOUBLE_EQ(m.rank_flops(8), 1.5e13);  // one device per rank
+  EXPECT_DOUBLE_EQ(m.rank_flops(8, Precision::BF16), 6.0e13);
   EXPECT_DOUBLE_EQ(m.rank_memory_bandwidth(8), 1.2e12);
   EXPECT_DOUBLE_EQ(m.oversubscription(8), 1);
 }

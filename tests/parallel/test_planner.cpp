@@ -168,6 +168,27 @@ TEST(CostModel, ComputeIsTheRooflineWithoutCalibration) {
   EXPECT_NEAR(e.grad_allreduce, 2 * 1e-6 + 2570 * 4 * 1e-9, 1e-15);
 }
 
+TEST(CostModel, Bf16OperandsArePricedAtTheBf16RateWithTheirRoundingPasses) {
+  PlannerGraph g = small_chain(4);
+  g.layers[4].precision = Precision::BF16;  // linear 256 -> 10
+  Machine m = round_machine();
+  m.bf16_flops = 4e9;
+  LayerSplit s;
+  s.sample = 2;
+  const double flops = 3.0 * 2.0 * 2 * 256 * 10;
+  // Rounding passes (4-byte reads and writes): the input (2 x 256) twice, the output gradient
+  // (2 x 10) once, the weights and bias (2570) twice, at 1 GB/s.
+  const double rounding = 2.0 * 4.0 * (2.0 * 512 + 20 + 2.0 * 2570) / 1e9;
+  EXPECT_NEAR(CostModel(g, m, {.ranks = 2}).layer_cost(4, s).compute, flops / 4e9 + rounding, 1e-15);
+  // Without a bf16 rate: the fp32 rate, and the rounding still costs.
+  m.bf16_flops = 0;
+  EXPECT_NEAR(CostModel(g, m, {.ranks = 2}).layer_cost(4, s).compute, flops / 1e9 + rounding, 1e-15);
+  // An fp32 layer ignores the bf16 rate.
+  m.bf16_flops = 4e9;
+  EXPECT_NEAR(CostModel(g, m, {.ranks = 2}).layer_cost(2, s).compute,
+              CostModel(small_chain(4), round_machine(), {.ranks = 2}).layer_cost(2, s).compute, 1e-15);
+}
+
 TEST(CostModel, CalibratedTimingReplacesTheRoofline) {
   const PlannerGraph g = small_chain(4);
   Machine m = round_machine();

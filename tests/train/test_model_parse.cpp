@@ -108,6 +108,13 @@ loss: softmax_cross_entropy
   bf16_options.precision = Precision::BF16;
   EXPECT_EQ(bf16_layers(body, bf16_options), (std::vector<bool>{true, false, true, false}));
   EXPECT_EQ(bf16_layers(body, {}), (std::vector<bool>{false, false, false, false}));
+  // The planner prices what each layer computes, and keeps bf16 timings apart from fp32 ones.
+  const PlannerGraph graph = Model::parse(text, "m.yaml").planner_graph(4);
+  EXPECT_EQ(graph.layers[0].precision, Precision::BF16);
+  EXPECT_EQ(graph.layers[0].signature, "model/conv@bf16");
+  EXPECT_EQ(graph.layers[2].signature, "model/fc1@bf16");
+  EXPECT_EQ(graph.layers[3].precision, Precision::F32);
+  EXPECT_EQ(graph.layers[3].signature, "model/fc2");
 }
 
 TEST(ModelParse, BadPrecisionsAreInputErrors) {

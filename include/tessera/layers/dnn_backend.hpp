@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "tessera/core/device.hpp"
-#include "tessera/layers/precision.hpp"
+#include "tessera/core/precision.hpp"
 #include "tessera/layers/update_steps.hpp"
 
 namespace tessera {

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/core/precision.hpp"
 #include "tessera/layers/options.hpp"
 #include "tessera/tensor/distribution.hpp"
 #include "tessera/tensor/shape.hpp"
@@ -119,6 +120,8 @@ class Layer {
 
   /// Whether the layer accepts filter/channel (model-parallel) splits: convolution and linear.
   virtual bool model_splittable() const { return false; }
+  /// The arithmetic of the layer's kernels (conv and linear may compute with bf16 operands).
+  virtual Precision precision() const { return Precision::F32; }
   /// Whether the layer accepts filter splits: the weight layers, and per-channel layers (batch
   /// norm, dropout, pooling, relu, leaky_relu), which then compute on their block of the channels
   /// (features) only (input block = output block).

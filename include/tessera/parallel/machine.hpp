@@ -22,6 +22,8 @@
 #include <map>
 #include <string>
 
+#include "tessera/core/precision.hpp"
+
 namespace tessera {
 
 /// Time of moving n bytes: alpha + beta * n (alpha: seconds, beta: seconds per byte).
@@ -55,6 +57,9 @@ struct Machine {
   /// Sustained fp32 FLOP/s of convolution and matrix products: of one device (gpu) or of a whole
   /// node (cpu).
   double flops = 1e11;
+  /// Sustained FLOP/s of the same with bf16 operands (`precision: bf16`: tensor cores on GPUs);
+  /// 0: as `flops` (no faster path, e.g. CPUs and GPUs without bf16/TF32 tensor cores).
+  double bf16_flops = 0;
   /// Bytes/s of one device (gpu) or of a whole node (cpu): element-wise layers, packing.
   double memory_bandwidth = 1e10;
   /// Bytes one rank may use; plans needing more are refused.
@@ -88,7 +93,7 @@ struct Machine {
   int threads_per_rank(int ranks) const;
   /// Sustained FLOP/s and bytes/s one rank gets in a job of `ranks` ranks (cpu: the node's rate
   /// shared by the ranks on it; gpu: the device's).
-  double rank_flops(int ranks) const;
+  double rank_flops(int ranks, Precision precision = Precision::F32) const;
   double rank_memory_bandwidth(int ranks) const;
   /// How much slower one rank computes than with the node to itself when the ranks on a node
   /// outnumber its cores (cpu; 1 otherwise): `tessera calibrate` scales a kernel it times alone

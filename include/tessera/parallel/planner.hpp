@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/precision.hpp"
 #include "tessera/parallel/machine.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/tensor/shape.hpp"
@@ -66,7 +67,10 @@ struct PlannerLayer {
   bool filter_splittable = false;
   /// Batch norm: two allreduces of 2 x channels values per step (forward and backward).
   bool batch_norm = false;
-  /// Keys kernel timings: "<model>/<layer>".
+  /// conv and linear: fp32, or bf16 operands (priced at the machine's bf16_flops, plus the passes
+  /// that round the operands).
+  Precision precision = Precision::F32;
+  /// Keys kernel timings: "<model>/<layer>", "<model>/<layer>@bf16" for bf16 operands.
   std::string signature;
 };
 

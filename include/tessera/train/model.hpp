@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "tessera/layers/layer.hpp"
-#include "tessera/layers/precision.hpp"
+#include "tessera/core/precision.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/planner.hpp"
 

@@ -1,5 +1,6 @@
 #pragma once
-// The arithmetic precision of the layers that compute (convolution, linear).
+// The arithmetic precision of the layers that compute (convolution, linear): what the model
+// file's `precision` selects, the backends compute and the planner prices.
 #include <string>
 #include <string_view>
 
