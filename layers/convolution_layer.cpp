@@ -166,14 +166,13 @@ class ConvolutionLayer final : public Layer {
       region_geometry_.input_size[i] = (extent[i] - 1) * g.stride[i] + reach;
       region_geometry_.output_size[i] = extent[i];
     }
-    ElementwiseKernels& kernels = elementwise_of(ctx, input);
     region_input_.resize(Shape::image(g.batch, g.in_channels, region_geometry_.input_size), input.device());
     region_output_.resize(Shape::image(g.batch, g.out_channels, extent), input.device());
-    copy_spatial_box(kernels, input, input_begin, region_input_, std::vector<std::int64_t>(begin.size(), 0),
+    copy_spatial_box(input, input_begin, region_input_, std::vector<std::int64_t>(begin.size(), 0),
                      region_geometry_.input_size);
     backend_of(*this, ctx).convolution().forward(region_geometry_, region_input_.data(), weights_.value.data(),
                                                   bias_ ? bias_parameter_.value.data() : nullptr, region_output_.data());
-    copy_spatial_box(kernels, region_output_, std::vector<std::int64_t>(begin.size(), 0), output, begin, extent);
+    copy_spatial_box(region_output_, std::vector<std::int64_t>(begin.size(), 0), output, begin, extent);
   }
 
   bool splits_backward() const override { return true; }

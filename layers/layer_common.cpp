@@ -8,6 +8,7 @@
 #include "layers/layer_common.hpp"
 #include "layers/pool_box.hpp"
 #include "tessera/core/rng.hpp"
+#include "tessera/tensor/box_ops.hpp"
 
 namespace tessera {
 namespace {
@@ -193,7 +194,7 @@ void Layer::backward_parameters(std::span<const Tensor* const>, const Tensor&, L
   fail("{} has no separate parameter-gradient pass (executor bug: splits_backward() is false)", describe(*this));
 }
 
-void copy_spatial_box(ElementwiseKernels& kernels, const Tensor& source, const std::vector<std::int64_t>& source_begin,
+void copy_spatial_box(const Tensor& source, const std::vector<std::int64_t>& source_begin,
                       Tensor& destination, const std::vector<std::int64_t>& destination_begin,
                       const std::vector<std::int64_t>& extent) {
   const int rank = source.rank();
@@ -213,21 +214,19 @@ void copy_spatial_box(ElementwiseKernels& kernels, const Tensor& source, const s
                   destination.shape().to_string());
     if (extent[i] == 0) return;
   }
-  // One strided copy of H rows of W per (sample, channel[, depth]) plane.
-  const std::int64_t src_w = source.dim(rank - 1), dst_w = destination.dim(rank - 1);
-  const std::int64_t src_plane = src_w * source.dim(rank - 2), dst_plane = dst_w * destination.dim(rank - 2);
-  const std::int64_t depth = dims == 3 ? extent[0] : 1;
-  const std::int64_t src_depth = dims == 3 ? source.dim(2) : 1, dst_depth = dims == 3 ? destination.dim(2) : 1;
-  const std::int64_t src_d0 = dims == 3 ? source_begin[0] : 0, dst_d0 = dims == 3 ? destination_begin[0] : 0;
-  const std::size_t h = dims - 2, w = dims - 1;
-  const std::int64_t planes = source.dim(0) * source.dim(1);
-  for (std::int64_t p = 0; p < planes; ++p)
-    for (std::int64_t d = 0; d < depth; ++d) {
-      const float* from = source.data() + ((p * src_depth + src_d0 + d) * src_plane) + source_begin[h] * src_w + source_begin[w];
-      float* to = destination.data() + ((p * dst_depth + dst_d0 + d) * dst_plane) + destination_begin[h] * dst_w +
-                  destination_begin[w];
-      kernels.copy_rows(from, src_w, to, dst_w, extent[h], extent[w]);
-    }
+  TESSERA_CHECK(source.device() == destination.device(), "copy_spatial_box: {} and {} on different devices",
+                source.device().to_string(), destination.device().to_string());
+  // One box copy in the source's coordinates: the destination tile lies at source_begin -
+  // destination_begin there (on a GPU: one kernel).
+  Box region{{0, 0}, {source.dim(0), source.dim(1)}};
+  Box source_box{std::vector<std::int64_t>(static_cast<std::size_t>(rank), 0), source.shape().dims()};
+  Box destination_box{{0, 0}, destination.shape().dims()};
+  for (std::size_t i = 0; i < dims; ++i) {
+    region.begin.push_back(source_begin[i]);
+    region.extent.push_back(extent[i]);
+    destination_box.begin.push_back(source_begin[i] - destination_begin[i]);
+  }
+  copy_box(region, source.data(), source_box, destination.data(), destination_box, source.device());
 }
 
 Box filter_block(const Layer& layer, const ModelSplit& split, std::int64_t channels) {

@@ -69,9 +69,9 @@ std::int64_t global_index(const std::vector<std::int64_t>& global, const Box& bo
 Box filter_block(const Layer& layer, const ModelSplit& split, std::int64_t channels);
 
 /// Copies the spatial box [source_begin, source_begin + extent) of every sample and channel of
-/// `source` (N x C x (D) x H x W) to `destination` (same N and C) at `destination_begin`, with
-/// `kernels` (the tensors' device).
-void copy_spatial_box(ElementwiseKernels& kernels, const Tensor& source, const std::vector<std::int64_t>& source_begin,
+/// `source` (N x C x (D) x H x W) to `destination` (same N and C, same device) at
+/// `destination_begin` (a box copy: one kernel on a GPU).
+void copy_spatial_box(const Tensor& source, const std::vector<std::int64_t>& source_begin,
                       Tensor& destination, const std::vector<std::int64_t>& destination_begin,
                       const std::vector<std::int64_t>& extent);
 

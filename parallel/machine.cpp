@@ -109,7 +109,7 @@ Machine Machine::parse(const std::string& yaml_text, const std::string& source_n
       else if (key == "ranks_per_node") m.ranks_per_node = parse_count(v, where);
       else if (key == "cores_per_node") m.cores_per_node = parse_count(v, where);
       else if (key == "flops") m.flops = parse_number(v, where, false);
-      else if (key == "bf16_flops") m.bf16_flops = parse_number(v, where, false);
+      else if (key == "bf16_flops") m.bf16_flops = parse_number(v, where, true);
       else if (key == "memory_bandwidth") m.memory_bandwidth = parse_number(v, where, false);
       else if (key == "memory_per_rank") m.memory_per_rank = parse_number(v, where, false);
       else if (key == "kernel_overhead") m.kernel_overhead = parse_number(v, where, true);

@@ -279,13 +279,21 @@ float* TileExchange::packing_area(std::vector<float>& host, Tensor& staging) {
 }
 
 void TileExchange::stage_to_host(std::vector<float>& host, const Tensor& staging) {
-  if (!device_.is_host()) cuda::copy(host.data(), staging.data(), host.size() * sizeof(float));
+  if (device_.is_host()) return;
+  cuda::set_device(device_.index);  // the copy is ordered on this GPU's stream, after the packing
+  cuda::copy(host.data(), staging.data(), host.size() * sizeof(float));
 }
 
 void TileExchange::stage_from_host(const std::vector<float>& host, Tensor& staging) {
   if (device_.is_host()) return;
   staging.resize(Shape{std::max<std::int64_t>(static_cast<std::int64_t>(host.size()), 1)}, device_);
+  cuda::set_device(device_.index);
   cuda::copy(staging.data(), host.data(), host.size() * sizeof(float));
+}
+
+void TileExchange::check_device(const Tensor& tensor, const char* what) const {
+  TESSERA_CHECK(tensor.numel() == 0 || tensor.device() == device_, "TileExchange: {} is on {}, the exchange on {}",
+                what, tensor.device().to_string(), device_.to_string());
 }
 
 void TileExchange::start_forward(const Tensor& held_in, Tensor& needed_out, float fill) {
@@ -294,6 +302,7 @@ void TileExchange::start_forward(const Tensor& held_in, Tensor& needed_out, floa
   const Box& mine = held_box();
   const Box& need = needed_box();
   check_tile(held_in, mine, "forward's held_in");
+  check_device(held_in, "forward's held_in");
   needed_out.resize(Shape(need.extent, global_.kinds()), device_);
   TESSERA_CHECK(needed_out.numel() == 0 || held_in.numel() == 0 || needed_out.data() != held_in.data(),
                 "TileExchange::forward: held_in and needed_out share memory");
@@ -308,9 +317,12 @@ void TileExchange::start_forward(const Tensor& held_in, Tensor& needed_out, floa
   stage_to_host(outgoing_buffer_, outgoing_staging_);
   post_sends(outgoing_, outgoing_buffer_);
 
-  // While messages fly: the local overlap and the padding outside the global tensor.
+  // While messages fly: the local overlap and the padding outside the global tensor, and zeros
+  // where the messages will land, so that a kernel over the whole window before finish (halo
+  // overlap) never reads stale values (a GPU's FFT or Winograd algorithm mixes every input).
   copy_box(local_, held_in.data(), mine, needed_out.data(), need, device_);
   for (const auto& slab : outside_) fill_box(slab, needed_out.data(), need, fill, device_);
+  for (const auto& t : incoming_) fill_box(t.region, needed_out.data(), need, 0.0f, device_);
 
   // The Communicator has no nonblocking alltoallv: the collective runs here, finish only unpacks.
   if (transport_ == Transport::AllToAllV)
@@ -348,8 +360,10 @@ void TileExchange::start_reverse(const Tensor& needed_in, Tensor& held_out, bool
   const Box& mine = held_box();
   const Box& need = needed_box();
   check_tile(needed_in, need, "reverse's needed_in");
+  check_device(needed_in, "reverse's needed_in");
   if (accumulate) {
     check_tile(held_out, mine, "reverse's accumulated held_out");
+    check_device(held_out, "reverse's accumulated held_out");
     if (held_out.numel() == 0) held_out.resize(Shape(mine.extent, global_.kinds()), device_);
   } else {
     held_out.resize(Shape(mine.extent, global_.kinds()), device_);

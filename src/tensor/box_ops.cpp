@@ -15,9 +15,9 @@ namespace {
 /// boxes span completely merge into one run, so a whole-tile copy is a single run.
 template <typename RunFn>
 void for_each_run(const Box& region, const Box& src, const Box& dst, RunFn fn) {
-  if (region.numel() == 0) return;
   const int rank = static_cast<int>(region.extent.size());
-  TESSERA_CHECK(rank <= kMaxBoxRank, "box operations support {} dimensions at most, got {}", kMaxBoxRank, rank);
+  TESSERA_CHECK(rank >= 1 && rank <= kMaxBoxRank, "box operations take 1 to {} dimensions, got {}", kMaxBoxRank, rank);
+  if (region.numel() == 0) return;
   std::array<std::int64_t, kMaxBoxRank> src_stride{}, dst_stride{}, count{};
   std::int64_t s = 0, t = 0, src_step = 1, dst_step = 1;
   for (int d = rank - 1; d >= 0; --d) {
@@ -62,31 +62,46 @@ void for_each_run(const Box& region, const Box& src, const Box& dst, RunFn fn) {
 }  // namespace
 
 namespace detail {
-namespace {
 
 static_assert(kBoxWalkRank == kMaxBoxRank);
 
+/// The walk of `region`, trailing dimensions that all three boxes span completely merged into one
+/// (a whole-tile copy is one dimension: fewer divisions per element in the kernel).
 BoxWalk box_walk(const Box& region, const Box& src_box, const Box& dst_box) {
+  const int rank = static_cast<int>(region.extent.size());
+  TESSERA_CHECK(rank >= 1 && rank <= kMaxBoxRank, "box operations take 1 to {} dimensions, got {}", kMaxBoxRank, rank);
   BoxWalk walk;
-  walk.rank = static_cast<int>(region.extent.size());
-  TESSERA_CHECK(walk.rank <= kMaxBoxRank, "box operations support {} dimensions at most, got {}", kMaxBoxRank,
-                walk.rank);
   walk.count = region.numel();
   std::int64_t src_step = 1, dst_step = 1;
-  for (int d = walk.rank - 1; d >= 0; --d) {
+  // Dimensions from the innermost outwards, written innermost last after the loop.
+  std::int64_t extent[kBoxWalkRank], src_stride[kBoxWalkRank], dst_stride[kBoxWalkRank];
+  int kept = 0;
+  bool merging = true;
+  for (int d = rank - 1; d >= 0; --d) {
     const auto i = static_cast<std::size_t>(d);
-    walk.extent[d] = region.extent[i];
-    walk.src_stride[d] = src_step;
-    walk.dst_stride[d] = dst_step;
     walk.src_offset += (region.begin[i] - src_box.begin[i]) * src_step;
     walk.dst_offset += (region.begin[i] - dst_box.begin[i]) * dst_step;
+    if (kept > 0 && merging) {
+      extent[kept - 1] *= region.extent[i];  // the dimension inside it is whole in all three boxes
+    } else {
+      extent[kept] = region.extent[i];
+      src_stride[kept] = src_step;
+      dst_stride[kept] = dst_step;
+      ++kept;
+    }
+    merging = region.extent[i] == src_box.extent[i] && region.extent[i] == dst_box.extent[i];
     src_step *= src_box.extent[i];
     dst_step *= dst_box.extent[i];
+  }
+  walk.rank = kept;
+  for (int k = 0; k < kept; ++k) {
+    walk.extent[kept - 1 - k] = extent[k];
+    walk.src_stride[kept - 1 - k] = src_stride[k];
+    walk.dst_stride[kept - 1 - k] = dst_stride[k];
   }
   return walk;
 }
 
-}  // namespace
 }  // namespace detail
 
 void copy_box(const Box& region, const float* src, const Box& src_box, float* dst, const Box& dst_box,

@@ -14,13 +14,8 @@ namespace {
 __global__ void box_kernel(BoxOp op, BoxWalk walk, const float* src, float* dst, float value) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < walk.count;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    std::int64_t rest = i, s = walk.src_offset, t = walk.dst_offset;
-    for (int d = walk.rank - 1; d >= 0; --d) {
-      const std::int64_t index = rest % walk.extent[d];
-      rest /= walk.extent[d];
-      s += index * walk.src_stride[d];
-      t += index * walk.dst_stride[d];
-    }
+    std::int64_t s, t;
+    walk_offsets(walk, i, s, t);
     if (op == BoxOp::Copy) dst[t] = src[s];
     else if (op == BoxOp::Add) dst[t] += src[s];
     else dst[t] = value;

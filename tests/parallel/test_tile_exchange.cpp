@@ -289,6 +289,27 @@ TEST(TileExchange, HaloAlongD) {
   exchange.finish_pending();
 }
 
+TEST(TileExchange, TensorsElsewhereThanTheExchangeAreRefused) {
+  // An exchange working on a GPU given host tensors (or the reverse's accumulated output) says so
+  // instead of handing host pointers to GPU kernels; nothing is left in flight.
+  auto comm = world();
+  const int p = comm->size();
+  const auto held = tiles(kImage5, p, {kD}, {p});
+  TileExchange exchange(*comm, kImage5, held, grown(held, kD, 1, 1));
+  exchange.set_device(Device::cuda(0));
+  const Tensor tile = slice_of(indexed(kImage5), held[static_cast<std::size_t>(comm->rank())], 0.0f);
+  Tensor window;
+  try {
+    exchange.start_forward(tile, window);
+    ADD_FAILURE() << "a host tile went into a GPU exchange";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("forward's held_in is on host"), std::string::npos) << e.what();
+  }
+  exchange.set_device(Device::host());
+  exchange.forward(tile, window);  // the exchange is still usable
+  EXPECT_EQ(window.device(), Device::host());
+}
+
 TEST(TileExchange, HaloAlongH) {
   const int p = world()->size();
   const auto held = tiles(kImage5, p, {kH}, {p});  // 5 rows: uneven blocks at 2, 3 and 4 ranks

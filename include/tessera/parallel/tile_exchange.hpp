@@ -113,6 +113,8 @@ class TileExchange {
   /// On a GPU: the packed messages to the host buffer / the received ones from it to `staging`.
   void stage_to_host(std::vector<float>& host, const Tensor& staging);
   void stage_from_host(const std::vector<float>& host, Tensor& staging);
+  /// A tensor given to the exchange must be where it works (empty ones anywhere).
+  void check_device(const Tensor& tensor, const char* what) const;
   void post_receives(std::vector<Transfer>& transfers, std::vector<float>& buffer);
   void post_sends(const std::vector<Transfer>& transfers, const std::vector<float>& buffer);
   void wait_all();
