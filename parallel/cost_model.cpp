@@ -206,6 +206,11 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   e.optimizer = kBytes * params_local * (3.0 + 2.0 * options_.optimizer_state) / machine_.rank_memory_bandwidth(P);
   // Memory: weights, their gradients and optimizer state; the saved output and input window.
   e.memory = kBytes * params_local * (2.0 + options_.optimizer_state) + kBytes * (out_local + in_local);
+  if (l.precision == Precision::BF16) {
+    e.scratch_input = kBytes * in_local;
+    e.scratch_output = kBytes * out_local;
+    e.scratch_weights = kBytes * params_local;
+  }
   return e;
 }
 
@@ -383,7 +388,11 @@ void CostModel::finish(PlanEstimate& estimate) const {
   const int P = options_.ranks;
   estimate.compute = estimate.exchange = estimate.model_comm = estimate.grad_allreduce = 0;
   double memory = 0, largest = 0, optimizer = 0, last_grad = 0;
+  double scratch_input = 0, scratch_output = 0, scratch_weights = 0;
   for (const auto& l : estimate.layers) {
+    scratch_input = std::max(scratch_input, l.scratch_input);
+    scratch_output = std::max(scratch_output, l.scratch_output);
+    scratch_weights = std::max(scratch_weights, l.scratch_weights);
     optimizer += l.optimizer;
     estimate.compute += l.compute;
     estimate.exchange += l.exchange;
@@ -404,8 +413,8 @@ void CostModel::finish(PlanEstimate& estimate) const {
   estimate.other = allreduce_time(P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce, P, 16) + optimizer + waits;
   estimate.step_seconds =
       estimate.compute + estimate.exchange + estimate.model_comm + estimate.grad_exposed + estimate.other;
-  // Transient: the largest layer's gradients next to what is kept.
-  estimate.memory_bytes = memory + largest;
+  // Transient: the largest layer's gradients next to what is kept; and the bf16 operands' scratch.
+  estimate.memory_bytes = memory + largest + scratch_input + scratch_output + scratch_weights;
   estimate.fits = estimate.memory_bytes <= machine_.memory_per_rank;
 }
 

@@ -189,6 +189,29 @@ TEST(CostModel, Bf16OperandsArePricedAtTheBf16RateWithTheirRoundingPasses) {
               CostModel(small_chain(4), round_machine(), {.ranks = 2}).layer_cost(2, s).compute, 1e-15);
 }
 
+TEST(CostModel, Bf16ScratchIsTheLargestRoundedOperandOfEachKind) {
+  // The backend keeps one buffer per rounded operand (input, output gradient, weights), as large
+  // as the largest layer's: the plan's memory grows by each one's maximum over the bf16 layers.
+  const PlannerGraph fp32 = small_chain(4);
+  PlannerGraph bf16 = fp32;
+  bf16.layers[0].precision = Precision::BF16;  // conv 1 -> 4 on 8 x 8
+  bf16.layers[2].precision = Precision::BF16;  // conv 4 -> 4 on 8 x 8
+  const Machine m = round_machine();
+  const Plan plan = Plan::sample_parallel(2);
+  const PlanEstimate base = CostModel(fp32, m, {.ranks = 2}).estimate(plan);
+  const PlanEstimate with = CostModel(bf16, m, {.ranks = 2}).estimate(plan);
+  // Per rank 2 samples: inputs 2 x 1 x 10 x 10 (padded window) and 2 x 4 x 10 x 10, outputs
+  // 2 x 4 x 8 x 8 both, weights 4 x 1 x 9 + 4 and 4 x 4 x 9 + 4.
+  EXPECT_DOUBLE_EQ(with.layers[0].scratch_input, 4.0 * 2 * 1 * 10 * 10);
+  EXPECT_DOUBLE_EQ(with.layers[2].scratch_input, 4.0 * 2 * 4 * 10 * 10);
+  EXPECT_DOUBLE_EQ(with.layers[0].scratch_weights, 4.0 * (4 * 1 * 9 + 4));
+  EXPECT_DOUBLE_EQ(with.layers[2].scratch_weights, 4.0 * (4 * 4 * 9 + 4));
+  EXPECT_DOUBLE_EQ(with.layers[2].scratch_output, 4.0 * 2 * 4 * 8 * 8);
+  EXPECT_EQ(with.layers[1].scratch_input, 0.0);  // relu: nothing to round
+  EXPECT_DOUBLE_EQ(with.memory_bytes - base.memory_bytes,
+                   4.0 * 2 * 4 * 10 * 10 + 4.0 * 2 * 4 * 8 * 8 + 4.0 * (4 * 4 * 9 + 4));
+}
+
 TEST(CostModel, CalibratedTimingReplacesTheRoofline) {
   const PlannerGraph g = small_chain(4);
   Machine m = round_machine();

@@ -119,6 +119,10 @@ struct LayerEstimate {
   double grad_allreduce = 0;  ///< allreduce of its weight gradient blocks (before overlap)
   double optimizer = 0;       ///< the optimizer's update of its weight blocks
   double memory = 0;        ///< bytes per rank this layer keeps (weights, state, activations)
+  /// bf16 operands: bytes of its rounded input, output gradient and weights. The backend keeps one
+  /// scratch buffer per operand, as large as the largest layer's, so a plan adds each one's
+  /// maximum over its layers.
+  double scratch_input = 0, scratch_output = 0, scratch_weights = 0;
   double total() const { return compute + exchange + model_comm; }
 };
 
