@@ -411,6 +411,9 @@ class CudaElementwise final : public ElementwiseKernels {
     return static_cast<std::int64_t>(sum_in_row_order(per_row, rows));
   }
   void accumulate(const float* x, float* y, std::int64_t count) override { cuda_kernels::accumulate(x, y, count); }
+  void dropout_scales(const DropoutMask& mask, float* scales, std::int64_t count) override {
+    cuda_kernels::dropout_scales(mask, scales, count);
+  }
   void round_to_bf16(const float* x, float* y, std::int64_t count) override {
     if (count > 0) cuda_kernels::round_to_bf16(x, y, count);
   }

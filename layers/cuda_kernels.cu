@@ -191,6 +191,10 @@ __global__ void round_to_bf16_kernel(const float* x, float* y, std::int64_t coun
   TESSERA_GRID_LOOP(i, count) { y[i] = __uint_as_float(bf16_round_bits(__float_as_uint(x[i]))); }
 }
 
+__global__ void dropout_scales_kernel(DropoutMask mask, float* scales, std::int64_t count) {
+  TESSERA_GRID_LOOP(i, count) { scales[i] = dropout_scale(mask, i); }
+}
+
 __global__ void multiply_kernel(const float* a, const float* b, float* y, std::int64_t count) {
   TESSERA_GRID_LOOP(i, count) { y[i] = a[i] * b[i]; }
 }
@@ -364,6 +368,12 @@ void accumulate(const float* x, float* y, std::int64_t count) {
 void round_to_bf16(const float* x, float* y, std::int64_t count) {
   round_to_bf16_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, y, count);
   check_launch("round to bf16");
+}
+
+void dropout_scales(const DropoutMask& mask, float* scales, std::int64_t count) {
+  if (count <= 0) return;
+  dropout_scales_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(mask, scales, count);
+  check_launch("dropout scales");
 }
 
 void multiply(const float* a, const float* b, float* y, std::int64_t count) {

@@ -5,11 +5,13 @@
 #include <cstdint>
 
 #include "layers/pool_box.hpp"
+#include "tessera/layers/dropout_mask.hpp"
 #include "tessera/layers/update_steps.hpp"
 
 namespace tessera::cuda_kernels {
 
 using tessera::AdamStep;
+using tessera::DropoutMask;
 using tessera::PoolBox;
 using tessera::SgdStep;
 
@@ -46,6 +48,9 @@ void count_correct(const float* scores, const float* labels, std::int64_t rows, 
 
 /// y = x rounded to bf16 (bf16_round_bits: the host's rounding, bit for bit), as fp32; y may be x.
 void round_to_bf16(const float* x, float* y, std::int64_t count);
+
+/// scales[i] = dropout_scale(mask, i) (tessera/layers/dropout_mask.hpp: the host's draws).
+void dropout_scales(const DropoutMask& mask, float* scales, std::int64_t count);
 
 /// y += x.
 void accumulate(const float* x, float* y, std::int64_t count);

@@ -1,10 +1,10 @@
 // "dropout": inverted dropout (kept elements scaled by 1 / (1 - rate) in training, identity in
 // evaluation). Each element's keep/drop draw is keyed by its global index in the batch, so a
-// batch split over ranks drops exactly what one rank would. The draws are made on the host and
-// applied by the backend's element-wise kernels, so a GPU run drops exactly what a host run does.
+// batch split over ranks drops exactly what one rank would. The draws are made where the tensor
+// is (ElementwiseKernels::dropout_scales, one formula for host and GPU: tessera/layers/dropout_mask.hpp),
+// so a GPU run drops exactly what a host run does.
 #include <cstdint>
 
-#include "layers/host_loops.hpp"
 #include "layers/layer_common.hpp"
 #include "tessera/core/rng.hpp"
 
@@ -48,62 +48,27 @@ class DropoutLayer final : public Layer {
       output.copy_from(input);
       return;
     }
-    const std::int64_t count = input.numel(), sample_numel = input.shape().sample_numel();
-    // Scale per element (0 or 1 / (1 - rate)): backward multiplies by the same factors.
-    scales_.resize(Shape({count}), Device::host());
-    const std::uint64_t seed = ctx.seed;
-    const std::uint64_t stream = rng_substream(RngStream::Dropout, static_cast<std::uint64_t>(id()),
-                                               static_cast<std::uint64_t>(ctx.step));
-    const float rate = static_cast<float>(rate_);
-    const float keep_scale = static_cast<float>(1.0 / (1.0 - rate_));
-    float* scales = scales_.data();
-    // The masks are drawn on the host (the counter-based stream, keyed by global index, the same on
-    // every device), then applied where the tensors are.
-    const auto apply = [&] {
-      const float* factors = scales;
-      if (!input.device().is_host()) {
-        device_scales_.resize(Shape({count}), input.device());
-        device_scales_.copy_from(scales_);
-        factors = device_scales_.data();
-      }
-      kernels.multiply(input.data(), factors, output.data(), count);
-    };
-    if (!ctx.tile && model_split_.none()) {
-      const std::uint64_t first = static_cast<std::uint64_t>(ctx.sample_offset * sample_numel);
-      host_for("dropout masks", count, [=](std::int64_t i) {
-        const bool keep = random_uniform(seed, stream, first + static_cast<std::uint64_t>(i)) >= rate;
-        scales[i] = keep ? keep_scale : 0.0f;
-      });
-      apply();
-      return;
-    }
-    // On a spatial tile or a block of the channels: the global index of each local element, from
-    // the tile's position in the global N x C x (D) x H x W tensor (2-D tiles as depth 1, features
-    // as 0-D samples).
-    std::int64_t local[3] = {1, 1, 1}, global[3] = {1, 1, 1}, origin[3] = {0, 0, 0};
+    // The scales (0 or 1 / (1 - rate)) drawn where the tensor is; backward multiplies by them too.
+    // Local element -> global index: the tile's position in the global N x C x (D) x H x W tensor
+    // (2-D tiles as depth 1, features as 0-D samples), the channel block's in the channels.
+    DropoutMask mask;
+    mask.seed = ctx.seed;
+    mask.stream = rng_substream(RngStream::Dropout, static_cast<std::uint64_t>(id()), static_cast<std::uint64_t>(ctx.step));
+    mask.rate = static_cast<float>(rate_);
+    mask.keep_scale = static_cast<float>(1.0 / (1.0 - rate_));
     const std::size_t dims = static_cast<std::size_t>(input.rank() - 2), shift = 3 - dims;
     for (std::size_t i = 0; i < dims; ++i) {
-      local[i + shift] = input.dim(static_cast<int>(i) + 2);
-      global[i + shift] = ctx.tile ? ctx.tile->output_global[i] : local[i + shift];
-      origin[i + shift] = ctx.tile ? ctx.tile->output_begin[i] : 0;
+      mask.local[i + shift] = input.dim(static_cast<int>(i) + 2);
+      mask.global[i + shift] = ctx.tile ? ctx.tile->output_global[i] : mask.local[i + shift];
+      mask.origin[i + shift] = ctx.tile ? ctx.tile->output_begin[i] : 0;
     }
-    const std::int64_t channels = input.dim(1), offset = ctx.sample_offset;
-    const std::int64_t global_channels = model_split_.none() ? channels : global_channels_;
-    const std::int64_t channel_offset = model_split_.none() ? 0 : channel_offset_;
-    host_for("dropout masks (tile)", input.dim(0) * channels, [=](std::int64_t plane) {
-      const std::int64_t n = plane / channels, c = plane % channels;
-      const std::int64_t global_plane = (offset + n) * global_channels + channel_offset + c;
-      std::int64_t i = plane * local[0] * local[1] * local[2];
-      for (std::int64_t d = 0; d < local[0]; ++d)
-        for (std::int64_t h = 0; h < local[1]; ++h)
-          for (std::int64_t w = 0; w < local[2]; ++w, ++i) {
-            const std::int64_t g =
-                ((global_plane * global[0] + origin[0] + d) * global[1] + origin[1] + h) * global[2] + origin[2] + w;
-            const bool keep = random_uniform(seed, stream, static_cast<std::uint64_t>(g)) >= rate;
-            scales[i] = keep ? keep_scale : 0.0f;
-          }
-    });
-    apply();
+    mask.channels = input.dim(1);
+    mask.sample_offset = ctx.sample_offset;
+    mask.global_channels = model_split_.none() ? mask.channels : global_channels_;
+    mask.channel_offset = model_split_.none() ? 0 : channel_offset_;
+    scales_.resize(Shape({input.numel()}), input.device());
+    kernels.dropout_scales(mask, scales_.data(), input.numel());
+    kernels.multiply(input.data(), scales_.data(), output.data(), input.numel());
   }
 
   void backward(std::span<const Tensor* const> inputs, const Tensor&, const Tensor& grad_output,
@@ -114,8 +79,8 @@ class DropoutLayer final : public Layer {
       grad_inputs[0]->copy_from(grad_output);
       return;
     }
-    const float* factors = grad_output.device().is_host() ? scales_.data() : device_scales_.data();
-    elementwise_of(ctx, grad_output).multiply(grad_output.data(), factors, grad_inputs[0]->data(), grad_output.numel());
+    elementwise_of(ctx, grad_output).multiply(grad_output.data(), scales_.data(), grad_inputs[0]->data(),
+                                              grad_output.numel());
   }
 
  private:
@@ -123,8 +88,7 @@ class DropoutLayer final : public Layer {
   Shape input_shape_;
   std::int64_t global_channels_ = 0, channel_offset_ = 0;
   bool applied_ = false;
-  Tensor scales_;         ///< per element: 0 or 1 / (1 - rate), on the host
-  Tensor device_scales_;  ///< scales_ on the GPU, when the layer runs on one
+  Tensor scales_;  ///< per element: 0 or 1 / (1 - rate), on the input's device
 };
 
 }  // namespace

@@ -127,6 +127,9 @@ class HostElementwise final : public ElementwiseKernels {
       std::memcpy(y + i, &bits, sizeof bits);
     });
   }
+  void dropout_scales(const DropoutMask& mask, float* scales, std::int64_t count) override {
+    host_for("dropout scales", count, [=](std::int64_t i) { scales[i] = dropout_scale(mask, i); });
+  }
   void multiply(const float* a, const float* b, float* y, std::int64_t count) override {
     host_for("multiply", count, [=](std::int64_t i) { y[i] = a[i] * b[i]; });
   }

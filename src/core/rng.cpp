@@ -2,17 +2,10 @@
 
 #include <cmath>
 
+#include "tessera/core/philox.hpp"
+
 namespace tessera {
 namespace {
-constexpr std::uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
-constexpr std::uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
-
-inline void mulhilo(std::uint32_t a, std::uint32_t b, std::uint32_t& hi, std::uint32_t& lo) {
-  const std::uint64_t p = static_cast<std::uint64_t>(a) * b;
-  hi = static_cast<std::uint32_t>(p >> 32);
-  lo = static_cast<std::uint32_t>(p);
-}
-
 inline std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -20,9 +13,6 @@ inline std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-inline float to_unit(std::uint32_t x) {  // [0, 1) with 24 random bits
-  return static_cast<float>(x >> 8) * (1.0f / 16777216.0f);
-}
 }  // namespace
 
 std::uint64_t rng_substream(RngStream base, std::uint64_t a, std::uint64_t b) {
@@ -30,23 +20,12 @@ std::uint64_t rng_substream(RngStream base, std::uint64_t a, std::uint64_t b) {
 }
 
 std::array<std::uint32_t, 4> philox4x32(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
-  std::uint32_t c0 = static_cast<std::uint32_t>(index), c1 = static_cast<std::uint32_t>(index >> 32);
-  std::uint32_t c2 = static_cast<std::uint32_t>(stream), c3 = static_cast<std::uint32_t>(stream >> 32);
-  std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    std::uint32_t hi0, lo0, hi1, lo1;
-    mulhilo(kMul0, c0, hi0, lo0);
-    mulhilo(kMul1, c2, hi1, lo1);
-    const std::uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
-    k0 += kWeyl0;
-    k1 += kWeyl1;
-  }
-  return {c0, c1, c2, c3};
+  const philox::Words words = philox::philox4x32_10(seed, stream, index);
+  return {words.w[0], words.w[1], words.w[2], words.w[3]};
 }
 
 float random_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
-  return to_unit(philox4x32(seed, stream, index)[0]);
+  return philox::unit_float(philox::philox4x32_10(seed, stream, index).w[0]);
 }
 
 float random_normal(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {

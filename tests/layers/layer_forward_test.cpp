@@ -197,6 +197,11 @@ TEST(LayerForward, DropoutMaskIsTheSameWhenTheBatchIsSplit) {
   }
   EXPECT_GT(dropped, whole.numel() / 4);
   EXPECT_LT(dropped, 3 * whole.numel() / 4);
+  // The documented key: element i of the batch is kept when the Philox draw for (seed, the
+  // dropout stream of layer id and step, i) is at least the rate (the GPU kernel draws the same).
+  const std::uint64_t stream = rng_substream(RngStream::Dropout, static_cast<std::uint64_t>(layer->id()), 4);
+  for (std::int64_t i = 0; i < whole.numel(); ++i)
+    EXPECT_EQ(whole.data()[i] != 0.0f, random_uniform(9, stream, static_cast<std::uint64_t>(i)) >= 0.5f) << i;
 
   for (std::int64_t split : {1, 2, 3}) {
     for (auto [begin, end] : {std::pair<std::int64_t, std::int64_t>{0, split}, {split, 4}}) {

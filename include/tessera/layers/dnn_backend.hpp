@@ -18,6 +18,7 @@
 
 #include "tessera/core/device.hpp"
 #include "tessera/core/precision.hpp"
+#include "tessera/layers/dropout_mask.hpp"
 #include "tessera/layers/update_steps.hpp"
 
 namespace tessera {
@@ -149,6 +150,8 @@ class ElementwiseKernels {
   /// y = x rounded to the nearest bf16 value (ties to even; infinities and NaNs stay what they
   /// are), as fp32; y may be x. The same bits on every device.
   virtual void round_to_bf16(const float* x, float* y, std::int64_t count) = 0;
+  /// scales[i] = dropout_scale(mask, i) for the `count` elements of the local tensor.
+  virtual void dropout_scales(const DropoutMask& mask, float* scales, std::int64_t count) = 0;
   /// y = a * b, element by element (y may be a or b).
   virtual void multiply(const float* a, const float* b, float* y, std::int64_t count) = 0;
   /// `rows` rows of `length` floats from `source` (rows `source_stride` apart) to `destination`
