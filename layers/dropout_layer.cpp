@@ -34,6 +34,8 @@ class DropoutLayer final : public Layer {
 
   Shape setup(const std::vector<Shape>& inputs) override {
     check_input_count(*this, inputs, 1);
+    if (inputs[0].rank() > 5)
+      fail_layer(*this, "takes N x features or N x C x (D) x H x W inputs, got {}", inputs[0].to_string());
     input_shape_ = inputs[0];
     return input_shape_;
   }
@@ -66,6 +68,8 @@ class DropoutLayer final : public Layer {
     mask.sample_offset = ctx.sample_offset;
     mask.global_channels = model_split_.none() ? mask.channels : global_channels_;
     mask.channel_offset = model_split_.none() ? 0 : channel_offset_;
+    mask.whole = !ctx.tile && model_split_.none();  // the same index as the general form, without divisions
+    mask.first = ctx.sample_offset * input.shape().sample_numel();
     scales_.resize(Shape({input.numel()}), input.device());
     kernels.dropout_scales(mask, scales_.data(), input.numel());
     kernels.multiply(input.data(), scales_.data(), output.data(), input.numel());

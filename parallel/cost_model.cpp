@@ -210,6 +210,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     e.scratch_input = kBytes * in_local;
     e.scratch_output = kBytes * out_local;
     e.scratch_weights = kBytes * params_local;
+    e.scratch_of_linear = l.type == "linear";
   }
   return e;
 }
@@ -388,11 +389,12 @@ void CostModel::finish(PlanEstimate& estimate) const {
   const int P = options_.ranks;
   estimate.compute = estimate.exchange = estimate.model_comm = estimate.grad_allreduce = 0;
   double memory = 0, largest = 0, optimizer = 0, last_grad = 0;
-  double scratch_input = 0, scratch_output = 0, scratch_weights = 0;
+  double scratch_input[2] = {0, 0}, scratch_output[2] = {0, 0}, scratch_weights[2] = {0, 0};  // conv, linear
   for (const auto& l : estimate.layers) {
-    scratch_input = std::max(scratch_input, l.scratch_input);
-    scratch_output = std::max(scratch_output, l.scratch_output);
-    scratch_weights = std::max(scratch_weights, l.scratch_weights);
+    const int kind = l.scratch_of_linear ? 1 : 0;
+    scratch_input[kind] = std::max(scratch_input[kind], l.scratch_input);
+    scratch_output[kind] = std::max(scratch_output[kind], l.scratch_output);
+    scratch_weights[kind] = std::max(scratch_weights[kind], l.scratch_weights);
     optimizer += l.optimizer;
     estimate.compute += l.compute;
     estimate.exchange += l.exchange;
@@ -414,7 +416,9 @@ void CostModel::finish(PlanEstimate& estimate) const {
   estimate.step_seconds =
       estimate.compute + estimate.exchange + estimate.model_comm + estimate.grad_exposed + estimate.other;
   // Transient: the largest layer's gradients next to what is kept; and the bf16 operands' scratch.
-  estimate.memory_bytes = memory + largest + scratch_input + scratch_output + scratch_weights;
+  double scratch = 0;
+  for (int kind : {0, 1}) scratch += scratch_input[kind] + scratch_output[kind] + scratch_weights[kind];
+  estimate.memory_bytes = memory + largest + scratch;
   estimate.fits = estimate.memory_bytes <= machine_.memory_per_rank;
 }
 

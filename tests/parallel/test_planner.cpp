@@ -210,6 +210,12 @@ TEST(CostModel, Bf16ScratchIsTheLargestRoundedOperandOfEachKind) {
   EXPECT_EQ(with.layers[1].scratch_input, 0.0);  // relu: nothing to round
   EXPECT_DOUBLE_EQ(with.memory_bytes - base.memory_bytes,
                    4.0 * 2 * 4 * 10 * 10 + 4.0 * 2 * 4 * 8 * 8 + 4.0 * (4 * 4 * 9 + 4));
+  // A bf16 linear layer too: its buffers are the linear kernels' own, added to the convolutions'.
+  PlannerGraph both = bf16;
+  both.layers[4].precision = Precision::BF16;  // linear 256 -> 10
+  const PlanEstimate all = CostModel(both, m, {.ranks = 2}).estimate(plan);
+  EXPECT_TRUE(all.layers[4].scratch_of_linear);
+  EXPECT_DOUBLE_EQ(all.memory_bytes - with.memory_bytes, 4.0 * (2 * 256 + 2 * 10 + 10 * 256 + 10));
 }
 
 TEST(CostModel, CalibratedTimingReplacesTheRoofline) {

@@ -19,10 +19,13 @@ struct DropoutMask {
   std::int64_t sample_offset = 0;               ///< global position of local sample 0
   std::int64_t global_channels = 1, channel_offset = 0;
   std::int64_t local[3] = {1, 1, 1}, global[3] = {1, 1, 1}, origin[3] = {0, 0, 0};
+  /// Whole samples with all their channels: the global index is first + i (no divisions).
+  bool whole = false;
+  std::int64_t first = 0;
 };
 
-/// The scale of local element `i` (row-major over samples x channels x local).
-TESSERA_RNG_HOST_DEVICE inline float dropout_scale(const DropoutMask& m, std::int64_t i) {
+/// The global index of local element `i` (row-major over samples x channels x local).
+TESSERA_RNG_HOST_DEVICE inline std::int64_t dropout_global_index(const DropoutMask& m, std::int64_t i) {
   const std::int64_t w = i % m.local[2];
   i /= m.local[2];
   const std::int64_t h = i % m.local[1];
@@ -33,6 +36,12 @@ TESSERA_RNG_HOST_DEVICE inline float dropout_scale(const DropoutMask& m, std::in
   const std::int64_t plane = (m.sample_offset + n) * m.global_channels + m.channel_offset + c;
   const std::int64_t g =
       ((plane * m.global[0] + m.origin[0] + d) * m.global[1] + m.origin[1] + h) * m.global[2] + m.origin[2] + w;
+  return g;
+}
+
+/// The scale of local element `i` (row-major over samples x channels x local).
+TESSERA_RNG_HOST_DEVICE inline float dropout_scale(const DropoutMask& m, std::int64_t i) {
+  const std::int64_t g = m.whole ? m.first + i : dropout_global_index(m, i);
   const float draw = philox::unit_float(philox::philox4x32_10(m.seed, m.stream, static_cast<std::uint64_t>(g)).w[0]);
   return draw >= m.rate ? m.keep_scale : 0.0f;
 }

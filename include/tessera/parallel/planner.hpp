@@ -120,9 +120,10 @@ struct LayerEstimate {
   double optimizer = 0;       ///< the optimizer's update of its weight blocks
   double memory = 0;        ///< bytes per rank this layer keeps (weights, state, activations)
   /// bf16 operands: bytes of its rounded input, output gradient and weights. The backend keeps one
-  /// scratch buffer per operand, as large as the largest layer's, so a plan adds each one's
-  /// maximum over its layers.
+  /// scratch buffer per operand for its convolutions and another for its linear layers, each as
+  /// large as the largest layer's, so a plan adds each one's maximum over the layers of its kind.
   double scratch_input = 0, scratch_output = 0, scratch_weights = 0;
+  bool scratch_of_linear = false;  ///< whose buffers: the linear layers' (else the convolutions')
   double total() const { return compute + exchange + model_comm; }
 };
 
