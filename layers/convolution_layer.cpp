@@ -13,8 +13,8 @@ class ConvolutionLayer final : public Layer {
         stride_(options.get_int_list("stride", {1})),
         padding_(options.get_int_list("padding", {0})),
         dilation_(options.get_int_list("dilation", {1})),
-        bias_(options.get_bool("bias", true)),
-        precision_(parse_precision(options.get_string("precision", "fp32"), options.context())) {
+        bias_(options.get_bool("bias", true)) {
+    geometry_.precision = parse_precision(options.get_string("precision", "fp32"), options.context());
     if (filters_ < 1) fail_layer(*this, "parameter 'filters' must be at least 1, got {}", filters_);
     for (auto k : kernel_) if (k < 1) fail_layer(*this, "parameter 'kernel' must be at least 1, got {}", k);
     for (auto s : stride_) if (s < 1) fail_layer(*this, "parameter 'stride' must be at least 1, got {}", s);
@@ -39,7 +39,6 @@ class ConvolutionLayer final : public Layer {
     geometry_.padding = expand_per_dimension(*this, "padding", padding_, dims);
     geometry_.dilation = expand_per_dimension(*this, "dilation", dilation_, dims);
     geometry_.bias = bias_;
-    geometry_.precision = precision_;
     geometry_.output_size.clear();
     for (int i = 0; i < dims; ++i) {
       const auto u = static_cast<std::size_t>(i);
@@ -70,7 +69,7 @@ class ConvolutionLayer final : public Layer {
   }
 
   bool model_splittable() const override { return true; }
-  Precision precision() const override { return precision_; }
+  Precision precision() const override { return geometry_.precision; }
 
   void set_model_split(const ModelSplit& split) override {
     if (split == model_split_) return;  // a second executor on the same model
@@ -232,7 +231,6 @@ class ConvolutionLayer final : public Layer {
   std::int64_t filters_;
   std::vector<std::int64_t> kernel_, stride_, padding_, dilation_;
   bool bias_;
-  Precision precision_;
   Shape input_shape_;
   ConvolutionGeometry geometry_, tile_geometry_, region_geometry_;
   Tensor region_input_, region_output_;  ///< forward_region's copies, kept between calls

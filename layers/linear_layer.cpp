@@ -9,8 +9,8 @@ class LinearLayer final : public Layer {
   LinearLayer(const std::string& name, int id, LayerOptions& options)
       : Layer(name, id),
         out_features_(options.get_int("out")),
-        bias_(options.get_bool("bias", true)),
-        precision_(parse_precision(options.get_string("precision", "fp32"), options.context())) {
+        bias_(options.get_bool("bias", true)) {
+    geometry_.precision = parse_precision(options.get_string("precision", "fp32"), options.context());
     if (out_features_ < 1) fail_layer(*this, "parameter 'out' must be at least 1, got {}", out_features_);
   }
 
@@ -25,7 +25,6 @@ class LinearLayer final : public Layer {
     geometry_.in_features = input[1];
     geometry_.out_features = out_features_;
     geometry_.bias = bias_;
-    geometry_.precision = precision_;
     const Shape weight_shape{out_features_, geometry_.in_features};
     weights_ = {name() + ".weight", Tensor(weight_shape), Tensor(weight_shape), true};
     if (bias_) bias_parameter_ = {name() + ".bias", Tensor(Shape{out_features_}), Tensor(Shape{out_features_}), false};
@@ -33,7 +32,7 @@ class LinearLayer final : public Layer {
   }
 
   bool model_splittable() const override { return true; }
-  Precision precision() const override { return precision_; }
+  Precision precision() const override { return geometry_.precision; }
 
   void set_model_split(const ModelSplit& split) override {
     if (split == model_split_) return;  // a second executor on the same model
@@ -104,7 +103,6 @@ class LinearLayer final : public Layer {
 
   std::int64_t out_features_;
   bool bias_;
-  Precision precision_;
   Shape input_shape_;
   LinearGeometry geometry_;
   Parameter weights_, bias_parameter_;

@@ -4,7 +4,6 @@
 
 #include "layers/bf16_operands.hpp"
 #include "layers/onednn_common.hpp"
-#include "tessera/core/error.hpp"
 
 namespace tessera {
 

@@ -132,6 +132,9 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   else if (split.filter > 1) in_local *= static_cast<double>(ceil_div(in_channels, split.filter));
   else in_local *= static_cast<double>(in_channels);
 
+  // This rank's block of the weights.
+  const double params_local = static_cast<double>(l.parameters) / (split.filter * split.channel);
+
   // Compute: a calibrated timing of exactly this workload, else the roofline.
   const auto found = machine_.kernels.find(w.key(graph_));
   if (found != machine_.kernels.end()) {
@@ -164,8 +167,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
       // Passes of their own that round the operands (each element read and written): the input
       // twice (forward, weight gradient), the output gradient and the weights (forward, input
       // gradient).
-      const double weights = static_cast<double>(l.parameters) / (split.filter * split.channel);
-      e.compute += 2.0 * kBytes * (2.0 * in_local + out_local + 2.0 * weights) / machine_.rank_memory_bandwidth(P);
+      e.compute += 2.0 * kBytes * (2.0 * in_local + out_local + 2.0 * params_local) / machine_.rank_memory_bandwidth(P);
     }
   }
 
@@ -193,7 +195,6 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
 
   // Gradient allreduce of the weight blocks over the ranks with the same filter and channel
   // coordinates (sample x spatial); it spans nodes when the group's last rank is off node 0.
-  const double params_local = static_cast<double>(l.parameters) / (split.filter * split.channel);
   {
     const int g = P / (split.filter * split.channel);
     const int span = (split.sample - 1) * split.filter * split.channel * split.spatial_product() +
