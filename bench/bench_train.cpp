@@ -71,11 +71,13 @@ int main(int argc, char** argv) {
                    "from other nodes; 1: every rank its own node); 0: from the host names");
     std::string device_name = "host";
     app.add_option("--device", device_name,
-                   "host, or cuda (this rank's GPU; one rank only so far): where the layers run and the optimizer "
-                   "updates")
+                   "host, or cuda (a GPU per rank): where the layers run and the optimizer updates")
         ->check(CLI::IsMember({"host", "cuda"}));
-    int gpu = 0;
-    app.add_option("--gpu", gpu, "with --device cuda: the GPU's index");
+    int gpu = tessera::ExecutorOptions::kNodeLocalGpu;
+    app.add_option("--gpu", gpu, "with --device cuda: the GPU's index (default: the node-local rank's)");
+    std::string gpu_comm = "auto";
+    app.add_option("--gpu-comm", gpu_comm, "with --device cuda: auto, nccl or mpi (see tessera train --help)")
+        ->check(CLI::IsMember({"auto", "nccl", "mpi"}));
     std::string precision;
     app.add_option("--precision", precision, "fp32 or bf16 for the conv and linear layers (default: the model file's)")
         ->check(CLI::IsMember({"fp32", "bf16"}));
@@ -104,6 +106,7 @@ int main(int argc, char** argv) {
     options.halo_overlap = tessera::parse_halo_overlap(halo_overlap);
     options.ranks_per_node = ranks_per_node;
     options.device = device_name == "cuda" ? tessera::Device::cuda(gpu) : tessera::Device::host();
+    options.gpu_comm = tessera::parse_gpu_comm(gpu_comm);
     options.profile = profile;
     const tessera::Plan plan =
         plan_file.empty() ? tessera::Plan::sample_parallel(world->size()) : tessera::Plan::load(plan_file);
@@ -127,8 +130,8 @@ int main(int argc, char** argv) {
       labels.data()[n] = classes ? static_cast<float>((begin + n) % 10)
                                  : 2.0f * tessera::random_uniform(5, 2, static_cast<std::uint64_t>(n)) - 1.0f;
     // On a GPU the data stays there, as the peer's does (reading is not timed).
-    inputs = inputs.to(options.device);
-    labels = labels.to(options.device);
+    inputs = inputs.to(executor.device());
+    labels = labels.to(executor.device());
 
     using Clock = std::chrono::steady_clock;
     Clock::time_point start;
@@ -190,10 +193,12 @@ int main(int argc, char** argv) {
     }
     if (world->rank() == 0)
       std::printf(
-          "{\"framework\": \"tessera\", \"device\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "
+          "{\"framework\": \"tessera\", \"device\": \"%s\", \"gpu_comm\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "
           "\"step_ms\": %.3f, \"comm_wait_ms\": %.3f, \"exchange_ms\": %.3f, \"exchange_critical_ms\": %.3f, \"halo_ms\": %.3f, \"halo_critical_ms\": %.3f, \"exchanged_mib\": %.2f, "
           "\"gflops\": %.2f, \"activation_mib\": %.1f, \"peak_rss_mib\": %.1f, \"gpu_peak_gib\": %.2f, \"overlapped_layers\": %d}\n",
-          options.device.to_string().c_str(), std::string(tessera::precision_name(model.precision())).c_str(),
+          executor.device().to_string().c_str(),
+          options.device.is_host() ? "none" : executor.uses_nccl() ? "nccl" : "mpi",
+          std::string(tessera::precision_name(model.precision())).c_str(),
           world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps,
           1e3 * comm_wait / steps, 1e3 * exchange / steps, 1e3 * critical_exchange / steps, 1e3 * halo / steps, 1e3 * critical_halo / steps, exchanged_mib, gflops, activation_mib, peak_mib, gpu_peak_gib,
           static_cast<int>(overlapped));

@@ -9,6 +9,9 @@ GradReducer::GradReducer(GradReducerOptions options) : options_(options) {}
 
 void GradReducer::add(Tensor& grad, Communicator& replica_group) {
   TESSERA_CHECK(!built_, "GradReducer::add after build()");
+  TESSERA_CHECK(!replica_group.moves_gpu_memory() || !grad.device().is_host(),
+                "GradReducer: a gradient on the host cannot be reduced over {}, which moves GPU memory",
+                replica_group.name());
   entries_.push_back({&grad, &replica_group});
 }
 
@@ -76,12 +79,17 @@ void GradReducer::ready(const Tensor& grad) {
     if (b.request) b.request->test();
 }
 
+bool GradReducer::through_host(const Bucket& bucket) {
+  return !bucket.flat.device().is_host() && !bucket.group->moves_gpu_memory();
+}
+
 void GradReducer::start(Bucket& bucket) {
   if (bucket.group->size() == 1) return;  // one replica: its gradient is the sum
   Tensor* reduced = &bucket.flat;
-  if (!bucket.flat.device().is_host()) {
-    // Gradients on a GPU are reduced through a host copy (the communicator's buffers are host
-    // memory; an allreduce between GPUs over NCCL is not built yet).
+  if (through_host(bucket)) {
+    // Gradients on a GPU with a communicator of host memory (MPI): reduced through a host copy.
+    // With one of GPU memory (NCCL) the bucket is reduced where it is, on the communication
+    // stream, while backward goes on.
     bucket.staged.resize(bucket.flat.shape(), Device::host());
     bucket.staged.copy_from(bucket.flat);
     reduced = &bucket.staged;
@@ -99,7 +107,7 @@ void GradReducer::finish() {
       const WatchdogScope scope(watchdog_, labels_[b].c_str());
       bucket.request->wait();
       bucket.request.reset();
-      if (!bucket.flat.device().is_host()) bucket.flat.copy_from(bucket.staged);
+      if (through_host(bucket)) bucket.flat.copy_from(bucket.staged);
     }
     bucket.pending = bucket.grads.size();
   }

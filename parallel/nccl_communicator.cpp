@@ -1,5 +1,7 @@
 // The NCCL Communicator (see tessera/parallel/nccl_communicator.hpp). Every operation goes to
-// cuda::stream() of the current GPU.
+// the current GPU's communication stream (cuda::comm_stream()), fenced by events against its
+// compute stream (cuda::stream()): it starts after the compute queued before it, and its
+// request's wait() makes later compute wait for it.
 #include "tessera/parallel/nccl_communicator.hpp"
 
 #include <cuda_runtime.h>
@@ -37,35 +39,54 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   fail("unknown reduce op");
 }
 
-cudaStream_t current_stream() { return static_cast<cudaStream_t>(cuda::stream()); }
+cudaStream_t compute_stream() { return static_cast<cudaStream_t>(cuda::stream()); }
+cudaStream_t communication_stream() { return static_cast<cudaStream_t>(cuda::comm_stream()); }
 
-/// Events for nonblocking collectives: wait() waits for the GPU work queued before it.
-class EventRequest final : public CommRequest {
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) fail("CUDA: {} failed: {}", what, cudaGetErrorString(status));
+}
+
+cudaEvent_t recorded_event(cudaStream_t stream) {
+  cudaEvent_t event{};
+  check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventRecord(event, stream), "cudaEventRecord");
+  return event;
+}
+
+/// An operation queued on the communication stream. wait() makes the compute stream (of the
+/// GPU that was current when it was queued) wait for it, without blocking the host;
+/// wait_on_host() blocks until it finished. Destroyed unwaited, it still fences the compute
+/// stream, so that its buffers can be released (see tessera/core/cuda.hpp).
+class StreamRequest final : public CommRequest {
  public:
-  EventRequest() {
-    if (cudaEventCreateWithFlags(&event_, cudaEventDisableTiming) != cudaSuccess) fail("CUDA: cudaEventCreate failed");
-    if (cudaEventRecord(event_, current_stream()) != cudaSuccess) fail("CUDA: cudaEventRecord failed");
-  }
-  ~EventRequest() override {
-    cudaEventSynchronize(event_);
-    cudaEventDestroy(event_);
+  StreamRequest(cudaStream_t compute, cudaEvent_t done) : compute_(compute), done_(done) {}
+  ~StreamRequest() override {
+    if (!waited_) cudaStreamWaitEvent(compute_, done_, 0);
+    cudaEventDestroy(done_);  // released once the event has completed
   }
   void wait() override {
-    const cudaError_t status = cudaEventSynchronize(event_);
-    if (status != cudaSuccess) fail("CUDA: a nonblocking NCCL collective failed: {}", cudaGetErrorString(status));
+    check_cuda(cudaStreamWaitEvent(compute_, done_, 0), "cudaStreamWaitEvent (an NCCL operation)");
+    waited_ = true;
+  }
+  void wait_on_host() {
+    const cudaError_t status = cudaEventSynchronize(done_);
+    if (status != cudaSuccess) fail("CUDA: an NCCL operation failed: {}", cudaGetErrorString(status));
+    waited_ = true;  // finished: nothing left for the compute stream to wait for
   }
   bool test() override {
-    const cudaError_t status = cudaEventQuery(event_);
+    const cudaError_t status = cudaEventQuery(done_);
     if (status == cudaErrorNotReady) {
       cudaGetLastError();  // "not ready" is no error: do not leave it for the next launch check
       return false;
     }
-    if (status != cudaSuccess) fail("CUDA: a nonblocking NCCL collective failed: {}", cudaGetErrorString(status));
+    if (status != cudaSuccess) fail("CUDA: an NCCL operation failed: {}", cudaGetErrorString(status));
     return true;
   }
 
  private:
-  cudaEvent_t event_{};
+  cudaStream_t compute_;
+  cudaEvent_t done_;
+  bool waited_ = false;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -88,6 +109,8 @@ class NcclCommunicator final : public Communicator {
   std::string name() const override { return "nccl over " + control_->name(); }
   int mpi_handle() const override { return control_->mpi_handle(); }
 
+  bool moves_gpu_memory() const override { return true; }
+
   void barrier() override {
     cuda::synchronize();
     control_->barrier();
@@ -95,81 +118,88 @@ class NcclCommunicator final : public Communicator {
   void broadcast(void* data, std::size_t count, DType type, int root) override {
     if (count == 0) return;
     device_buffer(data, "broadcast");
-    check(ncclBroadcast(data, data, count, nccl_type(type), root, comm_, current_stream()), "ncclBroadcast");
-    cuda::synchronize();
+    blocking(queue([&](cudaStream_t stream) {
+      return ncclBroadcast(data, data, count, nccl_type(type), root, comm_, stream);
+    }, "ncclBroadcast"));
   }
   void allreduce(void* data, std::size_t count, DType type, ReduceOp op) override {
     if (count == 0) return;
-    enqueue_allreduce(data, count, type, op);
-    cuda::synchronize();
+    blocking(iallreduce(data, count, type, op));
   }
   std::unique_ptr<CommRequest> iallreduce(void* data, std::size_t count, DType type, ReduceOp op) override {
-    if (count > 0) enqueue_allreduce(data, count, type, op);
-    return std::make_unique<EventRequest>();
+    if (count > 0) device_buffer(data, "allreduce");
+    return queue([&](cudaStream_t stream) {
+      return count == 0 ? ncclSuccess : ncclAllReduce(data, data, count, nccl_type(type), nccl_op(op), comm_, stream);
+    }, "ncclAllReduce");
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override {
     if (count == 0) return;
     device_buffer(send, "reduce_scatter");
     device_buffer(recv, "reduce_scatter");
-    check(ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), comm_, current_stream()),
-          "ncclReduceScatter");
-    cuda::synchronize();
+    blocking(queue([&](cudaStream_t stream) {
+      return ncclReduceScatter(send, recv, count, nccl_type(type), nccl_op(op), comm_, stream);
+    }, "ncclReduceScatter"));
   }
   void allgather(const void* send, void* recv, std::size_t count, DType type) override {
     if (count == 0) return;
     device_buffer(send, "allgather");
     device_buffer(recv, "allgather");
-    check(ncclAllGather(send, recv, count, nccl_type(type), comm_, current_stream()), "ncclAllGather");
-    cuda::synchronize();
+    blocking(queue([&](cudaStream_t stream) { return ncclAllGather(send, recv, count, nccl_type(type), comm_, stream); },
+                   "ncclAllGather"));
   }
   void alltoallv(const void* send, std::span<const std::int64_t> send_counts, std::span<const std::int64_t> send_displs,
                  void* recv, std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
                  DType type) override {
     const auto element = static_cast<std::int64_t>(dtype_size(type));
-    const auto* source = static_cast<const char*>(send);
+    auto* source = static_cast<char*>(const_cast<void*>(send));  // only read (Message)
     auto* destination = static_cast<char*>(recv);
-    // Checked before the group opens: an error inside it would leave the group open.
-    std::int64_t sent = 0, received = 0;
-    for (int peer = 0; peer < size(); ++peer) {
-      sent += send_counts[static_cast<std::size_t>(peer)];
-      received += recv_counts[static_cast<std::size_t>(peer)];
-    }
-    if (sent > 0) device_buffer(source, "alltoallv");
-    if (received > 0) device_buffer(destination, "alltoallv");
-    const ncclDataType_t nccl = nccl_type(type);
-    const cudaStream_t stream = current_stream();
-    check(ncclGroupStart(), "ncclGroupStart");
+    std::vector<Message> sends, receives;
     for (int peer = 0; peer < size(); ++peer) {
       const auto p = static_cast<std::size_t>(peer);
       if (send_counts[p] > 0)
-        check(ncclSend(source + send_displs[p] * element, static_cast<std::size_t>(send_counts[p]), nccl, peer, comm_,
-                       stream),
-              "ncclSend");
+        sends.push_back({source + send_displs[p] * element, static_cast<std::size_t>(send_counts[p]), peer});
       if (recv_counts[p] > 0)
-        check(ncclRecv(destination + recv_displs[p] * element, static_cast<std::size_t>(recv_counts[p]), nccl, peer,
-                       comm_, stream),
-              "ncclRecv");
+        receives.push_back({destination + recv_displs[p] * element, static_cast<std::size_t>(recv_counts[p]), peer});
     }
-    check(ncclGroupEnd(), "ncclGroupEnd");
-    cuda::synchronize();
+    blocking(exchange(sends, receives, type, 0));
   }
-  void send(const void* data, std::size_t count, DType type, int dest, int) override {
+  void send(const void* data, std::size_t count, DType type, int dest, int tag) override {
     if (count == 0) return;
-    device_buffer(data, "send");
-    check(ncclSend(data, count, nccl_type(type), dest, comm_, current_stream()), "ncclSend");
-    cuda::synchronize();
+    const Message message{const_cast<void*>(data), count, dest};  // only read
+    blocking(exchange({&message, 1}, {}, type, tag));
   }
-  void recv(void* data, std::size_t count, DType type, int source, int) override {
+  void recv(void* data, std::size_t count, DType type, int source, int tag) override {
     if (count == 0) return;
-    device_buffer(data, "recv");
-    check(ncclRecv(data, count, nccl_type(type), source, comm_, current_stream()), "ncclRecv");
-    cuda::synchronize();
+    const Message message{data, count, source};
+    blocking(exchange({}, {&message, 1}, type, tag));
   }
   std::unique_ptr<CommRequest> isend(const void*, std::size_t, DType, int, int) override {
-    fail("NCCL communicator: isend is not built yet (separate NCCL sends can deadlock); use alltoallv");
+    fail("NCCL communicator: isend is not offered (separate NCCL sends can deadlock); use exchange, which groups them");
   }
   std::unique_ptr<CommRequest> irecv(void*, std::size_t, DType, int, int) override {
-    fail("NCCL communicator: irecv is not built yet (separate NCCL receives can deadlock); use alltoallv");
+    fail("NCCL communicator: irecv is not offered (separate NCCL receives can deadlock); use exchange, which groups "
+         "them");
+  }
+  /// One NCCL group: every receive and send in one launch (NCCL has no tags: messages between
+  /// two ranks match in the order they are given).
+  std::unique_ptr<CommRequest> exchange(std::span<const Message> sends, std::span<const Message> receives, DType type,
+                                        int) override {
+    // Checked before the group opens.
+    for (const Message& m : sends)
+      if (m.count > 0) device_buffer(m.data, "exchange (a send)");
+    for (const Message& m : receives)
+      if (m.count > 0) device_buffer(m.data, "exchange (a receive)");
+    const ncclDataType_t nccl = nccl_type(type);
+    return queue([&](cudaStream_t stream) {
+      ncclResult_t result = ncclGroupStart();
+      if (result != ncclSuccess) return result;
+      for (const Message& m : receives)
+        if (m.count > 0 && result == ncclSuccess) result = ncclRecv(m.data, m.count, nccl, m.peer, comm_, stream);
+      for (const Message& m : sends)
+        if (m.count > 0 && result == ncclSuccess) result = ncclSend(m.data, m.count, nccl, m.peer, comm_, stream);
+      const ncclResult_t ended = ncclGroupEnd();  // closes the group even after an error
+      return result != ncclSuccess ? result : ended;
+    }, "a grouped ncclSend/ncclRecv");
   }
   std::unique_ptr<Communicator> split(int color, int key) const override {
     return std::make_unique<NcclCommunicator>(control_->split(color, key), false);
@@ -192,9 +222,22 @@ class NcclCommunicator final : public Communicator {
          detail ? detail : "");
   }
 
-  void enqueue_allreduce(void* data, std::size_t count, DType type, ReduceOp op) {
-    device_buffer(data, "allreduce");
-    check(ncclAllReduce(data, data, count, nccl_type(type), nccl_op(op), comm_, current_stream()), "ncclAllReduce");
+  /// Queues `launch` (NCCL calls on the stream it is given, returning the result) on the
+  /// communication stream, after the compute queued so far; the request fences its completion.
+  template <typename Launch>
+  std::unique_ptr<StreamRequest> queue(Launch&& launch, const char* what) {
+    const cudaStream_t compute = compute_stream();
+    const cudaStream_t communication = communication_stream();
+    const cudaEvent_t ready = recorded_event(compute);
+    const cudaError_t waited = cudaStreamWaitEvent(communication, ready, 0);
+    cudaEventDestroy(ready);  // released once recorded work completes; the wait is already queued
+    check_cuda(waited, "cudaStreamWaitEvent (before an NCCL operation)");
+    check(launch(communication), what);
+    return std::make_unique<StreamRequest>(compute, recorded_event(communication));
+  }
+  /// Blocking calls: finished, GPU work included, when they return.
+  static void blocking(std::unique_ptr<CommRequest> request) {
+    static_cast<StreamRequest&>(*request).wait_on_host();
   }
 
   /// NCCL moves GPU memory only; a host pointer is a caller's mistake, named clearly.

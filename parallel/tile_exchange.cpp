@@ -246,18 +246,16 @@ std::vector<int> TileExchange::peer_ranks() const {
   return ranks;
 }
 
-void TileExchange::post_receives(std::vector<Transfer>& transfers, std::vector<float>& buffer) {
-  if (transport_ != Transport::PointToPoint) return;
-  for (const auto& t : transfers)
-    requests_.push_back(
-        comm_.irecv(buffer.data() + t.offset, static_cast<std::size_t>(t.count), DType::F32, t.peer, tag_));
-}
-
-void TileExchange::post_sends(const std::vector<Transfer>& transfers, const std::vector<float>& buffer) {
-  if (transport_ != Transport::PointToPoint) return;
-  for (const auto& t : transfers)
-    requests_.push_back(
-        comm_.isend(buffer.data() + t.offset, static_cast<std::size_t>(t.count), DType::F32, t.peer, tag_));
+void TileExchange::post(const std::vector<Transfer>& sends, float* send_area, const std::vector<Transfer>& receives,
+                        float* receive_area) {
+  if (transport_ == Transport::AllToAllV && !comm_.moves_gpu_memory()) return;  // one alltoallv instead
+  std::vector<Message> out, in;
+  out.reserve(sends.size());
+  in.reserve(receives.size());
+  for (const auto& t : sends) out.push_back({send_area + t.offset, static_cast<std::size_t>(t.count), t.peer});
+  for (const auto& t : receives) in.push_back({receive_area + t.offset, static_cast<std::size_t>(t.count), t.peer});
+  if (out.empty() && in.empty()) return;
+  requests_.push_back(comm_.exchange(out, in, DType::F32, tag_));
 }
 
 void TileExchange::wait_all() {
@@ -268,30 +266,58 @@ void TileExchange::wait_all() {
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-// Packing and unpacking run where the tensors are (copy_box and friends on device_): on a GPU
-// the messages are packed there, and only the packed buffers cross to and from the host buffers
-// the communicator sends.
+// Packing and unpacking run where the tensors are (copy_box and friends on device_). Messages go
+// from and to where the communicator moves memory: on the host, the host buffers; on a GPU with
+// a communicator of GPU memory (NCCL), the GPU buffers the messages are packed in; on a GPU with a
+// communicator of host memory (MPI), the packed messages are staged through the host buffers.
 
-float* TileExchange::packing_area(std::vector<float>& host, Tensor& staging) {
-  if (device_.is_host()) return host.data();
-  staging.resize(Shape{std::max<std::int64_t>(static_cast<std::int64_t>(host.size()), 1)}, device_);
-  return staging.data();
+bool TileExchange::staged() const { return !device_.is_host() && !comm_.moves_gpu_memory(); }
+
+float* TileExchange::gpu_buffer(Tensor& buffer, std::size_t elements) {
+  buffer.resize(Shape{std::max<std::int64_t>(static_cast<std::int64_t>(elements), 1)}, device_);
+  return buffer.data();
 }
 
-void TileExchange::stage_to_host(std::vector<float>& host, const Tensor& staging) {
-  if (device_.is_host()) return;
+float* TileExchange::packing_area(std::vector<float>& host, Tensor& gpu, std::size_t elements) {
+  if (device_.is_host() || staged()) host.resize(elements);
+  return device_.is_host() ? host.data() : gpu_buffer(gpu, elements);
+}
+
+float* TileExchange::message_area(std::vector<float>& host, Tensor& gpu, std::size_t elements) {
+  if (device_.is_host() || staged()) {
+    host.resize(elements);
+    return host.data();
+  }
+  return gpu_buffer(gpu, elements);
+}
+
+void TileExchange::stage_to_host(std::vector<float>& host, const Tensor& gpu) {
+  if (!staged()) return;
   cuda::set_device(device_.index);  // the copy is ordered on this GPU's stream, after the packing
-  cuda::copy(host.data(), staging.data(), host.size() * sizeof(float));
+  cuda::copy(host.data(), gpu.data(), host.size() * sizeof(float));
 }
 
-void TileExchange::stage_from_host(const std::vector<float>& host, Tensor& staging) {
-  if (device_.is_host()) return;
-  staging.resize(Shape{std::max<std::int64_t>(static_cast<std::int64_t>(host.size()), 1)}, device_);
-  cuda::set_device(device_.index);
-  cuda::copy(staging.data(), host.data(), host.size() * sizeof(float));
+const float* TileExchange::received(std::vector<float>& host, Tensor& gpu) {
+  if (device_.is_host()) return host.data();
+  if (staged()) {
+    gpu_buffer(gpu, host.size());
+    cuda::set_device(device_.index);
+    cuda::copy(gpu.data(), host.data(), host.size() * sizeof(float));
+  }
+  return gpu.data();
+}
+
+void TileExchange::set_device(Device device) {
+  TESSERA_CHECK(!device.is_host() || !comm_.moves_gpu_memory(),
+                "TileExchange over {}: that communicator moves GPU memory, but the exchange's tensors are on the host",
+                comm_.name());
+  device_ = device;
 }
 
 void TileExchange::check_device(const Tensor& tensor, const char* what) const {
+  TESSERA_CHECK(!device_.is_host() || !comm_.moves_gpu_memory(),
+                "TileExchange over {}: that communicator moves GPU memory; set_device the exchange to a GPU",
+                comm_.name());
   TESSERA_CHECK(tensor.numel() == 0 || tensor.device() == device_, "TileExchange: {} is on {}, the exchange on {}",
                 what, tensor.device().to_string(), device_.to_string());
 }
@@ -309,13 +335,12 @@ void TileExchange::start_forward(const Tensor& held_in, Tensor& needed_out, floa
   target_ = needed_out;
   pending_ = Pending::Forward;
 
-  incoming_buffer_.resize(static_cast<std::size_t>(recv_elements()));
-  outgoing_buffer_.resize(static_cast<std::size_t>(send_elements()));
-  post_receives(incoming_, incoming_buffer_);
-  float* packed = packing_area(outgoing_buffer_, outgoing_staging_);
+  const auto sending = static_cast<std::size_t>(send_elements()), receiving = static_cast<std::size_t>(recv_elements());
+  float* packed = packing_area(outgoing_buffer_, outgoing_gpu_, sending);
   for (const auto& t : outgoing_) copy_box(t.region, held_in.data(), mine, packed + t.offset, t.region, device_);
-  stage_to_host(outgoing_buffer_, outgoing_staging_);
-  post_sends(outgoing_, outgoing_buffer_);
+  stage_to_host(outgoing_buffer_, outgoing_gpu_);
+  post(outgoing_, message_area(outgoing_buffer_, outgoing_gpu_, sending), incoming_,
+       message_area(incoming_buffer_, incoming_gpu_, receiving));
 
   // While messages fly: the local overlap and the padding outside the global tensor, and zeros
   // where the messages will land, so that a kernel over the whole window before finish (halo
@@ -325,7 +350,7 @@ void TileExchange::start_forward(const Tensor& held_in, Tensor& needed_out, floa
   for (const auto& t : incoming_) fill_box(t.region, needed_out.data(), need, 0.0f, device_);
 
   // The Communicator has no nonblocking alltoallv: the collective runs here, finish only unpacks.
-  if (transport_ == Transport::AllToAllV)
+  if (transport_ == Transport::AllToAllV && !comm_.moves_gpu_memory())
     comm_.alltoallv(outgoing_buffer_.data(), outgoing_counts_, outgoing_displs_, incoming_buffer_.data(),
                     incoming_counts_, incoming_displs_, DType::F32);
 }
@@ -334,10 +359,9 @@ void TileExchange::finish_forward() {
   TESSERA_CHECK(pending_ == Pending::Forward, "TileExchange::finish_forward without start_forward");
   wait_all();
   const Box& need = needed_box();
-  stage_from_host(incoming_buffer_, incoming_staging_);
-  const float* received = device_.is_host() ? incoming_buffer_.data() : incoming_staging_.data();
+  const float* messages = received(incoming_buffer_, incoming_gpu_);
   for (const auto& t : incoming_)
-    copy_box(t.region, received + t.offset, t.region, target_.data(), need, device_);
+    copy_box(t.region, messages + t.offset, t.region, target_.data(), need, device_);
   target_ = Tensor();
   pending_ = Pending::None;
 }
@@ -375,14 +399,13 @@ void TileExchange::start_reverse(const Tensor& needed_in, Tensor& held_out, bool
   source_ = needed_in;
   pending_ = Pending::Reverse;
 
-  outgoing_buffer_.resize(static_cast<std::size_t>(send_elements()));
-  incoming_buffer_.resize(static_cast<std::size_t>(recv_elements()));
-  post_receives(outgoing_, outgoing_buffer_);
-  float* packed = packing_area(incoming_buffer_, incoming_staging_);
+  const auto sending = static_cast<std::size_t>(recv_elements()), receiving = static_cast<std::size_t>(send_elements());
+  float* packed = packing_area(incoming_buffer_, incoming_gpu_, sending);
   for (const auto& t : incoming_) copy_box(t.region, needed_in.data(), need, packed + t.offset, t.region, device_);
-  stage_to_host(incoming_buffer_, incoming_staging_);
-  post_sends(incoming_, incoming_buffer_);
-  if (transport_ == Transport::AllToAllV)
+  stage_to_host(incoming_buffer_, incoming_gpu_);
+  post(incoming_, message_area(incoming_buffer_, incoming_gpu_, sending), outgoing_,
+       message_area(outgoing_buffer_, outgoing_gpu_, receiving));
+  if (transport_ == Transport::AllToAllV && !comm_.moves_gpu_memory())
     comm_.alltoallv(incoming_buffer_.data(), incoming_counts_, incoming_displs_, outgoing_buffer_.data(),
                     outgoing_counts_, outgoing_displs_, DType::F32);
 }
@@ -391,8 +414,7 @@ void TileExchange::finish_reverse() {
   TESSERA_CHECK(pending_ == Pending::Reverse, "TileExchange::finish_reverse without start_reverse");
   wait_all();
   const Box& mine = held_box();
-  stage_from_host(outgoing_buffer_, outgoing_staging_);
-  const float* received = device_.is_host() ? outgoing_buffer_.data() : outgoing_staging_.data();
+  const float* messages = received(outgoing_buffer_, outgoing_gpu_);
   // Ascending source rank, this rank's own contribution in its place: outgoing_ is sorted by peer.
   bool local_done = false;
   auto add_local = [&] {
@@ -401,7 +423,7 @@ void TileExchange::finish_reverse() {
   };
   for (const auto& t : outgoing_) {
     if (!local_done && t.peer > me_) add_local();
-    add_box(t.region, received + t.offset, t.region, target_.data(), mine, device_);
+    add_box(t.region, messages + t.offset, t.region, target_.data(), mine, device_);
   }
   if (!local_done) add_local();
   target_ = Tensor();

@@ -19,6 +19,7 @@ struct TrainArgs {
   std::string model, plan, machine, data, val_data, inputs, targets, inject_failure, inject_hang;
   std::string halo_overlap = "auto";
   std::string device = "host";
+  std::string gpu_comm = "auto";
   std::string precision;  ///< empty: the model file's
   TrainerOptions trainer;
   ExecutorOptions executor;
@@ -76,6 +77,7 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   // One GPU per rank: the node-local rank's among those the rank sees (with Slurm's
   // --gpus-per-task 1 each rank sees its own).
   args.executor.device = args.device == "cuda" ? Device::cuda(ExecutorOptions::kNodeLocalGpu) : Device::host();
+  args.executor.gpu_comm = parse_gpu_comm(args.gpu_comm);
   model->init_parameters(args.trainer.seed);
   Executor executor(*model, *plan, world, args.executor);
   std::unique_ptr<Trainer> trainer;
@@ -179,9 +181,15 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "always", "never"}));
   cmd->add_option("--device", args->device,
                   "Where the layers run: host (oneDNN), or cuda: one GPU per rank, by node-local rank (cuDNN, "
-                  "cuBLAS; messages between GPU ranks go through host memory so far)")
+                  "cuBLAS; messages between GPUs as --gpu-comm says)")
       ->capture_default_str()
       ->check(CLI::IsMember({"host", "cuda"}));
+  cmd->add_option("--gpu-comm", args->gpu_comm,
+                  "With --device cuda, how messages between GPUs travel: nccl (straight between GPUs, overlapping "
+                  "compute; needs a GPU per rank), mpi (through host memory), or auto (nccl when each rank has a GPU "
+                  "of its own, else mpi)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "nccl", "mpi"}));
   cmd->add_option("--precision", args->precision,
                   "Arithmetic of the conv and linear layers, for the layers that do not name their own: fp32, or bf16 "
                   "(operands rounded to bf16, fp32 sums and results; fp32 master weights and gradient reductions). Default: "

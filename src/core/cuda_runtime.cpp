@@ -136,6 +136,22 @@ std::map<int, cudaStream_t>& streams() {
   return *instance;
 }
 
+/// The stream of `device` in `all`, created (non-blocking) on first use; `urgent`: with the
+/// device's greatest priority (communication: its kernels are scheduled before waiting compute).
+cudaStream_t stream_of(int device, std::map<int, cudaStream_t>& all, bool urgent = false) {
+  std::lock_guard lock(streams_mutex);
+  auto it = all.find(device);
+  if (it == all.end()) {
+    int least = 0, greatest = 0;
+    if (urgent) check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    cudaStream_t created = nullptr;
+    check(cudaStreamCreateWithPriority(&created, cudaStreamNonBlocking, urgent ? greatest : least),
+          "cudaStreamCreateWithPriority");
+    it = all.emplace(device, created).first;
+  }
+  return it->second;
+}
+
 }  // namespace
 
 bool built() { return true; }
@@ -210,17 +226,14 @@ void* stream() {
   thread_local int cached_device = -1;
   thread_local cudaStream_t cached_stream = nullptr;
   if (device == cached_device) return cached_stream;
-  std::lock_guard lock(streams_mutex);
-  auto& all = streams();
-  auto it = all.find(device);
-  if (it == all.end()) {
-    cudaStream_t created = nullptr;
-    check(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking), "cudaStreamCreate");
-    it = all.emplace(device, created).first;
-  }
+  cached_stream = stream_of(device, streams());
   cached_device = device;
-  cached_stream = it->second;
-  return it->second;
+  return cached_stream;
+}
+
+void* comm_stream() {
+  static auto* communication = new std::map<int, cudaStream_t>();
+  return stream_of(current_device(), *communication, true);
 }
 
 void synchronize() { check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream())), "a queued GPU operation"); }

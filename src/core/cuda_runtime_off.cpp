@@ -20,6 +20,7 @@ int current_device() { not_built("query the current GPU"); }
 int select_device_for_local_rank(int) { not_built("select a GPU"); }
 void* stream() { not_built("use a GPU stream"); }
 void synchronize() { not_built("synchronize a GPU"); }
+void* comm_stream() { not_built("use a GPU stream"); }
 void* allocate(std::size_t) { not_built("allocate GPU memory"); }
 void release(void*) {}
 void empty_cache() {}

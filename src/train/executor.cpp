@@ -11,6 +11,7 @@
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/nccl_communicator.hpp"
 #include "tessera/parallel/watchdog.hpp"
 #include "tessera/tensor/proc_grid.hpp"
 
@@ -80,6 +81,13 @@ double seconds_since(Clock::time_point start) {
 
 }  // namespace
 
+ExecutorOptions::GpuComm parse_gpu_comm(const std::string& text) {
+  if (text == "auto") return ExecutorOptions::GpuComm::Automatic;
+  if (text == "nccl") return ExecutorOptions::GpuComm::Nccl;
+  if (text == "mpi") return ExecutorOptions::GpuComm::Mpi;
+  throw InputError(fmt::format("GPU communication '{}': choose auto, nccl or mpi", text));
+}
+
 Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator> world, ExecutorOptions options)
     : model_(model), world_(std::move(world)), options_(options), reducer_(options.reducer) {
   collectively(*world_, [&] { plan.validate(world_->size(), model_.plan_info(options_.global_batch)); });
@@ -110,6 +118,7 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
     }
     backend_ = make_cuda_backend();
   });
+  choose_gpu_comm();
   const Device device = options_.device;
   auto& nodes = model_.nodes();
   const std::size_t n = nodes.size();
@@ -187,13 +196,45 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
   // Register gradients in the order backward produces them (last layer first). Every block of a
   // weight is replicated over its layer's sample and spatial ranks (a channel-split layer's bias
   // over its channel ranks too).
-  for (std::size_t k = n; k-- > 0;)
-    for (auto* param : nodes[k].layer->parameters()) reducer_.add(param->grad, replica_group(k, *param));
+  collectively(*world_, [&] {  // with NCCL, creates its communicators (every rank the same way)
+    for (std::size_t k = n; k-- > 0;)
+      for (auto* param : nodes[k].layer->parameters()) reducer_.add(param->grad, reduction_group(k, *param));
+  });
   reducer_.build();
   reset_layer_profile();
 }
 
 Executor::~Executor() = default;
+
+void Executor::choose_gpu_comm() {
+  using GpuComm = ExecutorOptions::GpuComm;
+  const GpuComm wanted = options_.gpu_comm;
+  if (options_.device.is_host() || wanted == GpuComm::Mpi) return;
+  if (wanted == GpuComm::Automatic) {
+    if (world_->size() == 1) return;  // no messages between GPUs
+    // Each rank's GPU by UUID (device numbers repeat under per-rank CUDA_VISIBLE_DEVICES).
+    const std::string mine = cuda::device_uuid(options_.device.index);
+    std::vector<char> all(mine.size() * static_cast<std::size_t>(world_->size()));
+    world_->allgather(mine.data(), all.data(), mine.size(), DType::U8);
+    std::vector<std::string> gpus;
+    for (int r = 0; r < world_->size(); ++r)
+      gpus.emplace_back(all.data() + mine.size() * static_cast<std::size_t>(r), mine.size());
+    std::sort(gpus.begin(), gpus.end());
+    if (std::adjacent_find(gpus.begin(), gpus.end()) != gpus.end()) return;  // ranks share a GPU: MPI
+  }
+  // Refuses, on every rank, when ranks share a GPU (naming them).
+  collectively(*world_, [&] { gpu_exchange_comm_ = make_nccl_communicator(*world_); });
+}
+
+Communicator& Executor::reduction_group(std::size_t node, const Parameter& param) {
+  Communicator& group = replica_group(node, param);
+  if (!uses_nccl() || group.size() == 1) return group;
+  // Every rank of the group reaches this for the same parameters in the same order (the groups
+  // of one layer partition the ranks), so the group creates its twin together.
+  auto& twin = gpu_groups_[&group];
+  if (!twin) twin = make_nccl_communicator(group);
+  return *twin;
+}
 
 Communicator* Executor::group(const std::vector<int>& grid, const std::vector<int>& axes) {
   // The partition of all ranks into groups, the same vector on every rank: the key of the cache,
@@ -387,7 +428,7 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
                             ? true
                             : placement_[static_cast<std::size_t>(producer)].split == placement_[i].split;
       auto exchange = std::make_unique<TileExchange>(
-          *exchange_comm_, global, std::move(held), std::move(needed),
+          exchange_communicator(), global, std::move(held), std::move(needed),
           same || size > TileExchange::kAllToAllVUpTo ? TileExchange::Transport::PointToPoint
                                                        : TileExchange::Transport::AllToAllV);
       exchange->set_device(options_.device);
@@ -435,7 +476,7 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
       held.push_back(output_box(i, r, batch));
       needed.push_back(partial_box(i, r, batch));
     }
-    ex.reduce[i] = std::make_unique<TileExchange>(*exchange_comm_, nodes[i].output.with(0, batch), std::move(held),
+    ex.reduce[i] = std::make_unique<TileExchange>(exchange_communicator(), nodes[i].output.with(0, batch), std::move(held),
                                                   std::move(needed), TileExchange::Transport::PointToPoint);
     ex.reduce[i]->set_device(options_.device);
   }
@@ -472,7 +513,7 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
     held.push_back(th);
     needed.push_back(tn);
   }
-  auto exchange = std::make_unique<TileExchange>(*exchange_comm_, target_shape, std::move(held), std::move(needed),
+  auto exchange = std::make_unique<TileExchange>(exchange_communicator(), target_shape, std::move(held), std::move(needed),
                                                  TileExchange::Transport::AllToAllV);
   exchange->set_device(options_.device);
   if (!exchange->is_identity()) ex.targets = std::move(exchange);

@@ -213,8 +213,11 @@ TrainSummary Trainer::run() {
     return ReadRequest{std::vector<std::int64_t>(batch.begin() + begin, batch.begin() + end), box};
   };
 
-  log_info("training '{}' ({} parameters, {}) on {} ranks: {} steps ({} per epoch), global batch {}", model_.name(),
-           model_.parameter_count(), precision_name(model_.precision()), executor_.world().size(), total_steps,
+  const std::string where = executor_.device().is_host() ? std::string()
+                            : executor_.uses_nccl()    ? " (GPUs; messages over NCCL)"
+                                                       : " (GPUs; messages through host memory over MPI)";
+  log_info("training '{}' ({} parameters, {}) on {} ranks{}: {} steps ({} per epoch), global batch {}", model_.name(),
+           model_.parameter_count(), precision_name(model_.precision()), executor_.world().size(), where, total_steps,
            per_epoch, options_.global_batch);
   TrainSummary summary;
   const auto start = Clock::now();

@@ -1,5 +1,6 @@
-// The invariant on GPUs: the executor training on this job's ranks, one GPU each (ranks may share
-// one: messages go through host memory), against the 1-rank run on the host of the same model,
+// The invariant on GPUs: the executor training on this job's ranks, one GPU each (gpu_train: ranks
+// may share one, and then messages go through host memory; gpu_train_nccl: messages over NCCL, one
+// GPU per rank), against the 1-rank run on the host of the same model,
 // seed, data, optimizer and learning rate. Every step's loss, the evaluation loss, the first
 // step's gradients and the final weights (each rank's block) agree within 1e-5 relative (fp32:
 // the GPU's convolutions and GEMMs sum in other orders; the optimizer updates are bit-equal,
@@ -13,6 +14,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -32,6 +36,13 @@ using testing::relative_error;
 const Device kGpu = Device::host();
 #else
 const Device kGpu = Device::cuda(ExecutorOptions::kNodeLocalGpu);
+#endif
+#ifdef TESSERA_GPU_TRAIN_NCCL
+// gpu_train_nccl: messages between the GPUs over NCCL (one GPU per rank).
+constexpr ExecutorOptions::GpuComm kGpuComm = ExecutorOptions::GpuComm::Nccl;
+#else
+// gpu_train: NCCL where each rank has a GPU of its own, MPI through host memory where ranks share one.
+constexpr ExecutorOptions::GpuComm kGpuComm = ExecutorOptions::GpuComm::Automatic;
 #endif
 
 const char* kBranchyCnn = R"(
@@ -76,7 +87,7 @@ using testing::adamw;
 
 void expect_gpu_plan_equals_one_host_rank(const std::string& model, const std::string& plan, std::int64_t batch,
                                           const OptimizerConfig& optimizer, double lr, double tolerance = 1e-5) {
-  testing::expect_same_as_one_rank(model, plan, batch, 4, optimizer, lr, HaloOverlap::Never, kGpu, tolerance);
+  testing::expect_same_as_one_rank(model, plan, batch, 4, optimizer, lr, HaloOverlap::Never, kGpu, tolerance, kGpuComm);
 }
 
 TEST(GpuTrain, CnnWithPoolingBranchesAndSoftmaxSampleParallel) {
@@ -126,7 +137,7 @@ TEST(GpuTrain, CosmoFlowStyle3dCnnSplitAlongDWithHaloOverlap) {
   // boundary outputs recomputed, the input gradient's halos sent back during the weight gradients.
   const std::string split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
   testing::expect_same_as_one_rank(kCosmoStyle, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, split),
-                                   4, 4, adamw(), 1e-3, HaloOverlap::Always, kGpu);
+                                   4, 4, adamw(), 1e-3, HaloOverlap::Always, kGpu, 1e-5, kGpuComm);
 }
 
 TEST(GpuTrain, Bf16CosmoFlowStyle3dCnnSampleParallelAndSplitAlongD) {
@@ -156,14 +167,52 @@ loss: mse
   ExecutorOptions options;
   options.global_batch = 6;
   options.device = kGpu;
+  options.gpu_comm = kGpuComm;
   Executor executor(model, Plan::sample_parallel(ranks()), MpiCommunicator::world(), options);
   EXPECT_EQ(executor.device().is_host(), kGpu.is_host());
+  // NCCL when asked for on GPUs; never on the host, nor for one rank unless asked for.
+  if (kGpu.is_host() || (kGpuComm == ExecutorOptions::GpuComm::Automatic && ranks() == 1)) {
+    EXPECT_FALSE(executor.uses_nccl());
+  }
+  if (!kGpu.is_host() && kGpuComm == ExecutorOptions::GpuComm::Nccl) {
+    EXPECT_TRUE(executor.uses_nccl());
+  }
   EXPECT_GE(executor.device().index, 0);
   for (Parameter* p : model.parameters()) {
     EXPECT_EQ(p->value.device(), executor.device()) << p->name;
     EXPECT_EQ(p->grad.device(), executor.device()) << p->name;
   }
 }
+
+#if !defined(TESSERA_GPU_TRAIN_ON_HOST) && !defined(TESSERA_GPU_TRAIN_NCCL)
+TEST(GpuTrain, NcclIsRefusedClearlyWhereRanksShareAGpuAndUsedWhereEachHasItsOwn) {
+  auto world = MpiCommunicator::world();
+  Model model = Model::parse(kCosmoStyle, "m");
+  ExecutorOptions options;
+  options.global_batch = 4;
+  options.device = kGpu;
+  // Whether two ranks share a GPU, by UUID.
+  const std::string mine = cuda::device_uuid(cuda::current_device());
+  std::vector<char> all(mine.size() * static_cast<std::size_t>(world->size()));
+  world->allgather(mine.data(), all.data(), mine.size(), DType::U8);
+  std::set<std::string> gpus;
+  for (int r = 0; r < world->size(); ++r) gpus.emplace(all.data() + mine.size() * static_cast<std::size_t>(r), mine.size());
+  const bool shared = static_cast<int>(gpus.size()) < world->size();
+  {
+    Executor automatic(model, Plan::sample_parallel(ranks()), world, options);
+    EXPECT_EQ(automatic.uses_nccl(), !shared && ranks() > 1);
+  }
+  options.gpu_comm = ExecutorOptions::GpuComm::Nccl;
+  try {
+    Executor nccl(model, Plan::sample_parallel(ranks()), world, options);
+    EXPECT_FALSE(shared) << "NCCL was accepted for ranks that share a GPU";
+    EXPECT_TRUE(nccl.uses_nccl());
+  } catch (const AgreedFailure& e) {
+    EXPECT_TRUE(shared) << e.what();
+    EXPECT_NE(std::string(e.what()).find("one GPU per rank"), std::string::npos) << e.what();
+  }
+}
+#endif
 
 TEST(GpuTrain, CheckpointsOfGpuStateRoundTripExactly) {
   // Saved from the GPU through a host copy, restored into another model on the GPU: parameters
@@ -186,6 +235,7 @@ TEST(GpuTrain, CheckpointsOfGpuStateRoundTripExactly) {
   options.global_batch = 8;
   options.seed = 3;
   options.device = kGpu;
+  options.gpu_comm = kGpuComm;
   std::vector<Tensor> values, state;
   std::string path;
   {

@@ -88,13 +88,15 @@ inline OptimizerConfig adamw() {
 /// layers run on `device` (the GPU tests); gradients and weights come back on the host.
 inline TrainingRun train(const std::string& model_text, const Plan& plan, std::shared_ptr<Communicator> comm, std::int64_t batch,
                   int steps, const OptimizerConfig& optimizer_config = sgd_momentum(), double lr = 0.05,
-                  HaloOverlap overlap = HaloOverlap::Always, Device device = Device::host()) {
+                  HaloOverlap overlap = HaloOverlap::Always, Device device = Device::host(),
+                  ExecutorOptions::GpuComm gpu_comm = ExecutorOptions::GpuComm::Automatic) {
   Model model = Model::parse(model_text, "invariant_test_model");
   model.init_parameters(11);
   ExecutorOptions options;
   options.global_batch = batch;
   options.halo_overlap = overlap;
   options.device = device;
+  options.gpu_comm = gpu_comm;
   options.seed = 11;
   options.reducer.bucket_bytes = 4 << 10;  // several buckets
   Executor executor(model, plan, comm, options);
@@ -134,17 +136,18 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
 /// Runs `model_text` under `plan_text` on every rank of the job and under one rank, and compares
 /// every rank's blocks with the same blocks of the 1-rank tensors.
 /// `device`: where the plan's run computes (the 1-rank reference always runs on the host).
-/// `tolerance`: relative (1e-5 for fp32).
+/// `tolerance`: relative (1e-5 for fp32). `gpu_comm`: how the plan's run moves messages between GPUs.
 inline void expect_same_as_one_rank(const std::string& model_text, const std::string& plan_text, std::int64_t batch,
                              int steps = 4, const OptimizerConfig& optimizer = sgd_momentum(), double lr = 0.05,
                              HaloOverlap overlap = HaloOverlap::Always, Device device = Device::host(),
-                             double tolerance = 1e-5) {
+                             double tolerance = 1e-5,
+                             ExecutorOptions::GpuComm gpu_comm = ExecutorOptions::GpuComm::Automatic) {
   auto world = MpiCommunicator::world();
   SCOPED_TRACE(plan_text);
   std::shared_ptr<Communicator> self = world->split(world->rank(), 0);
   const TrainingRun reference = train(model_text, Plan::sample_parallel(1), self, batch, steps, optimizer, lr);
   const TrainingRun parallel = train(model_text, Plan::parse(plan_text, "invariant_test_plan"), world, batch, steps,
-                                     optimizer, lr, overlap, device);
+                                     optimizer, lr, overlap, device, gpu_comm);
   ASSERT_EQ(reference.losses.size(), parallel.losses.size());
   for (std::size_t s = 0; s < reference.losses.size(); ++s) {
     EXPECT_TRUE(std::isfinite(reference.losses[s]));

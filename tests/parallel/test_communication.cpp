@@ -190,6 +190,38 @@ TEST(MpiCommunicator, AlltoallvWithUnevenCounts) {
   }
 }
 
+TEST(MpiCommunicator, GroupedExchangeWithSelfUnevenEmptyAndRepeatedPeers) {
+  // Rank s sends (s + 2 d) % 3 values to every rank d, itself included (some messages empty),
+  // then a second message of 2 values to the next rank: messages between two ranks match in the
+  // order given (as NCCL's do). One request for all of them.
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  const int next = (r + 1) % n, previous = (r + n - 1) % n;
+  auto count = [](int s, int d) { return static_cast<std::size_t>((s + 2 * d) % 3); };
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(n)), in(static_cast<std::size_t>(n));
+  std::vector<Message> sends, receives;
+  for (int q = 0; q < n; ++q) {
+    auto& o = out[static_cast<std::size_t>(q)];
+    for (std::size_t k = 0; k < count(r, q); ++k) o.push_back(static_cast<float>(1000 * r + 10 * q) + static_cast<float>(k));
+    in[static_cast<std::size_t>(q)].assign(count(q, r), -1.0f);
+    sends.push_back({o.data(), o.size(), q});
+    receives.push_back({in[static_cast<std::size_t>(q)].data(), count(q, r), q});
+  }
+  std::vector<float> second_out = {-3.0f - static_cast<float>(r), 0.5f}, second_in(2, -1.0f);
+  sends.push_back({second_out.data(), 2, next});
+  receives.push_back({second_in.data(), 2, previous});
+  auto request = comm->exchange(sends, receives, DType::F32, 21);
+  request->wait();
+  EXPECT_TRUE(request->test());
+  for (int s = 0; s < n; ++s)
+    for (std::size_t k = 0; k < count(s, r); ++k)
+      EXPECT_EQ(in[static_cast<std::size_t>(s)][k], static_cast<float>(1000 * s + 10 * r) + static_cast<float>(k))
+          << "from " << s;
+  EXPECT_EQ(second_in[0], -3.0f - static_cast<float>(previous));
+  EXPECT_EQ(second_in[1], 0.5f);
+  EXPECT_FALSE(comm->moves_gpu_memory());
+}
+
 TEST(MpiCommunicator, SendRecvRing) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/train/executor.hpp"
 #include "tessera/train/halo_overlap.hpp"
 #include "tessera/train/model.hpp"
 
@@ -146,6 +147,18 @@ TEST(HaloOverlapMode, ParsesItsNamesAndRefusesOthers) {
     FAIL() << "accepted";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("auto, always or never"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GpuCommMode, ParsesItsNamesAndRefusesOthers) {
+  EXPECT_EQ(parse_gpu_comm("auto"), ExecutorOptions::GpuComm::Automatic);
+  EXPECT_EQ(parse_gpu_comm("nccl"), ExecutorOptions::GpuComm::Nccl);
+  EXPECT_EQ(parse_gpu_comm("mpi"), ExecutorOptions::GpuComm::Mpi);
+  try {
+    parse_gpu_comm("gloo");
+    FAIL() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("auto, nccl or mpi"), std::string::npos) << e.what();
   }
 }
 

@@ -1,7 +1,13 @@
 #pragma once
-// The abstract communicator. Implementations live in parallel/ (MPI now, NCCL later); the
-// interface sits in core so that ProcGrid (tensor level) can hold communicators without MPI.
-// Communicators are objects handed down to whoever needs them, never globals.
+// The abstract communicator. Implementations live in parallel/ (MPI for host memory, NCCL for GPU
+// memory); the interface sits in core so that ProcGrid (tensor level) can hold communicators
+// without MPI. Communicators are objects handed down to whoever needs them, never globals.
+//
+// Completion. A blocking call has finished when it returns. A request's wait() returns when the
+// buffers may be used: for a communicator of host memory, the transfer is done; for one of GPU
+// memory (moves_gpu_memory()), the transfer is ordered before every later operation queued on
+// the GPU's stream (cuda::stream()), and the host synchronizes that stream before it reads the
+// buffers itself. Either way the buffers stay untouched until wait() returned.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,6 +28,14 @@ class CommRequest {
   virtual void wait() = 0;
   /// Progresses the operation; true once it completed.
   virtual bool test() = 0;
+};
+
+/// One message of a grouped exchange (Communicator::exchange): `count` elements to or from `peer`.
+/// A send's buffer is only read.
+struct Message {
+  void* data = nullptr;
+  std::size_t count = 0;
+  int peer = -1;
 };
 
 class Communicator {
@@ -51,6 +65,16 @@ class Communicator {
   virtual void recv(void* data, std::size_t count, DType type, int source, int tag) = 0;
   virtual std::unique_ptr<CommRequest> isend(const void* data, std::size_t count, DType type, int dest, int tag) = 0;
   virtual std::unique_ptr<CommRequest> irecv(void* data, std::size_t count, DType type, int source, int tag) = 0;
+  /// Point to point, grouped: every receive and send at once, one request for all of them (a
+  /// peer may be this rank itself). The ranks that exchange must call it in the same order. The
+  /// default posts irecv and isend for each message; NCCL groups them into one launch (its
+  /// separate sends could deadlock).
+  virtual std::unique_ptr<CommRequest> exchange(std::span<const Message> sends, std::span<const Message> receives,
+                                                DType type, int tag);
+
+  /// Where the buffers of every operation must be: host memory (false, MPI) or GPU memory
+  /// (true, NCCL). A buffer elsewhere is refused with a clear error.
+  virtual bool moves_gpu_memory() const { return false; }
 
   /// Ranks with the same color form a new communicator, ordered by key.
   virtual std::unique_ptr<Communicator> split(int color, int key) const = 0;

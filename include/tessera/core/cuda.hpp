@@ -4,9 +4,14 @@
 // include it; in a build without CUDA (TESSERA_ENABLE_CUDA=OFF) the queries answer "none" and
 // everything else fails with a message that says how to get a CUDA build.
 //
-// All of Tessera's GPU work is issued on one stream per device (the one `stream()` returns), so
-// memory freed on the host side can be handed out again at once: any kernel still reading it
-// was queued before any kernel that will write it.
+// All of Tessera's compute on a GPU is issued on one stream per device (the one `stream()`
+// returns), so memory freed on the host side can be handed out again at once: any kernel still
+// reading it was queued before any kernel that will write it. Communication between GPUs (NCCL)
+// runs on a second stream per device (`comm_stream()`), so that it overlaps compute. It is
+// fenced by events both ways: it starts after the compute queued before it, and a request's
+// wait() makes the compute stream wait for it. So the rule above holds for buffers that cross
+// to the communication stream, as long as each request is waited for before its buffers are
+// released.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -41,6 +46,8 @@ void* stream();
 /// Waits until every queued operation on the current device's stream has finished; throws
 /// if one of them failed.
 void synchronize();
+/// The current device's communication stream (see above), as an opaque handle.
+void* comm_stream();
 
 /// Device memory of the current device from the caching allocator: blocks are kept when
 /// released and handed out again for requests of the same rounded size. Throws an Error that

@@ -2,7 +2,9 @@
 // Sums gradients over each weight's replica group. Gradients are registered in the order backward
 // produces them and packed into buckets; each gradient tensor becomes a view into its bucket's
 // flat buffer, so a bucket is reduced in place without copies. A bucket's nonblocking allreduce
-// starts as soon as its last gradient is ready, overlapping the rest of backward.
+// starts as soon as its last gradient is ready, overlapping the rest of backward. On GPUs with a
+// communicator of GPU memory (NCCL) the buckets are reduced in place on the communication stream;
+// with one of host memory (MPI), through a host copy.
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -46,7 +48,8 @@ class GradReducer {
   struct Bucket {
     Communicator* group = nullptr;
     Tensor flat;
-    /// Gradients on a GPU: the host copy the allreduce works on (copied back in finish).
+    /// Gradients on a GPU reduced over host memory (MPI): the host copy the allreduce works on
+    /// (copied back in finish); unused otherwise.
     Tensor staged;
     std::vector<Tensor*> grads;
     std::size_t pending = 0;
@@ -59,6 +62,8 @@ class GradReducer {
     bool marked = false;  ///< marked ready in this step
   };
   void start(Bucket& bucket);
+  /// A bucket on a GPU reduced over host memory (MPI): through `staged`.
+  static bool through_host(const Bucket& bucket);
 
   GradReducerOptions options_;
   std::vector<Entry> entries_;

@@ -4,12 +4,14 @@
 // aborts the job; the sub-communicator structure is the MPI one's (split() splits both).
 // No NCCL or CUDA types here; a build without CUDA refuses with a clear error.
 //
-// Semantics as the interface states them: a blocking call has finished (its GPU work included)
-// when it returns; iallreduce returns a request whose wait() waits for the GPU. NCCL has no
-// tags: sends and receives between two ranks match in the order they are issued.
-// isend/irecv are not offered yet (separate NCCL sends on one stream can deadlock where MPI's
-// would not): they refuse with a clear error; alltoallv, which groups its transfers, is the way
-// to exchange with several peers.
+// Streams. Every operation runs on the GPU's communication stream (cuda::comm_stream()), after
+// the compute queued before it on cuda::stream(), so a nonblocking one overlaps the compute queued
+// after it. Semantics as the interface states them: a blocking call has finished (its GPU work
+// included) when it returns; a request's wait() (iallreduce, exchange) orders the operation before
+// later compute without blocking the host. NCCL has no tags: messages between two ranks match in
+// the order they are issued. Point to point goes through exchange(), one NCCL group per call
+// (send and recv are exchanges of one message); separate isend/irecv are refused with a clear
+// error, since separate NCCL sends can deadlock where MPI's would not.
 #include <memory>
 
 #include "tessera/core/communicator.hpp"

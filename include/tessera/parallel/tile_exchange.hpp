@@ -47,10 +47,12 @@ class TileExchange {
 
   /// Where the tensors given to and filled by forward and reverse live (default: the host).
   /// Outputs are allocated there. On a GPU the messages are packed and unpacked there (box
-  /// kernels), and only the packed messages cross to and from host buffers for the communicator
-  /// (host memory): one copy of the halo each way per exchange, not of the tile. Messages straight
-  /// between GPUs (NCCL) are not built yet.
-  void set_device(Device device) { device_ = device; }
+  /// kernels). With a communicator of GPU memory (NCCL) they travel straight from and to GPU
+  /// buffers, as one group of sends and receives (either transport) on the communication stream,
+  /// so they overlap compute queued after start; with one of host memory (MPI) only the packed
+  /// messages are staged through host buffers: one copy of the halo each way, not of the tile.
+  /// A communicator of GPU memory needs a GPU here (refused otherwise).
+  void set_device(Device device);
   Device device() const { return device_; }
 
   /// True when every rank needs exactly the box it holds: forward/reverse are plain copies, no messages.
@@ -108,15 +110,25 @@ class TileExchange {
   enum class Pending { None, Forward, Reverse };
 
   void plan();
-  /// Where messages are packed: the host buffer itself, or on a GPU `staging` (resized there).
-  float* packing_area(std::vector<float>& host, Tensor& staging);
-  /// On a GPU: the packed messages to the host buffer / the received ones from it to `staging`.
-  void stage_to_host(std::vector<float>& host, const Tensor& staging);
-  void stage_from_host(const std::vector<float>& host, Tensor& staging);
+  /// Messages are staged through host buffers: tensors on a GPU, a communicator of host memory.
+  bool staged() const;
+  /// `gpu` resized on device_ to hold `elements` (at least one).
+  float* gpu_buffer(Tensor& gpu, std::size_t elements);
+  /// Where `elements` floats of messages are packed: the host buffer on the host, else the GPU one
+  /// (the host buffer is sized too when staged).
+  float* packing_area(std::vector<float>& host, Tensor& gpu, std::size_t elements);
+  /// Where the communicator sends them from or receives them into (sized to `elements`).
+  float* message_area(std::vector<float>& host, Tensor& gpu, std::size_t elements);
+  /// When staged: the packed messages from the GPU buffer to the host one.
+  void stage_to_host(std::vector<float>& host, const Tensor& gpu);
+  /// Where received messages are unpacked from (when staged: copied to the GPU buffer first).
+  const float* received(std::vector<float>& host, Tensor& gpu);
   /// A tensor given to the exchange must be where it works (empty ones anywhere).
   void check_device(const Tensor& tensor, const char* what) const;
-  void post_receives(std::vector<Transfer>& transfers, std::vector<float>& buffer);
-  void post_sends(const std::vector<Transfer>& transfers, const std::vector<float>& buffer);
+  /// The messages of one direction as one grouped exchange (none when an alltoallv over host
+  /// memory carries them instead).
+  void post(const std::vector<Transfer>& sends, float* send_area, const std::vector<Transfer>& receives,
+            float* receive_area);
   void wait_all();
 
   Communicator& comm_;
@@ -148,8 +160,8 @@ class TileExchange {
   Tensor target_;  ///< shares memory with the tensor being written (needed_out / held_out)
   Tensor source_;  ///< reverse: shares memory with needed_in (its local part is summed in finish)
   Device device_ = Device::host();
-  /// On a GPU: the packed messages there (the host buffers above carry them to and from MPI).
-  Tensor outgoing_staging_, incoming_staging_;
+  /// On a GPU: the packed messages there (sent by NCCL, or staged through the host buffers above).
+  Tensor outgoing_gpu_, incoming_gpu_;
 };
 
 }  // namespace tessera

@@ -61,15 +61,26 @@ struct ExecutorOptions {
   /// kernels): Device::cuda(i), or Device::cuda(kNodeLocalGpu): GPU (node-local rank mod the GPUs
   /// the rank sees). On a GPU the executor moves the model's parameters there; train_step and
   /// evaluate take inputs and targets on the host or on that GPU (host ones are copied over), and
-  /// the optimizer updates them there. Halo exchanges, redistributions and the gradient allreduce
-  /// of GPU tensors go through host copies (MPI on host memory; NCCL between GPUs is still to
-  /// come), and halo overlap is off on GPUs.
+  /// the optimizer updates them there. Halo exchanges, redistributions and the gradient
+  /// allreduce of GPU tensors travel as `gpu_comm` says.
   Device device = Device::host();
   static constexpr int kNodeLocalGpu = -1;
+  /// How messages between GPUs travel (device on a GPU; ignored on the host):
+  ///   Automatic: NCCL when there are two ranks or more and each has a GPU of its own (compared
+  ///     by UUID), else MPI through host copies (ranks that share a GPU, which NCCL cannot serve);
+  ///   Nccl: NCCL, straight between GPUs on their communication streams (the gradient allreduce
+  ///     and the exchanges overlap the compute queued after them); refused when ranks share a GPU;
+  ///   Mpi: MPI, each packed message and gradient bucket copied through host memory.
+  /// MPI stays for control either way (the loss and the plan checks, batch-norm statistics).
+  enum class GpuComm { Automatic, Nccl, Mpi };
+  GpuComm gpu_comm = GpuComm::Automatic;
   /// Time every layer of every training step (Executor::layer_profile). Costs a clock read per
   /// layer on the host; on a GPU it also waits for each layer's kernels, which slows the step.
   bool profile = false;
 };
+
+/// "auto", "nccl" or "mpi" (command-line spellings of ExecutorOptions::GpuComm); an InputError otherwise.
+ExecutorOptions::GpuComm parse_gpu_comm(const std::string& text);
 
 /// Sums over the whole batch (all ranks).
 struct BatchResult {
@@ -109,6 +120,8 @@ class Executor {
   std::pair<std::int64_t, std::int64_t> local_samples(std::int64_t batch_size) const;
   /// Where the layers run (ExecutorOptions::device).
   Device device() const { return options_.device; }
+  /// Whether messages between this job's GPUs go over NCCL (ExecutorOptions::gpu_comm).
+  bool uses_nccl() const { return gpu_exchange_comm_ != nullptr; }
   /// Per layer (model order), this rank's time in the training steps since the executor was made or
   /// the profile reset; empty unless ExecutorOptions::profile.
   const std::vector<LayerTiming>& layer_profile() const { return profile_; }
@@ -223,6 +236,17 @@ class Executor {
   std::shared_ptr<Communicator> world_;
   /// A duplicate of the world for exchanges, so their messages never meet anything else.
   std::unique_ptr<Communicator> exchange_comm_;
+  /// With NCCL (uses_nccl()): its communicator of all ranks, for the exchanges, and one per
+  /// gradient replica group of more than one rank (keyed by that group's MPI communicator).
+  std::unique_ptr<Communicator> gpu_exchange_comm_;
+  std::map<const Communicator*, std::unique_ptr<Communicator>> gpu_groups_;
+  /// The communicator the exchanges run on.
+  Communicator& exchange_communicator() { return uses_nccl() ? *gpu_exchange_comm_ : *exchange_comm_; }
+  /// The communicator the gradient reducer sums parameter `param` of layer `node` over: its
+  /// replica group, or with NCCL that group's NCCL twin (created here, collectively over it).
+  Communicator& reduction_group(std::size_t node, const Parameter& param);
+  /// Decides ExecutorOptions::gpu_comm (collectively) and creates the NCCL communicator of all ranks.
+  void choose_gpu_comm();
   ExecutorOptions options_;
   std::unique_ptr<DnnBackend> backend_;
   GradReducer reducer_;

@@ -1,0 +1,37 @@
+// The default grouped exchange of Communicator: a nonblocking receive and send per message.
+#include "tessera/core/communicator.hpp"
+
+#include <utility>
+
+namespace tessera {
+namespace {
+
+/// Waits for every request of a group (receives first: they were posted first).
+class RequestGroup final : public CommRequest {
+ public:
+  explicit RequestGroup(std::vector<std::unique_ptr<CommRequest>> requests) : requests_(std::move(requests)) {}
+  void wait() override {
+    for (auto& request : requests_) request->wait();
+  }
+  bool test() override {
+    bool done = true;
+    for (auto& request : requests_) done = request->test() && done;  // tests each: each progresses
+    return done;
+  }
+
+ private:
+  std::vector<std::unique_ptr<CommRequest>> requests_;
+};
+
+}  // namespace
+
+std::unique_ptr<CommRequest> Communicator::exchange(std::span<const Message> sends, std::span<const Message> receives,
+                                                    DType type, int tag) {
+  std::vector<std::unique_ptr<CommRequest>> requests;
+  requests.reserve(sends.size() + receives.size());
+  for (const Message& m : receives) requests.push_back(irecv(m.data, m.count, type, m.peer, tag));
+  for (const Message& m : sends) requests.push_back(isend(m.data, m.count, type, m.peer, tag));
+  return std::make_unique<RequestGroup>(std::move(requests));
+}
+
+}  // namespace tessera
