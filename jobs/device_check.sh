@@ -58,7 +58,7 @@ for program in gpu_kernels gpu_step_bench; do
 done
 # The MPI programs, each on its own: one that cannot load skips itself only.
 declare -A loads
-for program in gpu_unavailable gpu_nccl gpu_train bench_train; do
+for program in gpu_unavailable gpu_nccl gpu_train gpu_train_nccl bench_train; do
   missing="$(unresolved "$PACK/bin/$program")"
   loads[$program]=1
   if [ -n "$missing" ]; then
@@ -74,7 +74,7 @@ say "GPU tests: every kernel family against the host backend (fp32: 1e-5)"
 timeout 120 "${tessera_env[@]}" "$PACK/bin/gpu_kernels" 2>&1 | tee "$LOGS/gpu_tests.log"
 tests=${PIPESTATUS[0]}
 [ "$tests" -eq 0 ] || status=1
-unavailable=skipped nccl=skipped train=skipped
+unavailable=skipped nccl=skipped train=skipped train_nccl=skipped
 if [ "$mpi_ok" -eq 1 ]; then
   timeout 30 "${tessera_env[@]}" "$PACK/bin/gpu_unavailable" 2>&1 | tail -3 | tee -a "$LOGS/gpu_tests.log"
   unavailable=${PIPESTATUS[0]}
@@ -102,6 +102,14 @@ if [ "${loads[gpu_train]}" -eq 1 ]; then
   done
   [ "$train" -eq 0 ] || status=1
 fi
+if [ "${loads[gpu_train_nccl]}" -eq 1 ]; then
+  say "the invariant with the executor's messages over NCCL: 1 rank (NCCL needs a GPU per rank)"
+  timeout 60 "${tessera_env[@]}" "$PREFIX/usr/bin/orterun" --oversubscribe --bind-to none -x LD_LIBRARY_PATH \
+    -n 1 "$PACK/bin/gpu_train_nccl" 2>&1 | tee -a "$LOGS/gpu_tests.log"
+  train_nccl=${PIPESTATUS[0]}
+  echo "   gpu_train_nccl at 1 rank: exit $train_nccl"
+  [ "$train_nccl" -eq 0 ] || status=1
+fi
 
 say "benchmark: CosmoFlow reference network, 128^3 x 4 channels, batch 4, one training step"
 executor=()
@@ -110,5 +118,5 @@ timeout 240 python3 "$ROOT/bench/gpu_compare.py" --tessera "$PACK/bin/gpu_step_b
   --log "$LOGS/bench.log" | tee "$LOGS/summary.txt"
 bench=${PIPESTATUS[0]}
 [ "$bench" -eq 0 ] || status=1
-say "done: gpu_kernels exit $tests, gpu_unavailable $unavailable, gpu_nccl $nccl, gpu_train $train, benchmark exit $bench"
+say "done: gpu_kernels exit $tests, gpu_unavailable $unavailable, gpu_nccl $nccl, gpu_train $train, gpu_train_nccl $train_nccl, benchmark exit $bench"
 exit $status

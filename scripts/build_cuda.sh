@@ -7,7 +7,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${TESSERA_CUDA_BUILD_DIR:-$ROOT/build-cuda}"
 JOBS="${TESSERA_JOBS:-$(nproc)}"
-TARGETS=(gpu_kernels gpu_nccl gpu_train gpu_unavailable gpu_step_bench bench_train tessera)
+TARGETS=(gpu_kernels gpu_nccl gpu_train gpu_train_nccl gpu_unavailable gpu_step_bench bench_train tessera)
 if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ] && [ -z "${CUDACXX:-}" ]; then
   echo "build_cuda: no CUDA toolkit (nvcc not on PATH, not in /usr/local/cuda/bin, CUDACXX unset)" >&2
   exit 2

@@ -92,7 +92,8 @@ struct BatchResult {
   double comm_wait_seconds = 0;
   /// Seconds this rank spent in halo exchanges and redistributions (forward and backward),
   /// packing and waiting included: the exchange time the step exposes (what overlaps a layer's
-  /// compute is not counted).
+  /// compute is not counted). Host time: with NCCL between GPUs (uses_nccl()) it counts packing
+  /// and queuing; the transfers themselves run on the communication stream.
   double exchange_seconds = 0;
   /// The part of exchange_seconds spent in halo exchanges (an input split as its producer's
   /// output, or as the data is read, grown by the layer's halo); the rest is redistributions
