@@ -171,6 +171,8 @@ int main(int argc, char** argv) {
     exchange = world->allreduce_value(exchange, tessera::ReduceOp::Max);
     const double activation_mib = world->allreduce_value(static_cast<double>(executor.activation_bytes()) / (1 << 20),
                                                          tessera::ReduceOp::Max);
+    const double scratch_mib = world->allreduce_value(static_cast<double>(executor.scratch_bytes()) / (1 << 20),
+                                                      tessera::ReduceOp::Max);
     const double exchanged_mib = world->allreduce_value(
         static_cast<double>(executor.exchange_elements_per_step(batch)) * 4.0 / (1 << 20), tessera::ReduceOp::Max);
     const double overlapped = world->allreduce_value(static_cast<double>(executor.overlapped_layers(batch).size()),
@@ -195,12 +197,12 @@ int main(int argc, char** argv) {
       std::printf(
           "{\"framework\": \"tessera\", \"device\": \"%s\", \"gpu_comm\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "
           "\"step_ms\": %.3f, \"comm_wait_ms\": %.3f, \"exchange_ms\": %.3f, \"exchange_critical_ms\": %.3f, \"halo_ms\": %.3f, \"halo_critical_ms\": %.3f, \"exchanged_mib\": %.2f, "
-          "\"gflops\": %.2f, \"activation_mib\": %.1f, \"peak_rss_mib\": %.1f, \"gpu_peak_gib\": %.2f, \"overlapped_layers\": %d}\n",
+          "\"gflops\": %.2f, \"activation_mib\": %.1f, \"scratch_mib\": %.1f, \"peak_rss_mib\": %.1f, \"gpu_peak_gib\": %.2f, \"overlapped_layers\": %d}\n",
           executor.device().to_string().c_str(),
           options.device.is_host() ? "none" : executor.uses_nccl() ? "nccl" : "mpi",
           std::string(tessera::precision_name(model.precision())).c_str(),
           world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps,
-          1e3 * comm_wait / steps, 1e3 * exchange / steps, 1e3 * critical_exchange / steps, 1e3 * halo / steps, 1e3 * critical_halo / steps, exchanged_mib, gflops, activation_mib, peak_mib, gpu_peak_gib,
+          1e3 * comm_wait / steps, 1e3 * exchange / steps, 1e3 * critical_exchange / steps, 1e3 * halo / steps, 1e3 * critical_halo / steps, exchanged_mib, gflops, activation_mib, scratch_mib, peak_mib, gpu_peak_gib,
           static_cast<int>(overlapped));
     } catch (const tessera::Error& e) {
       // Bad model or plan: every rank fails together (collectively); rank 0 says why.

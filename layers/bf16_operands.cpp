@@ -38,6 +38,12 @@ class RoundedOperands {
     return buffer.data();
   }
 
+  std::int64_t bytes() const {
+    std::int64_t total = 0;
+    for (const Tensor& buffer : buffers_) total += buffer.allocated_bytes();
+    return total;
+  }
+
  private:
   ElementwiseKernels& kernels_;
   Device device_;
@@ -82,6 +88,8 @@ class Bf16OperandConvolution final : public ConvolutionKernels {
                      grad_weights, grad_bias);
   }
 
+  std::int64_t scratch_bytes() const override { return round_.bytes() + inner_->scratch_bytes(); }
+
  private:
   std::unique_ptr<ConvolutionKernels> inner_;
   RoundedOperands round_;
@@ -113,6 +121,8 @@ class Bf16OperandLinear final : public LinearKernels {
                              round_(RoundedOperands::kGradOutput, grad_output, g.batch * g.out_features),
                              grad_weights, grad_bias);
   }
+
+  std::int64_t scratch_bytes() const override { return round_.bytes() + inner_->scratch_bytes(); }
 
  private:
   std::unique_ptr<LinearKernels> inner_;

@@ -128,9 +128,10 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     in_local *= static_cast<double>(window);
   }
   const std::int64_t in_channels = l.input.rank() > 1 ? l.input[1] : 1;
-  if (l.model_splittable) in_local *= static_cast<double>(ceil_div(in_channels, split.channel));
-  else if (split.filter > 1) in_local *= static_cast<double>(ceil_div(in_channels, split.filter));
-  else in_local *= static_cast<double>(in_channels);
+  const double channels_read = static_cast<double>(l.model_splittable ? ceil_div(in_channels, split.channel)
+                                                   : split.filter > 1 ? ceil_div(in_channels, split.filter)
+                                                                      : in_channels);
+  in_local *= channels_read;
 
   // This rank's block of the weights.
   const double params_local = static_cast<double>(l.parameters) / (split.filter * split.channel);
@@ -208,9 +209,22 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   // Memory: weights, their gradients and optimizer state; the saved output and input window.
   e.memory = kBytes * params_local * (2.0 + options_.optimizer_state) + kBytes * (out_local + in_local);
   if (l.precision == Precision::BF16) {
-    e.scratch_input = kBytes * in_local;
+    // What the executor's kernels round: the input as the layer reads it (a spatially split
+    // layer's window, padding included; else the unpadded input), the output gradient, and the
+    // weights without the bias.
+    double read = in_local;
+    if (split.spatial_product() == 1) {
+      read = static_cast<double>(w.samples) * channels_read;
+      for (int d = 2; d < l.input.rank(); ++d) read *= static_cast<double>(l.input[d]);
+    }
+    // The weights: filters x input channels x kernel volume; a rank's block the largest one.
+    const std::int64_t filters = l.output.rank() > 1 ? l.output[1] : 1;
+    const std::int64_t weights = l.parameters - (l.has_bias ? filters : 0);
+    const double per_pair = static_cast<double>(weights) / static_cast<double>(filters * in_channels);
+    e.scratch_input = kBytes * read;
     e.scratch_output = kBytes * out_local;
-    e.scratch_weights = kBytes * params_local;
+    e.scratch_weights = kBytes * per_pair * static_cast<double>(ceil_div(filters, split.filter)) *
+                        static_cast<double>(ceil_div(in_channels, split.channel));
     e.scratch_of_linear = l.type == "linear";
   }
   return e;
@@ -419,6 +433,7 @@ void CostModel::finish(PlanEstimate& estimate) const {
   // Transient: the largest layer's gradients next to what is kept; and the bf16 operands' scratch.
   double scratch = 0;
   for (int kind : {0, 1}) scratch += scratch_input[kind] + scratch_output[kind] + scratch_weights[kind];
+  estimate.scratch_bytes = scratch;
   estimate.memory_bytes = memory + largest + scratch;
   estimate.fits = estimate.memory_bytes <= machine_.memory_per_rank;
 }

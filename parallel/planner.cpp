@@ -395,7 +395,10 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
     for (const auto& s : cands[v]) {
       const LayerEstimate e = model.layer_cost(static_cast<int>(v), s);
       cost[v].push_back(e.total() + (1.0 - hidden) * e.grad_allreduce + e.optimizer);
-      memory[v].push_back(e.memory);
+      // What the layer keeps, and its bf16 operands' scratch (a plan's scratch is the largest
+      // layer's of each kind, not the sum; counted per layer, the price still steers the search
+      // towards splits with smaller rounded operands near the limit).
+      memory[v].push_back(e.memory + e.scratch_input + e.scratch_output + e.scratch_weights);
     }
     result.candidates += static_cast<std::int64_t>(cands[v].size());
   }

@@ -841,6 +841,10 @@ void Executor::average_buffers() {
 
 std::int64_t Executor::activation_bytes() const { return std::max(peak_bytes_, current_bytes()); }
 
+std::int64_t Executor::scratch_bytes() const {
+  return backend_->convolution().scratch_bytes() + backend_->linear().scratch_bytes();
+}
+
 std::int64_t Executor::current_bytes() const {
   std::int64_t bytes = 0;
   for (const auto& t : outputs_) bytes += t.allocated_bytes();

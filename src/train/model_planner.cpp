@@ -44,6 +44,7 @@ PlannerGraph Model::planner_graph(std::int64_t global_batch) const {
       for (auto d : params.at(0)->whole_shape()) weights *= d;
       const double outputs_per_filter = static_cast<double>(l.output.sample_numel()) / static_cast<double>(l.output[1]);
       l.forward_flops = 2.0 * static_cast<double>(global_batch) * static_cast<double>(weights) * outputs_per_filter;
+      l.has_bias = params.size() > 1;
     }
     graph.layers.push_back(std::move(l));
   }

@@ -68,6 +68,7 @@ struct TrainingRun {
   std::int64_t parameter_bytes = 0;     ///< values + gradients
   std::int64_t optimizer_bytes = 0;
   std::int64_t activation_bytes = 0;    ///< peak of the last training step
+  std::int64_t scratch_bytes = 0;       ///< the kernels' scratch (bf16's rounded operands)
 };
 
 inline OptimizerConfig sgd_momentum() {
@@ -130,6 +131,7 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
   }
   run.optimizer_bytes = optimizer->state_bytes();
   run.activation_bytes = executor.activation_bytes();
+  run.scratch_bytes = executor.scratch_bytes();
   return run;
 }
 

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 
 #include "invariant/invariant_harness.hpp"
+#include "tessera/parallel/machine.hpp"
+#include "tessera/parallel/planner.hpp"
 
 namespace tessera {
 namespace {
@@ -79,6 +81,33 @@ TEST(Bf16Invariant, LayersSplitByFilterAndByChannel) {
   expect_bf16_plan_equals_one_rank(kCnn, plan_for({"conv2", "fc1"}, filters), 6);
   const std::string channels = fmt::format("{{sample: 1, channel: {}}}", ranks());
   expect_bf16_plan_equals_one_rank(kCnn, plan_for({"conv2", "fc1"}, channels), 6);
+}
+
+TEST(Bf16Invariant, ThePlannerPredictsTheScratchOfTheRoundedOperandsExactly) {
+  // The rounded operands take scratch buffers beside the activations; the planner counts them per
+  // rank as the executor's kernels keep them (each kind's largest input, output gradient and
+  // weights, the convolutions' and the linear layers' apart), for every kind of split: the
+  // largest rank's buffers equal the estimate.
+  auto world = MpiCommunicator::world();
+  const std::int64_t batch = 6;
+  const std::string spatial = fmt::format("{{sample: 1, spatial: [{}, 1]}}", ranks());
+  const std::string filters = fmt::format("{{sample: 1, filter: {}}}", ranks());
+  const std::string channels = fmt::format("{{sample: 1, channel: {}}}", ranks());
+  for (const std::string& text : {plan_for({}, ""), plan_for({"conv1", "act1", "conv2", "act2", "pool"}, spatial),
+                                  plan_for({"conv2", "fc1"}, filters), plan_for({"conv2", "fc1"}, channels)}) {
+    SCOPED_TRACE(text);
+    const Plan plan = Plan::parse(text, "scratch_plan");
+    const testing::TrainingRun run = testing::train(kCnn, plan, world, batch, 1);
+    const double most = world->allreduce_value(static_cast<double>(run.scratch_bytes), ReduceOp::Max);
+    const Model model = Model::parse(kCnn, "scratch_model");
+    PlannerOptions options;
+    options.ranks = world->size();
+    Machine machine;
+    machine.ranks_per_node = machine.cores_per_node = world->size();
+    const PlanEstimate estimate = CostModel(model.planner_graph(batch), machine, options).estimate(plan);
+    EXPECT_GT(most, 0.0);
+    EXPECT_DOUBLE_EQ(most, estimate.scratch_bytes);
+  }
 }
 
 TEST(Bf16Invariant, ABf16RunIsNotTheFp32Run) {

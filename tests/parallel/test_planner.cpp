@@ -52,6 +52,7 @@ PlannerLayer conv(const std::string& name, int input, std::int64_t n, std::int64
   l.input = Shape::image(n, cin, {hw, hw});
   l.output = Shape::image(n, cout, {hw, hw});
   l.parameters = cout * cin * 9 + cout;
+  l.has_bias = true;
   l.forward_flops = 2.0 * static_cast<double>(n * cout * hw * hw * cin * 9);
   l.windows = {{3, 1, 1}, {3, 1, 1}};
   l.spatially_splittable = l.model_splittable = l.filter_splittable = true;
@@ -81,6 +82,7 @@ PlannerLayer linear(const std::string& name, int input, std::int64_t n, std::int
   l.input = Shape::flat(n, in);
   l.output = Shape::flat(n, out);
   l.parameters = in * out + out;
+  l.has_bias = true;
   l.forward_flops = 2.0 * static_cast<double>(n * in * out);
   l.model_splittable = l.filter_splittable = true;
   l.signature = cat("test/", name);
@@ -200,22 +202,29 @@ TEST(CostModel, Bf16ScratchIsTheLargestRoundedOperandOfEachKind) {
   const Plan plan = Plan::sample_parallel(2);
   const PlanEstimate base = CostModel(fp32, m, {.ranks = 2}).estimate(plan);
   const PlanEstimate with = CostModel(bf16, m, {.ranks = 2}).estimate(plan);
-  // Per rank 2 samples: inputs 2 x 1 x 10 x 10 (padded window) and 2 x 4 x 10 x 10, outputs
-  // 2 x 4 x 8 x 8 both, weights 4 x 1 x 9 + 4 and 4 x 4 x 9 + 4.
-  EXPECT_DOUBLE_EQ(with.layers[0].scratch_input, 4.0 * 2 * 1 * 10 * 10);
-  EXPECT_DOUBLE_EQ(with.layers[2].scratch_input, 4.0 * 2 * 4 * 10 * 10);
-  EXPECT_DOUBLE_EQ(with.layers[0].scratch_weights, 4.0 * (4 * 1 * 9 + 4));
-  EXPECT_DOUBLE_EQ(with.layers[2].scratch_weights, 4.0 * (4 * 4 * 9 + 4));
+  // Per rank 2 samples: inputs 2 x 1 x 8 x 8 and 2 x 4 x 8 x 8 (unsplit layers read the
+  // unpadded input), outputs 2 x 4 x 8 x 8 both, weights 4 x 1 x 9 and 4 x 4 x 9 (the biases
+  // are not rounded).
+  EXPECT_DOUBLE_EQ(with.layers[0].scratch_input, 4.0 * 2 * 1 * 8 * 8);
+  EXPECT_DOUBLE_EQ(with.layers[2].scratch_input, 4.0 * 2 * 4 * 8 * 8);
+  EXPECT_DOUBLE_EQ(with.layers[0].scratch_weights, 4.0 * (4 * 1 * 9));
+  EXPECT_DOUBLE_EQ(with.layers[2].scratch_weights, 4.0 * (4 * 4 * 9));
   EXPECT_DOUBLE_EQ(with.layers[2].scratch_output, 4.0 * 2 * 4 * 8 * 8);
   EXPECT_EQ(with.layers[1].scratch_input, 0.0);  // relu: nothing to round
-  EXPECT_DOUBLE_EQ(with.memory_bytes - base.memory_bytes,
-                   4.0 * 2 * 4 * 10 * 10 + 4.0 * 2 * 4 * 8 * 8 + 4.0 * (4 * 4 * 9 + 4));
+  const double conv_scratch = 4.0 * 2 * 4 * 8 * 8 + 4.0 * 2 * 4 * 8 * 8 + 4.0 * (4 * 4 * 9);
+  EXPECT_DOUBLE_EQ(with.scratch_bytes, conv_scratch);
+  EXPECT_EQ(base.scratch_bytes, 0.0);
+  EXPECT_DOUBLE_EQ(with.memory_bytes - base.memory_bytes, conv_scratch);
+  // Split along H, a layer reads its window: its tile grown by the halo, padding included.
+  const PlanEstimate tiled = CostModel(bf16, m, {.ranks = 2}).estimate(Plan::parse(
+      "ranks: 2\ndefault: {sample: 2}\nlayers:\n  c1: {sample: 1, spatial: [2, 1]}\n", "p"));
+  EXPECT_DOUBLE_EQ(tiled.layers[0].scratch_input, 4.0 * 4 * 1 * 6 * 10);
   // A bf16 linear layer too: its buffers are the linear kernels' own, added to the convolutions'.
   PlannerGraph both = bf16;
   both.layers[4].precision = Precision::BF16;  // linear 256 -> 10
   const PlanEstimate all = CostModel(both, m, {.ranks = 2}).estimate(plan);
   EXPECT_TRUE(all.layers[4].scratch_of_linear);
-  EXPECT_DOUBLE_EQ(all.memory_bytes - with.memory_bytes, 4.0 * (2 * 256 + 2 * 10 + 10 * 256 + 10));
+  EXPECT_DOUBLE_EQ(all.memory_bytes - with.memory_bytes, 4.0 * (2 * 256 + 2 * 10 + 10 * 256));
 }
 
 TEST(CostModel, CalibratedTimingReplacesTheRoofline) {

@@ -94,6 +94,9 @@ class ConvolutionKernels {
     if (grad_input) backward_data(geometry, grad_output, weights, grad_input);
     backward_weights(geometry, input, grad_output, grad_weights, grad_bias);
   }
+  /// Bytes of buffers the kernels keep between calls on the tensors' device (bf16's rounded
+  /// operands, see bf16_operands.hpp); 0 for kernels that keep none.
+  virtual std::int64_t scratch_bytes() const { return 0; }
 };
 
 class PoolingKernels {
@@ -118,6 +121,8 @@ class LinearKernels {
   /// Overwrites grad_weights (and grad_bias when the geometry has a bias).
   virtual void backward_weights(const LinearGeometry& geometry, const float* input,
                                 const float* grad_output, float* grad_weights, float* grad_bias) = 0;
+  /// As ConvolutionKernels::scratch_bytes.
+  virtual std::int64_t scratch_bytes() const { return 0; }
 };
 
 /// The element-wise work of the layers, losses and optimizers, on the backend's device (host

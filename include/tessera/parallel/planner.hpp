@@ -57,8 +57,7 @@ struct PlannerLayer {
   double forward_flops = 0;
   /// Elements of the whole weight tensors (weights and biases, gamma and beta).
   std::int64_t parameters = 0;
-  /// Elements of the parameters that are not split by filter/channel (biases of channel splits
-  /// stay whole per channel block; batch-norm's gamma/beta follow the filter split).
+  /// conv and linear: `parameters` includes a bias of output[1] elements besides the weights.
   bool has_bias = false;
   /// One entry per spatial dimension of the output (empty: no spatial dimensions).
   std::vector<SpatialWindow> windows;
@@ -135,6 +134,7 @@ struct PlanEstimate {
   double other = 0;           ///< loss allreduce, optimizer update
   double step_seconds = 0;
   double memory_bytes = 0;    ///< peak per rank
+  double scratch_bytes = 0;   ///< of which the bf16 operands' scratch (what Executor::scratch_bytes measures)
   bool fits = true;           ///< memory_bytes <= machine.memory_per_rank
 };
 

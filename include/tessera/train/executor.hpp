@@ -151,6 +151,9 @@ class Executor {
   /// The most bytes of activations, their gradients and halo windows this rank held at once
   /// during the last training step.
   std::int64_t activation_bytes() const;
+  /// Bytes the layers' kernels keep between calls on this rank (the rounded operands of bf16
+  /// convolutions and linear layers: each kind's largest input, output gradient and weights).
+  std::int64_t scratch_bytes() const;
   /// Elements this rank sends per training step in halo exchanges, redistributions and the
   /// reductions of channel-split layers' partial sums (forward and backward) for a batch of
   /// `batch_size` (0 before its first step).
