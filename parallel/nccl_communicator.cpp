@@ -93,13 +93,24 @@ class NcclCommunicator final : public Communicator {
  public:
   /// `check_gpus`: whether to check that no two ranks share a GPU (a split or duplicate of a
   /// checked communicator need not check again).
+  /// A new NCCL communicator over the ranks of `control` (collective over it). `check_gpus`:
+  /// whether to check first that no two ranks share a GPU.
   NcclCommunicator(std::unique_ptr<Communicator> control, bool check_gpus) : control_(std::move(control)) {
     if (check_gpus) check_one_gpu_per_rank();
-    ncclUniqueId id{};
-    if (control_->rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    control_->broadcast(&id, sizeof(id), DType::U8, 0);
-    check(ncclCommInitRank(&comm_, control_->size(), id, control_->rank()), "ncclCommInitRank");
+    // Rank 0's id and whether it got one: every rank fails together when it did not.
+    struct {
+      ncclUniqueId id;
+      int status;
+    } bootstrap{};
+    if (control_->rank() == 0) bootstrap.status = static_cast<int>(ncclGetUniqueId(&bootstrap.id));
+    control_->broadcast(&bootstrap, sizeof(bootstrap), DType::U8, 0);
+    if (bootstrap.status != ncclSuccess)
+      fail("NCCL: ncclGetUniqueId failed on rank 0 of {}: {} (check NCCL_SOCKET_IFNAME and the network "
+           "interfaces)", control_->name(), ncclGetErrorString(static_cast<ncclResult_t>(bootstrap.status)));
+    agree(ncclCommInitRank(&comm_, control_->size(), bootstrap.id, control_->rank()), "ncclCommInitRank");
   }
+  /// A communicator NCCL made from another (split), over the ranks of `control`.
+  NcclCommunicator(std::unique_ptr<Communicator> control, ncclComm_t comm) : control_(std::move(control)), comm_(comm) {}
   ~NcclCommunicator() override {
     if (comm_) ncclCommDestroy(comm_);
   }
@@ -113,6 +124,7 @@ class NcclCommunicator final : public Communicator {
 
   void barrier() override {
     cuda::synchronize();
+    check_cuda(cudaStreamSynchronize(communication_stream()), "synchronizing the communication stream");
     control_->barrier();
   }
   void broadcast(void* data, std::size_t count, DType type, int root) override {
@@ -201,12 +213,18 @@ class NcclCommunicator final : public Communicator {
       return result != ncclSuccess ? result : ended;
     }, "a grouped ncclSend/ncclRecv");
   }
+  /// ncclCommSplit (collective over this communicator, like the MPI split of the control
+  /// communicator, which orders ranks the same way: by key, then rank); the new communicator
+  /// shares this one's resources (splitShare).
   std::unique_ptr<Communicator> split(int color, int key) const override {
-    return std::make_unique<NcclCommunicator>(control_->split(color, key), false);
+    auto control = control_->split(color, key);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.splitShare = 1;
+    ncclComm_t comm = nullptr;
+    agree(ncclCommSplit(comm_, color, key, &comm, &config), "ncclCommSplit");
+    return std::make_unique<NcclCommunicator>(std::move(control), comm);
   }
-  std::unique_ptr<Communicator> duplicate() const override {
-    return std::make_unique<NcclCommunicator>(control_->duplicate(), false);
-  }
+  std::unique_ptr<Communicator> duplicate() const override { return split(0, rank()); }
   [[noreturn]] void abort(int exit_code) override {
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
@@ -220,6 +238,15 @@ class NcclCommunicator final : public Communicator {
     const char* detail = comm_ ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
     fail("NCCL: {} failed on {}: {}{}{}", what, name(), ncclGetErrorString(result), detail && *detail ? ": " : "",
          detail ? detail : "");
+  }
+
+  /// The result of a collective NCCL setup call on every rank of the control communicator:
+  /// every rank throws when any failed (none is left waiting for the others).
+  void agree(ncclResult_t result, const char* what) const {
+    const int failed = control_->allreduce_value(result == ncclSuccess ? 0 : 1, ReduceOp::Max);
+    if (failed == 0) return;
+    if (result != ncclSuccess) check(result, what);
+    fail("NCCL: {} failed on another rank of {} (that rank's error names the cause)", what, control_->name());
   }
 
   /// Queues `launch` (NCCL calls on the stream it is given, returning the result) on the

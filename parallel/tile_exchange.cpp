@@ -96,7 +96,11 @@ TileExchange::TileExchange(Communicator& comm, Shape global, std::vector<Box> he
   plan();
 }
 
-TileExchange::~TileExchange() = default;  // requests still in flight complete in their destructors
+TileExchange::~TileExchange() {
+  // Requests still in flight complete (on a GPU: fence its compute stream) in their destructors,
+  // before the buffers they use are released.
+  requests_.clear();
+}
 
 const Box& TileExchange::held_box() const {
   return held_[static_cast<std::size_t>(me_)];

@@ -229,10 +229,11 @@ void Executor::choose_gpu_comm() {
 Communicator& Executor::reduction_group(std::size_t node, const Parameter& param) {
   Communicator& group = replica_group(node, param);
   if (!uses_nccl() || group.size() == 1) return group;
-  // Every rank of the group reaches this for the same parameters in the same order (the groups
-  // of one layer partition the ranks), so the group creates its twin together.
+  // Every rank reaches this for the same parameters in the same order, and the groups of one
+  // layer partition the ranks (the same partition on every rank, so either every rank has its
+  // twin already or none has): the split is collective over all ranks, as the MPI one was.
   auto& twin = gpu_groups_[&group];
-  if (!twin) twin = make_nccl_communicator(group);
+  if (!twin) twin = gpu_exchange_comm_->split(group_colors_.at(&group), world_->rank());
   return *twin;
 }
 
@@ -249,7 +250,10 @@ Communicator* Executor::group(const std::vector<int>& grid, const std::vector<in
   const int me = world_->rank();
   if (std::count(colors.begin(), colors.end(), colors[static_cast<std::size_t>(me)]) == 1) return nullptr;
   auto& slot = groups_[colors];
-  if (!slot) slot = world_->split(colors[static_cast<std::size_t>(me)], me);
+  if (!slot) {
+    slot = world_->split(colors[static_cast<std::size_t>(me)], me);
+    group_colors_[slot.get()] = colors[static_cast<std::size_t>(me)];
+  }
   return slot.get();
 }
 
@@ -436,6 +440,17 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
       ex.halo[i][a] = same;
     }
   }
+  // Whether each layer's one input exchange overlaps backward, agreed by every rank (under
+  // HaloOverlap::Automatic: when any rank's exchange has a peer on another node). Backward queues
+  // an overlapped exchange's reverse before the layer's gradients are marked ready (which may
+  // start a bucket's allreduce), the others after; NCCL runs both on one stream per GPU, in the
+  // order queued, so every rank must queue them in the same order. (Forward overlap stays each
+  // rank's own choice: the exchange is queued before the layer's compute either way.)
+  std::vector<int> overlapping(nodes.size(), 0);
+  for (std::size_t i = 0; i < nodes.size(); ++i)
+    if (nodes[i].inputs.size() == 1 && ex.inputs[i][0]) overlapping[i] = overlaps(*ex.inputs[i][0]) ? 1 : 0;
+  world_->allreduce(std::span<int>(overlapping), ReduceOp::Max);
+  ex.overlapping.assign(overlapping.begin(), overlapping.end());
   // Halo exchanges that overlap their layer's forward.
   ex.overlap.resize(nodes.size());
   for (std::size_t i = 0; i < nodes.size(); ++i) {
@@ -536,8 +551,8 @@ TileExchange* Executor::split_backward(const Exchanges& ex, std::size_t node) co
       ex.reduce[node] || !n.layer->splits_backward())
     return nullptr;
   TileExchange* exchange = ex.inputs[node][0].get();
-  return exchange && exchange->transport() == TileExchange::Transport::PointToPoint && overlaps(*exchange) ? exchange
-                                                                                                          : nullptr;
+  return exchange && exchange->transport() == TileExchange::Transport::PointToPoint && ex.overlapping[node] ? exchange
+                                                                                                         : nullptr;
 }
 
 LayerContext Executor::context(std::size_t node, std::int64_t batch_size, std::int64_t step, bool training) {
@@ -785,6 +800,12 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
   }
   const auto wait_start = Clock::now();
   reducer_.finish();
+  if (uses_nccl()) {
+    // NCCL's requests only make the GPU's compute wait: wait here for backward and the gradient
+    // allreduce, so that a hung NCCL operation shows under its name (the watchdog) in this step.
+    const WatchdogScope scope(watchdog_, "gradient allreduce (NCCL, with the rest of backward on the GPU)");
+    cuda::synchronize();
+  }
   BatchResult result = reduce(loss_sum, correct, outputs_[out].dim(0), "loss allreduce");
   result.comm_wait_seconds = seconds_since(wait_start);
   result.exchange_seconds = exchange_seconds_;

@@ -168,7 +168,8 @@ TEST_F(Nccl, NonblockingOperationsFollowTheComputeBeforeThemAndPrecedeTheCompute
   // A fill of 256 MiB queued on the compute stream and not waited for: an allreduce queued after
   // it must sum the filled values, and a copy queued after wait() must see the sum. Without the
   // events between the streams the allreduce would read the old values (the fill takes longer
-  // than queuing the allreduce).
+  // than queuing the allreduce). At one rank NCCL's in-place allreduce may move nothing; the
+  // exchange with this rank itself below copies every element, so it tests the fences there.
   const std::int64_t n = std::int64_t{1} << 26;
   Tensor buffer(Shape({n}), gpu());
   cuda::fill(buffer.data(), n, 1.0f);
@@ -232,10 +233,11 @@ TEST_F(Nccl, TileExchangesBetweenGpusEqualTheHostOnes) {
     on_host.reverse(window, back);
     on_gpus.reverse(window_gpu, back_gpu);
     expect_equal(back, back_gpu);
-    // Overlapped use: start, compute queued in between, finish.
-    Tensor again;
-    on_gpus.start_forward(tile.to(gpu()), again, 0.5f);
-    cuda::fill(back_gpu.data(), back_gpu.numel(), 0.0f);
+    // Overlapped use: start, then the tile overwritten on the GPU (held_in may change after
+    // start: the messages were packed) while they travel, then finish.
+    Tensor again, tile_gpu = tile.to(gpu());
+    on_gpus.start_forward(tile_gpu, again, 0.5f);
+    cuda::fill(tile_gpu.data(), tile_gpu.numel(), -9.0f);
     on_gpus.finish_forward();
     expect_equal(window, again);
   }

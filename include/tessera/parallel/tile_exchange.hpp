@@ -37,8 +37,10 @@ class TileExchange {
   /// else replica `k % count` for the k-th rank (in rank order) outside the group, so the load is
   /// spread over the replicas. Empty held boxes hold nothing. Every element of every needed box that
   /// lies inside `global` must be held by someone. The checks cover every rank's boxes, so every rank
-  /// throws the same error. `tag` separates concurrent exchanges on one communicator. `comm` must
-  /// outlive the exchange.
+  /// throws the same error. `tag` separates concurrent exchanges on one communicator of host
+  /// memory; NCCL has no tags, so over one of GPU memory messages match in the order exchanges
+  /// start (the executor has one in flight at a time, started in the same order on every rank).
+  /// `comm` must outlive the exchange.
   TileExchange(Communicator& comm, Shape global, std::vector<Box> held, std::vector<Box> needed,
                Transport transport = Transport::PointToPoint, int tag = 0);
   ~TileExchange();

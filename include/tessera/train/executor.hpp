@@ -88,7 +88,8 @@ struct BatchResult {
   std::int64_t correct = 0;  ///< correctly classified samples (-1: not a classifier)
   std::int64_t samples = 0;
   /// Seconds this rank waited for communication that backward could not hide (gradient
-  /// reductions still running after backward, and the loss reduction).
+  /// reductions still running after backward, and the loss reduction). With NCCL between GPUs
+  /// (uses_nccl()) it also counts the GPU finishing backward, which the host waits for there.
   double comm_wait_seconds = 0;
   /// Seconds this rank spent in halo exchanges and redistributions (forward and backward),
   /// packing and waiting included: the exchange time the step exposes (what overlaps a layer's
@@ -201,6 +202,9 @@ class Executor {
     /// Per node: its one input's halo exchange overlaps its forward (interior set): the output
     /// regions to recompute once the halos arrived.
     std::vector<HaloSplit> overlap;
+    /// Per node: whether its one input's exchange overlaps backward (overlaps(), agreed by every
+    /// rank: any rank's answer).
+    std::vector<bool> overlapping;
     /// Per node: the exchange whose reverse runs while the layer's parameter gradients are
     /// computed (see split_backward), or null.
     std::vector<TileExchange*> split_backward;
@@ -224,11 +228,11 @@ class Executor {
   void check_halos() const;
   std::int64_t current_bytes() const;
   Exchanges& exchanges(std::int64_t batch, const Tensor& targets);
-  /// Whether halo overlap applies to `exchange` under the options (Automatic: a peer on
-  /// another node).
+  /// Whether halo overlap applies to `exchange` on this rank under the options (Automatic: a
+  /// peer on another node). Exchanges::overlapping holds the answer every rank agreed on.
   bool overlaps(const TileExchange& exchange) const;
   /// The exchange of node `node`'s one input when its backward splits around the exchange's
-  /// reverse (point to point, a layer that splits_backward, overlaps()); else null.
+  /// reverse (point to point, a layer that splits_backward, Exchanges::overlapping); else null.
   TileExchange* split_backward(const Exchanges& ex, std::size_t node) const;
   LayerContext context(std::size_t node, std::int64_t batch_size, std::int64_t step, bool training);
   void forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_size, std::int64_t step, bool training);
@@ -241,13 +245,16 @@ class Executor {
   /// A duplicate of the world for exchanges, so their messages never meet anything else.
   std::unique_ptr<Communicator> exchange_comm_;
   /// With NCCL (uses_nccl()): its communicator of all ranks, for the exchanges, and one per
-  /// gradient replica group of more than one rank (keyed by that group's MPI communicator).
+  /// gradient replica group of more than one rank (keyed by that group's MPI communicator), split
+  /// from it.
   std::unique_ptr<Communicator> gpu_exchange_comm_;
   std::map<const Communicator*, std::unique_ptr<Communicator>> gpu_groups_;
+  /// This rank's color in the split that made each group of groups_.
+  std::map<const Communicator*, int> group_colors_;
   /// The communicator the exchanges run on.
   Communicator& exchange_communicator() { return uses_nccl() ? *gpu_exchange_comm_ : *exchange_comm_; }
   /// The communicator the gradient reducer sums parameter `param` of layer `node` over: its
-  /// replica group, or with NCCL that group's NCCL twin (created here, collectively over it).
+  /// replica group, or with NCCL that group's NCCL twin (split here, collectively over all ranks).
   Communicator& reduction_group(std::size_t node, const Parameter& param);
   /// Decides ExecutorOptions::gpu_comm (collectively) and creates the NCCL communicator of all ranks.
   void choose_gpu_comm();
