@@ -879,6 +879,15 @@ std::int64_t Executor::current_bytes() const {
   return bytes;
 }
 
+std::vector<std::string> Executor::backward_overlapped_layers(std::int64_t batch_size) const {
+  std::vector<std::string> names;
+  auto it = exchanges_.find(batch_size);
+  if (it == exchanges_.end()) return names;
+  for (std::size_t i = 0; i < it->second.split_backward.size(); ++i)
+    if (it->second.split_backward[i]) names.push_back(model_.nodes()[i].layer->name());
+  return names;
+}
+
 std::vector<std::string> Executor::overlapped_layers(std::int64_t batch_size) const {
   std::vector<std::string> names;
   auto it = exchanges_.find(batch_size);

@@ -249,6 +249,7 @@ loss: softmax_cross_entropy
   using Names = std::vector<std::string>;
   // Automatic overlaps only halos that come from another node: all ranks on one node, every rank
   // a node of its own, nodes of two ranks.
+  std::vector<Names> backward_overlap;  // per run, in the order below
   auto run = [&](HaloOverlap mode, int ranks_per_node) {
     Model m = Model::parse(model, "m");
     m.init_parameters(3);
@@ -264,6 +265,15 @@ loss: softmax_cross_entropy
     const BatchResult r = executor.train_step(local_tile(inputs, begin, end, executor.input_sample_box()),
                                               labels.slice(begin, end).clone(), 2, 0);
     EXPECT_TRUE(std::isfinite(r.loss_sum));
+    // Backward's overlap is agreed: NCCL runs each rank's operations in the order queued, so
+    // every rank must queue the reverse exchanges and the gradient allreduces alike.
+    const auto backward = executor.backward_overlapped_layers(2);
+    const auto counts = world->allgather_value(static_cast<std::int64_t>(backward.size()));
+    for (auto c : counts) EXPECT_EQ(c, static_cast<std::int64_t>(backward.size())) << "ranks disagree";
+    if (mode == HaloOverlap::Never) {
+      EXPECT_TRUE(backward.empty());
+    }
+    backward_overlap.push_back(backward);
     return executor.overlapped_layers(2);
   };
   const Names always = run(HaloOverlap::Always, 0);
@@ -278,6 +288,16 @@ loss: softmax_cross_entropy
     return;
   }
   EXPECT_EQ(own_nodes, Names{"conv1"});
+  // Backward (runs: always, never, one node, own nodes, pairs): where any rank has a peer on
+  // another node, every rank splits backward around the reverse exchange, its own peers on its node or not.
+  EXPECT_FALSE(backward_overlap[0].empty());
+  EXPECT_TRUE(backward_overlap[2].empty()) << "every rank on one node";
+  EXPECT_FALSE(backward_overlap[3].empty()) << "every rank a node of its own";
+  if (ranks() > 2) {
+    EXPECT_EQ(backward_overlap[4], backward_overlap[3]);  // nodes of two ranks: some peers on another node
+  } else {
+    EXPECT_TRUE(backward_overlap[4].empty()) << "two ranks: one node";
+  }
   // Nodes of two ranks: a rank overlaps where a D neighbour is on the other node.
   const int me = world->rank();
   const bool remote_neighbour = (me > 0 && (me - 1) / 2 != me / 2) || (me + 1 < ranks() && (me + 1) / 2 != me / 2);

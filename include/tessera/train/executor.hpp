@@ -162,6 +162,9 @@ class Executor {
   /// The layers whose halo exchange overlaps their forward on this rank (halo_overlap.hpp), for
   /// a batch of `batch_size` (empty before its first step).
   std::vector<std::string> overlapped_layers(std::int64_t batch_size) const;
+  /// The layers whose input exchange's reverse overlaps their parameter gradients in backward,
+  /// for a batch of `batch_size` (empty before its first step): the same on every rank.
+  std::vector<std::string> backward_overlapped_layers(std::int64_t batch_size) const;
   /// The communicator over which parameter `param` of layer `node`'s gradient is summed: the
   /// ranks that hold the same block of it (size 1: none).
   Communicator& replica_group(std::size_t node, const Parameter& param);
