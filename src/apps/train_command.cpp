@@ -52,6 +52,9 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   collectively(*world, [&] {
     parse_rank_step(args.inject_failure, "--inject-failure", args.trainer.fail_rank, args.trainer.fail_step);
     parse_rank_step(args.inject_hang, "--inject-hang", args.trainer.hang_rank, args.trainer.hang_step);
+    if (args.gpu_comm != "auto" && args.device != "cuda")
+      fail_input("--gpu-comm {} is for training on GPUs: add --device cuda (on the host every message goes over "
+                 "MPI)", args.gpu_comm);
     ModelOptions model_options;
     if (!args.precision.empty()) model_options.precision = parse_precision(args.precision, "--precision");
     model = std::make_unique<Model>(Model::load(args.model, model_options));
