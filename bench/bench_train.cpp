@@ -106,6 +106,8 @@ int main(int argc, char** argv) {
     options.halo_overlap = tessera::parse_halo_overlap(halo_overlap);
     options.ranks_per_node = ranks_per_node;
     options.device = device_name == "cuda" ? tessera::Device::cuda(gpu) : tessera::Device::host();
+    if (gpu_comm != "auto" && device_name != "cuda")
+      throw tessera::InputError("--gpu-comm " + gpu_comm + " is for --device cuda");
     options.gpu_comm = tessera::parse_gpu_comm(gpu_comm);
     options.profile = profile;
     const tessera::Plan plan =

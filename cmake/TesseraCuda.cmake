@@ -31,7 +31,7 @@ function(tessera_find_cuda_library prefix header library what)
   endif()
 endfunction()
 tessera_find_cuda_library(CUDNN cudnn.h cudnn "cuDNN 9")
-tessera_find_cuda_library(NCCL nccl.h nccl "NCCL 2")
+tessera_find_cuda_library(NCCL nccl.h nccl "NCCL 2.18 or newer")
 
 add_library(tessera_cudnn INTERFACE)
 target_include_directories(tessera_cudnn SYSTEM INTERFACE "${CUDNN_INCLUDE_DIR}")

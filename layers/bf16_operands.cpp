@@ -38,6 +38,10 @@ class RoundedOperands {
     return buffer.data();
   }
 
+  void release() {
+    for (Tensor& buffer : buffers_) buffer = Tensor();
+  }
+
   std::int64_t bytes() const {
     std::int64_t total = 0;
     for (const Tensor& buffer : buffers_) total += buffer.allocated_bytes();
@@ -89,6 +93,10 @@ class Bf16OperandConvolution final : public ConvolutionKernels {
   }
 
   std::int64_t scratch_bytes() const override { return round_.bytes() + inner_->scratch_bytes(); }
+  void release_scratch() override {
+    round_.release();
+    inner_->release_scratch();
+  }
 
  private:
   std::unique_ptr<ConvolutionKernels> inner_;
@@ -123,6 +131,10 @@ class Bf16OperandLinear final : public LinearKernels {
   }
 
   std::int64_t scratch_bytes() const override { return round_.bytes() + inner_->scratch_bytes(); }
+  void release_scratch() override {
+    round_.release();
+    inner_->release_scratch();
+  }
 
  private:
   std::unique_ptr<LinearKernels> inner_;

@@ -136,6 +136,23 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   // This rank's block of the weights.
   const double params_local = static_cast<double>(l.parameters) / (split.filter * split.channel);
 
+  // bf16 operands (conv and linear): what the executor's kernels round. The input as the layer
+  // reads it (a spatially split layer's window, padding included; else the unpadded input), and
+  // the weights without the bias (filters x input channels x kernel volume, the largest block).
+  const bool rounds = l.precision == Precision::BF16 && (l.type == "conv" || l.type == "linear");
+  double rounded_input = in_local, rounded_weights = 0;
+  if (rounds) {
+    if (split.spatial_product() == 1) {
+      rounded_input = static_cast<double>(w.samples) * channels_read;
+      for (int d = 2; d < l.input.rank(); ++d) rounded_input *= static_cast<double>(l.input[d]);
+    }
+    const std::int64_t filters = l.output.rank() > 1 ? l.output[1] : 1;
+    const std::int64_t weights = l.parameters - (l.has_bias ? filters : 0);
+    rounded_weights = static_cast<double>(weights) / static_cast<double>(filters * in_channels) *
+                      static_cast<double>(ceil_div(filters, split.filter)) *
+                      static_cast<double>(ceil_div(in_channels, split.channel));
+  }
+
   // Compute: a calibrated timing of exactly this workload, else the roofline.
   const auto found = machine_.kernels.find(w.key(graph_));
   if (found != machine_.kernels.end()) {
@@ -164,11 +181,12 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     const double bytes = kBytes * (2.0 * in_local + 3.0 * out_local);
     e.compute = std::max(flops / machine_.rank_flops(P, l.precision), bytes / machine_.rank_memory_bandwidth(P)) +
                 2.0 * machine_.kernel_overhead;
-    if (l.precision == Precision::BF16) {
+    if (rounds) {
       // Passes of their own that round the operands (each element read and written): the input
       // twice (forward, weight gradient), the output gradient and the weights (forward, input
       // gradient).
-      e.compute += 2.0 * kBytes * (2.0 * in_local + out_local + 2.0 * params_local) / machine_.rank_memory_bandwidth(P);
+      e.compute += 2.0 * kBytes * (2.0 * rounded_input + out_local + 2.0 * rounded_weights) /
+                   machine_.rank_memory_bandwidth(P);
     }
   }
 
@@ -208,23 +226,10 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   e.optimizer = kBytes * params_local * (3.0 + 2.0 * options_.optimizer_state) / machine_.rank_memory_bandwidth(P);
   // Memory: weights, their gradients and optimizer state; the saved output and input window.
   e.memory = kBytes * params_local * (2.0 + options_.optimizer_state) + kBytes * (out_local + in_local);
-  if (l.precision == Precision::BF16) {
-    // What the executor's kernels round: the input as the layer reads it (a spatially split
-    // layer's window, padding included; else the unpadded input), the output gradient, and the
-    // weights without the bias.
-    double read = in_local;
-    if (split.spatial_product() == 1) {
-      read = static_cast<double>(w.samples) * channels_read;
-      for (int d = 2; d < l.input.rank(); ++d) read *= static_cast<double>(l.input[d]);
-    }
-    // The weights: filters x input channels x kernel volume; a rank's block the largest one.
-    const std::int64_t filters = l.output.rank() > 1 ? l.output[1] : 1;
-    const std::int64_t weights = l.parameters - (l.has_bias ? filters : 0);
-    const double per_pair = static_cast<double>(weights) / static_cast<double>(filters * in_channels);
-    e.scratch_input = kBytes * read;
+  if (rounds) {
+    e.scratch_input = kBytes * rounded_input;
     e.scratch_output = kBytes * out_local;
-    e.scratch_weights = kBytes * per_pair * static_cast<double>(ceil_div(filters, split.filter)) *
-                        static_cast<double>(ceil_div(in_channels, split.channel));
+    e.scratch_weights = kBytes * rounded_weights;
     e.scratch_of_linear = l.type == "linear";
   }
   return e;

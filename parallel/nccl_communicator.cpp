@@ -8,6 +8,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <utility>
 #include <vector>
@@ -15,6 +16,11 @@
 
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
+
+// ncclCommSplit with shared resources (splitShare) came with NCCL 2.18.
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "Tessera's NCCL communicator needs NCCL 2.18 or newer (ncclCommSplit with splitShare)"
+#endif
 
 namespace tessera {
 namespace {
@@ -91,12 +97,10 @@ class StreamRequest final : public CommRequest {
 
 class NcclCommunicator final : public Communicator {
  public:
-  /// `check_gpus`: whether to check that no two ranks share a GPU (a split or duplicate of a
-  /// checked communicator need not check again).
-  /// A new NCCL communicator over the ranks of `control` (collective over it). `check_gpus`:
-  /// whether to check first that no two ranks share a GPU.
-  NcclCommunicator(std::unique_ptr<Communicator> control, bool check_gpus) : control_(std::move(control)) {
-    if (check_gpus) check_one_gpu_per_rank();
+  /// A new NCCL communicator over the ranks of `control` (collective over it), after checking
+  /// that no two of them share a GPU.
+  explicit NcclCommunicator(std::unique_ptr<Communicator> control) : control_(std::move(control)) {
+    check_one_gpu_per_rank();
     // Rank 0's id and whether it got one: every rank fails together when it did not.
     struct {
       ncclUniqueId id;
@@ -107,7 +111,9 @@ class NcclCommunicator final : public Communicator {
     if (bootstrap.status != ncclSuccess)
       fail("NCCL: ncclGetUniqueId failed on rank 0 of {}: {} (check NCCL_SOCKET_IFNAME and the network "
            "interfaces)", control_->name(), ncclGetErrorString(static_cast<ncclResult_t>(bootstrap.status)));
-    agree(ncclCommInitRank(&comm_, control_->size(), bootstrap.id, control_->rank()), "ncclCommInitRank");
+    ncclComm_t comm = nullptr;
+    agree(ncclCommInitRank(&comm, control_->size(), bootstrap.id, control_->rank()), comm, "ncclCommInitRank");
+    comm_ = comm;
   }
   /// A communicator NCCL made from another (split), over the ranks of `control`.
   NcclCommunicator(std::unique_ptr<Communicator> control, ncclComm_t comm) : control_(std::move(control)), comm_(comm) {}
@@ -221,7 +227,7 @@ class NcclCommunicator final : public Communicator {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.splitShare = 1;
     ncclComm_t comm = nullptr;
-    agree(ncclCommSplit(comm_, color, key, &comm, &config), "ncclCommSplit");
+    agree(ncclCommSplit(comm_, color, key, &comm, &config), comm, "ncclCommSplit");
     return std::make_unique<NcclCommunicator>(std::move(control), comm);
   }
   std::unique_ptr<Communicator> duplicate() const override { return split(0, rank()); }
@@ -240,13 +246,21 @@ class NcclCommunicator final : public Communicator {
          detail ? detail : "");
   }
 
-  /// The result of a collective NCCL setup call on every rank of the control communicator:
-  /// every rank throws when any failed (none is left waiting for the others).
-  void agree(ncclResult_t result, const char* what) const {
-    const int failed = control_->allreduce_value(result == ncclSuccess ? 0 : 1, ReduceOp::Max);
-    if (failed == 0) return;
-    if (result != ncclSuccess) check(result, what);
-    fail("NCCL: {} failed on another rank of {} (that rank's error names the cause)", what, control_->name());
+  /// The result of a collective NCCL setup call (`made`: the communicator it made here, or
+  /// null) on every rank of the control communicator: when it failed anywhere, every rank
+  /// destroys what it made and throws an error that names the lowest failing rank and its cause,
+  /// so that whichever rank reports it says what happened. (A rank that NCCL itself keeps waiting
+  /// inside the setup call never gets here: NCCL's own setup has no timeout.)
+  void agree(ncclResult_t result, ncclComm_t made, const char* what) const {
+    const std::vector<std::int32_t> results = control_->allgather_value(static_cast<std::int32_t>(result));
+    const auto failed = std::find_if(results.begin(), results.end(), [](std::int32_t r) { return r != ncclSuccess; });
+    if (failed == results.end()) return;
+    const std::string detail = result != ncclSuccess && ncclGetLastError(nullptr) ? ncclGetLastError(nullptr) : "";
+    if (made && result == ncclSuccess) ncclCommDestroy(made);  // made here, useless alone
+    const auto rank = static_cast<int>(failed - results.begin());
+    fail("NCCL: {} failed on rank {} of {}: {}{}{}", what, rank, control_->name(),
+         ncclGetErrorString(static_cast<ncclResult_t>(*failed)), rank == control_->rank() && !detail.empty() ? ": " : "",
+         rank == control_->rank() ? detail : std::string());
   }
 
   /// Queues `launch` (NCCL calls on the stream it is given, returning the result) on the
@@ -304,7 +318,7 @@ class NcclCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_nccl_communicator(const Communicator& control) {
   TESSERA_CHECK(cuda::device_count() > 0, "the NCCL communicator needs a GPU per rank, but {}",
                 cuda::unavailable_reason());
-  return std::make_unique<NcclCommunicator>(control.duplicate(), true);
+  return std::make_unique<NcclCommunicator>(control.duplicate());
 }
 
 }  // namespace tessera

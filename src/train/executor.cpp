@@ -407,7 +407,8 @@ Box Executor::input_sample_box() const {
 Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targets) {
   auto it = exchanges_.find(batch);
   if (it != exchanges_.end()) return it->second;
-  // Every rank derives every rank's boxes (pure code), so building needs no communication.
+  // Every rank derives every rank's boxes (pure code); the only communication is the agreement
+  // on backward's overlap below (every rank builds the exchanges of a batch size in the same step).
   const auto& nodes = model_.nodes();
   const int size = world_->size();
   Exchanges ex;
@@ -836,6 +837,10 @@ BatchResult Executor::evaluate(const Tensor& given_inputs, const Tensor& given_t
   BatchResult result = reduce(loss_sum, correct, local, "validation (loss allreduce)");
   result.exchange_seconds = exchange_seconds_;
   result.halo_seconds = halo_seconds_;
+  // Evaluation batches may be larger than training's: its bf16 operands' scratch is let go, so
+  // that training keeps what the planner counted (the next step makes its own again).
+  backend_->convolution().release_scratch();
+  backend_->linear().release_scratch();
   return result;
 }
 

@@ -208,7 +208,7 @@ TEST(GpuTrain, NcclIsRefusedClearlyWhereRanksShareAGpuAndUsedWhereEachHasItsOwn)
     EXPECT_FALSE(shared) << "NCCL was accepted for ranks that share a GPU";
     EXPECT_TRUE(nccl.uses_nccl());
   } catch (const AgreedFailure& e) {
-    // Every rank fails the check; the lowest one's message is the one every rank carries.
+    // Every rank fails the check; every rank's failure names rank 0, whose message is the reason.
     EXPECT_TRUE(shared) << e.what();
     EXPECT_EQ(e.failed_rank(), 0) << e.what();
     if (e.is_origin()) {

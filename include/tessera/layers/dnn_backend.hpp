@@ -97,6 +97,8 @@ class ConvolutionKernels {
   /// Bytes of buffers the kernels keep between calls on the tensors' device (bf16's rounded
   /// operands, see bf16_operands.hpp); 0 for kernels that keep none.
   virtual std::int64_t scratch_bytes() const { return 0; }
+  /// Frees those buffers (the next call makes them again, as large as it needs).
+  virtual void release_scratch() {}
 };
 
 class PoolingKernels {
@@ -121,8 +123,9 @@ class LinearKernels {
   /// Overwrites grad_weights (and grad_bias when the geometry has a bias).
   virtual void backward_weights(const LinearGeometry& geometry, const float* input,
                                 const float* grad_output, float* grad_weights, float* grad_bias) = 0;
-  /// As ConvolutionKernels::scratch_bytes.
+  /// As ConvolutionKernels::scratch_bytes and release_scratch.
   virtual std::int64_t scratch_bytes() const { return 0; }
+  virtual void release_scratch() {}
 };
 
 /// The element-wise work of the layers, losses and optimizers, on the backend's device (host

@@ -153,7 +153,8 @@ class Executor {
   /// during the last training step.
   std::int64_t activation_bytes() const;
   /// Bytes the layers' kernels keep between calls on this rank (the rounded operands of bf16
-  /// convolutions and linear layers: each kind's largest input, output gradient and weights).
+  /// convolutions and linear layers: each kind's largest input, output gradient and weights), as
+  /// the training steps since the last evaluate() made them (evaluate lets its own go).
   std::int64_t scratch_bytes() const;
   /// Elements this rank sends per training step in halo exchanges, redistributions and the
   /// reductions of channel-split layers' partial sums (forward and backward) for a batch of

@@ -17,6 +17,9 @@ enum class HaloOverlap {
   /// Where a halo comes from another node and the boundary is at most kMaxRecomputedShare of the
   /// tile's outputs. Between ranks of one node a halo is a memory copy: there is little to hide,
   /// and on the 2-core development VM overlapping measured no gain (README, "Spatial parallelism").
+  /// That is each rank's choice in forward; in backward (the reverse exchange while the weight
+  /// gradients are computed) every rank overlaps a layer's exchange where any rank would, so
+  /// that every rank queues its operations in the same order (NCCL runs them so).
   Automatic,
   Always,  ///< wherever the layer can (any boundary share below 1; any node)
   Never,   ///< every halo exchange completes before its layer runs
