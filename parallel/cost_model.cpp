@@ -132,6 +132,28 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
                                                    : split.filter > 1 ? ceil_div(in_channels, split.filter)
                                                                       : in_channels);
   in_local *= channels_read;
+  // What the layer's input copy holds when it makes one: a spatially split layer's window (its
+  // block grown by the halo, padding included), else its block of the whole input.
+  {
+    double block = static_cast<double>(w.samples) * channels_read;
+    const auto parts = spatial_parts(split, static_cast<int>(w.output_extent.size()));
+    for (std::size_t j = 0; j < w.output_extent.size(); ++j) {
+      const int d = static_cast<int>(j) + 2;
+      if (l.input.rank() > d) block *= static_cast<double>(ceil_div(l.input[d], parts[j]));
+    }
+    const bool tiled = split.spatial_product() > 1;
+    // Uneven blocks: a block's window is cut by its outputs, its producer's block by its inputs,
+    // and the two part ways (a pooling layer's input blocks no longer line up).
+    bool uneven = false;
+    for (std::size_t j = 0; j < w.output_extent.size(); ++j) {
+      const int d = static_cast<int>(j) + 2;
+      if (parts[j] > 1 && l.input.rank() > d && l.input[d] % parts[j] != 0) uneven = true;
+    }
+    e.input_bytes = kBytes * (tiled ? in_local : block);
+    e.output_bytes = kBytes * out_local;
+    e.halo = tiled && (in_local != block || uneven);
+    e.gathers = (split.filter > 1 && l.model_splittable) || split.channel > 1;
+  }
 
   // This rank's block of the weights.
   const double params_local = static_cast<double>(l.parameters) / (split.filter * split.channel);
@@ -225,7 +247,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   // The optimizer reads weights, gradients and state and writes weights and state.
   e.optimizer = kBytes * params_local * (3.0 + 2.0 * options_.optimizer_state) / machine_.rank_memory_bandwidth(P);
   // Memory: weights, their gradients and optimizer state; the saved output and input window.
-  e.memory = kBytes * params_local * (2.0 + options_.optimizer_state) + kBytes * (out_local + in_local);
+  e.memory = kBytes * params_local * (2.0 + options_.optimizer_state) + e.output_bytes + e.input_bytes;
   if (rounds) {
     e.scratch_input = kBytes * rounded_input;
     e.scratch_output = kBytes * out_local;
@@ -405,10 +427,49 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
   return worst > 0 ? 2.0 * (worst + machine_.sync_wait_for(P)) : 0.0;
 }
 
+double CostModel::activation_bytes(const PlanEstimate& estimate) const {
+  // As the executor holds them. Each tensor once: a layer's output is kept for backward, unless
+  // every consumer copies it (a window with halos, a redistribution to another split, a gather of
+  // channels): then the copies are kept and the output is let go. Every layer's output gradient
+  // (the executor keeps these buffers from step to step), and one copy's gradient in flight, the
+  // largest.
+  const std::size_t n = estimate.layers.size();
+  auto normalised = [](LayerSplit split) {
+    while (split.spatial.size() < 3) split.spatial.insert(split.spatial.begin(), 1);
+    return split;
+  };
+  std::vector<bool> consumed(n, false), every_consumer_copies(n, true);
+  double bytes = 0, transient = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const LayerEstimate& l = estimate.layers[i];
+    for (int j : graph_.layers[i].inputs) {
+      const bool copied = j < 0 ? l.halo || (graph_.layers[i].model_splittable && l.split.channel > 1)
+                                : !(normalised(estimate.layers[static_cast<std::size_t>(j)].split) ==
+                                    normalised(l.split)) ||
+                                      l.halo || l.gathers;
+      if (copied) {
+        bytes += l.input_bytes;
+        transient = std::max(transient, l.input_bytes);
+      }
+      if (j >= 0) {
+        consumed[static_cast<std::size_t>(j)] = true;
+        every_consumer_copies[static_cast<std::size_t>(j)] = every_consumer_copies[static_cast<std::size_t>(j)] && copied;
+      }
+    }
+    bytes += l.output_bytes;  // its gradient
+    // A channel-split layer's partial sums and their gradient, in flight around its reduction.
+    if (l.split.channel > 1) transient = std::max(transient, l.output_bytes);
+  }
+  for (std::size_t j = 0; j < n; ++j)
+    if (!consumed[j] || !every_consumer_copies[j] || static_cast<int>(j) == graph_.output)
+      bytes += estimate.layers[j].output_bytes;
+  return bytes + transient;
+}
+
 void CostModel::finish(PlanEstimate& estimate) const {
   const int P = options_.ranks;
   estimate.compute = estimate.exchange = estimate.model_comm = estimate.grad_allreduce = 0;
-  double memory = 0, largest = 0, optimizer = 0, last_grad = 0;
+  double memory = 0, optimizer = 0, last_grad = 0;
   double scratch_input[2] = {0, 0}, scratch_output[2] = {0, 0}, scratch_weights[2] = {0, 0};  // conv, linear
   for (const auto& l : estimate.layers) {
     const int kind = l.scratch_of_linear ? 1 : 0;
@@ -420,8 +481,7 @@ void CostModel::finish(PlanEstimate& estimate) const {
     estimate.exchange += l.exchange;
     estimate.model_comm += l.model_comm;
     estimate.grad_allreduce += l.grad_allreduce;
-    memory += l.memory;
-    largest = std::max(largest, l.memory);
+    memory += l.memory - l.output_bytes - l.input_bytes;  // weights, gradients, optimizer state
     if (l.grad_allreduce > 0) last_grad = l.grad_allreduce;  // the first layer's: reduced last
   }
   // Backward (two thirds of the compute) hides grad_overlap of itself; the last bucket never hides.
@@ -435,11 +495,11 @@ void CostModel::finish(PlanEstimate& estimate) const {
   estimate.other = allreduce_time(P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce, P, 16) + optimizer + waits;
   estimate.step_seconds =
       estimate.compute + estimate.exchange + estimate.model_comm + estimate.grad_exposed + estimate.other;
-  // Transient: the largest layer's gradients next to what is kept; and the bf16 operands' scratch.
+  // Activations and their transient gradients; and the bf16 operands' scratch.
   double scratch = 0;
   for (int kind : {0, 1}) scratch += scratch_input[kind] + scratch_output[kind] + scratch_weights[kind];
   estimate.scratch_bytes = scratch;
-  estimate.memory_bytes = memory + largest + scratch;
+  estimate.memory_bytes = memory + activation_bytes(estimate) + scratch;
   estimate.fits = estimate.memory_bytes <= machine_.memory_per_rank;
 }
 

@@ -117,7 +117,14 @@ struct LayerEstimate {
   double model_comm = 0;    ///< channel-split reduce-scatter + gather, batch-norm statistics
   double grad_allreduce = 0;  ///< allreduce of its weight gradient blocks (before overlap)
   double optimizer = 0;       ///< the optimizer's update of its weight blocks
-  double memory = 0;        ///< bytes per rank this layer keeps (weights, state, activations)
+  /// Bytes per rank of the layer on its own: weights, gradients, optimizer state, output and input
+  /// copy (the search's price of memory; a plan's total counts each tensor once, see
+  /// CostModel::activation_bytes).
+  double memory = 0;
+  double output_bytes = 0;  ///< its output block (the largest rank's)
+  double input_bytes = 0;   ///< its input as a copy would hold it (window with halo, or block)
+  bool halo = false;        ///< split spatially with a window larger than its block
+  bool gathers = false;     ///< reads more (filter split) or other (channel split) channels than its producer holds
   /// bf16 operands: bytes of its rounded input, output gradient and weights. The backend keeps one
   /// scratch buffer per operand for its convolutions and another for its linear layers, each as
   /// large as the largest layer's, so a plan adds each one's maximum over the layers of its kind.
@@ -151,6 +158,10 @@ class CostModel {
   /// Seconds (forward + backward) to move the output of `producer` under `held` to what
   /// `consumer` reads under `split` (0 when nothing moves; the model's input: 0, read from the file).
   double exchange_cost(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
+  /// Bytes per rank of a plan's activations as the executor holds them: each tensor once (a
+  /// layer's output, or its consumers' copies where every consumer copies it), every layer's
+  /// output gradient, and the largest input copy's gradient in flight.
+  double activation_bytes(const PlanEstimate& estimate) const;
   /// The local workload of `layer` under `split`.
   Workload workload(int layer, const LayerSplit& split) const;
   /// The step-level terms given the per-layer ones (gradient overlap, loss, optimizer).
