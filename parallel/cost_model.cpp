@@ -132,10 +132,15 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
                                                    : split.filter > 1 ? ceil_div(in_channels, split.filter)
                                                                       : in_channels);
   in_local *= channels_read;
+  // Input dimensions the output does not have (flatten): read whole.
+  for (int d = 2 + static_cast<int>(w.output_extent.size()); d < l.input.rank(); ++d)
+    in_local *= static_cast<double>(l.input[d]);
   // What the layer's input copy holds when it makes one: a spatially split layer's window (its
   // block grown by the halo, padding included), else its block of the whole input.
   {
     double block = static_cast<double>(w.samples) * channels_read;
+    for (int d = 2 + static_cast<int>(w.output_extent.size()); d < l.input.rank(); ++d)
+      block *= static_cast<double>(l.input[d]);
     const auto parts = spatial_parts(split, static_cast<int>(w.output_extent.size()));
     for (std::size_t j = 0; j < w.output_extent.size(); ++j) {
       const int d = static_cast<int>(j) + 2;
@@ -150,13 +155,23 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
       if (parts[j] > 1 && l.input.rank() > d && l.input[d] % parts[j] != 0) uneven = true;
     }
     e.input_bytes = kBytes * (tiled ? in_local : block);
-    e.output_bytes = kBytes * out_local;
+    // A channel-split layer computes a partial sum of its filter block (out_local) and keeps its
+    // channel rank's sub-block of the reduced output.
+    e.partial_bytes = split.channel > 1 ? kBytes * out_local : 0.0;
+    e.output_bytes = split.channel > 1
+                         ? kBytes * out_local /
+                               static_cast<double>(std::max<std::int64_t>(1, ceil_div(l.output.rank() > 1 ? l.output[1] : 1, split.filter))) *
+                               static_cast<double>(ceil_div(ceil_div(l.output.rank() > 1 ? l.output[1] : 1, split.filter), split.channel))
+                         : kBytes * out_local;
     e.halo = tiled && (in_local != block || uneven);
     e.gathers = (split.filter > 1 && l.model_splittable) || split.channel > 1;
   }
 
-  // This rank's block of the weights.
-  const double params_local = static_cast<double>(l.parameters) / (split.filter * split.channel);
+  // This rank's block of the weights (a bias follows the filter split only: every channel rank
+  // of a channel split holds its filter block's).
+  const std::int64_t bias_elements = l.has_bias && l.output.rank() > 1 ? l.output[1] : 0;
+  const double params_local = static_cast<double>(l.parameters - bias_elements) / (split.filter * split.channel) +
+                              static_cast<double>(bias_elements) / split.filter;
 
   // bf16 operands (conv and linear): what the executor's kernels round. The input as the layer
   // reads it (a spatially split layer's window, padding included; else the unpadded input), and
@@ -431,8 +446,8 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
   // As the executor holds them. Each tensor once: a layer's output is kept for backward, unless
   // every consumer copies it (a window with halos, a redistribution to another split, a gather of
   // channels): then the copies are kept and the output is let go. Every layer's output gradient
-  // (the executor keeps these buffers from step to step), and one copy's gradient in flight, the
-  // largest.
+  // (the executor keeps these buffers from step to step); in flight, the largest layer's gradients
+  // of its input copies and of its partial sums (channel splits).
   const std::size_t n = estimate.layers.size();
   auto normalised = [](LayerSplit split) {
     while (split.spatial.size() < 3) split.spatial.insert(split.spatial.begin(), 1);
@@ -442,6 +457,7 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
   double bytes = 0, transient = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const LayerEstimate& l = estimate.layers[i];
+    double copies = 0;  // gradients of this layer's copies of its inputs (the model input has none)
     for (int j : graph_.layers[i].inputs) {
       const bool copied = j < 0 ? l.halo || (graph_.layers[i].model_splittable && l.split.channel > 1)
                                 : !(normalised(estimate.layers[static_cast<std::size_t>(j)].split) ==
@@ -449,7 +465,7 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
                                       l.halo || l.gathers;
       if (copied) {
         bytes += l.input_bytes;
-        transient = std::max(transient, l.input_bytes);
+        if (j >= 0) copies += l.input_bytes;
       }
       if (j >= 0) {
         consumed[static_cast<std::size_t>(j)] = true;
@@ -457,8 +473,9 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
       }
     }
     bytes += l.output_bytes;  // its gradient
-    // A channel-split layer's partial sums and their gradient, in flight around its reduction.
-    if (l.split.channel > 1) transient = std::max(transient, l.output_bytes);
+    // In its backward: the gradients of its copies at once, and a channel-split layer's partial
+    // sums' gradient beside them.
+    transient = std::max(transient, copies + l.partial_bytes);
   }
   for (std::size_t j = 0; j < n; ++j)
     if (!consumed[j] || !every_consumer_copies[j] || static_cast<int>(j) == graph_.output)

@@ -67,7 +67,8 @@ struct TrainingRun {
   double evaluation_loss = 0;           ///< of the trained model on another batch (inference mode)
   std::int64_t parameter_bytes = 0;     ///< values + gradients
   std::int64_t optimizer_bytes = 0;
-  std::int64_t activation_bytes = 0;    ///< peak of the last training step
+  std::int64_t activation_bytes = 0;    ///< peak of the training steps and the evaluation
+  std::int64_t training_activation_bytes = 0;  ///< peak of the training steps alone
   std::int64_t scratch_bytes = 0;       ///< the kernels' scratch (bf16's rounded operands)
 };
 
@@ -118,6 +119,7 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
     optimizer->step(params, lr);
   }
   run.scratch_bytes = executor.scratch_bytes();  // the training steps' (evaluate lets its own go)
+  run.training_activation_bytes = executor.activation_bytes();
   synthetic_batch(model.sample_shape(), batch, steps, inputs, labels);
   const auto [begin, end] = executor.local_samples(batch);
   run.evaluation_loss = executor

@@ -1,9 +1,11 @@
 // The planner's memory per rank against what the executor holds: for sample, spatial (halos,
 // uneven blocks, redistributions), filter and channel plans of a 2-D and a 3-D CNN at 1-4 ranks,
 // the estimate (weights, their gradients, optimizer state, activations and their gradients, as
-// CostModel::activation_bytes counts them) is within 5 % below and 10 % above the largest rank's
-// measured bytes, so that the memory-limited search neither runs plans that do not fit nor
-// refuses plans that do.
+// CostModel::activation_bytes counts them) is within 2 % of the largest rank's measured bytes
+// in the steady state (from the second training step), so that the memory-limited search
+// neither runs plans that do not fit nor refuses plans that do. Not counted on either side: the
+// exchanges' message buffers, layers' internal buffers (dropout masks, pooling workspaces), the
+// data batch, and the larger buffers an evaluation at a larger batch leaves behind.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -75,12 +77,14 @@ TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.plan);
     const Plan plan = Plan::parse(c.plan, "memory_plan");
-    const testing::TrainingRun run = testing::train(c.model, plan, world, c.batch, 1);
+    // Two steps: from the second on every gradient buffer exists (the steady state).
+    const testing::TrainingRun run = testing::train(c.model, plan, world, c.batch, 2);
     // Weights and their gradients by element count (a gradient is a view into its bucket, whose
     // allocation would count the whole bucket for each).
     double weights = 0;
     for (const Tensor& w : run.weights) weights += static_cast<double>(w.numel()) * sizeof(float);
-    const double held = static_cast<double>(run.activation_bytes + run.optimizer_bytes + run.scratch_bytes) + 2 * weights;
+    const double held =
+        static_cast<double>(run.training_activation_bytes + run.optimizer_bytes + run.scratch_bytes) + 2 * weights;
     const double most = world->allreduce_value(held, ReduceOp::Max);
     const Model model = Model::parse(c.model, "memory_model");
     Machine machine;
@@ -89,10 +93,13 @@ TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
     options.ranks = world->size();
     options.optimizer_state = 1;  // SGD with momentum
     const PlanEstimate estimate = CostModel(model.planner_graph(c.batch), machine, options).estimate(plan);
-    // Measured here at 1-4 ranks: 0.996 to 1.095 of the largest rank's bytes (exact for sample
-    // plans; above where a halo or a redistribution copies less than the largest block's window).
-    EXPECT_GE(estimate.memory_bytes, 0.95 * most) << "the planner would let a plan that does not fit run";
-    EXPECT_LE(estimate.memory_bytes, 1.10 * most) << "the planner would refuse plans that fit";
+    // Measured here at 1-4 ranks: 0.991 to 1.000 of the largest rank's bytes, exact in 25 of the
+    // 28 cases (the others: blocks of uneven spatial splits whose windows shift).
+    if (world->rank() == 0)
+      std::printf("memory per rank at %d ranks: measured %.0f B, estimated %.0f B (%.3f)\n", world->size(), most,
+                  estimate.memory_bytes, estimate.memory_bytes / most);
+    EXPECT_GE(estimate.memory_bytes, 0.98 * most) << "the planner would let a plan that does not fit run";
+    EXPECT_LE(estimate.memory_bytes, 1.02 * most) << "the planner would refuse plans that fit";
   }
 }
 

@@ -122,6 +122,7 @@ struct LayerEstimate {
   /// CostModel::activation_bytes).
   double memory = 0;
   double output_bytes = 0;  ///< its output block (the largest rank's)
+  double partial_bytes = 0; ///< split by channel: its partial sum of the filter block (else 0)
   double input_bytes = 0;   ///< its input as a copy would hold it (window with halo, or block)
   bool halo = false;        ///< split spatially with a window larger than its block
   bool gathers = false;     ///< reads more (filter split) or other (channel split) channels than its producer holds
