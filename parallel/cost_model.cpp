@@ -114,7 +114,9 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   e.split = split;
   const Workload w = workload(layer, split);
   // Local output elements (the largest tile) and input elements read (window included).
-  double out_local = static_cast<double>(w.samples) * static_cast<double>(ceil_div(l.output.rank() > 1 ? l.output[1] : 1, split.filter));
+  const std::int64_t filters = l.output.rank() > 1 ? l.output[1] : 1;
+  const std::int64_t filter_block = ceil_div(filters, split.filter);
+  double out_local = static_cast<double>(w.samples) * static_cast<double>(filter_block);
   double in_local = static_cast<double>(w.samples);
   double spatial_share = 1;  // local output positions / global output positions
   for (std::size_t j = 0; j < w.output_extent.size(); ++j) {
@@ -131,64 +133,51 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   const double channels_read = static_cast<double>(l.model_splittable ? ceil_div(in_channels, split.channel)
                                                    : split.filter > 1 ? ceil_div(in_channels, split.filter)
                                                                       : in_channels);
+  // The layer's block of its input (unpadded) and whether it reads more than that (halos, padding).
+  double block = static_cast<double>(w.samples) * channels_read;
   in_local *= channels_read;
   // Input dimensions the output does not have (flatten): read whole.
-  for (int d = 2 + static_cast<int>(w.output_extent.size()); d < l.input.rank(); ++d)
+  for (int d = 2 + static_cast<int>(w.output_extent.size()); d < l.input.rank(); ++d) {
     in_local *= static_cast<double>(l.input[d]);
-  // What the layer's input copy holds when it makes one: a spatially split layer's window (its
-  // block grown by the halo, padding included), else its block of the whole input.
-  {
-    double block = static_cast<double>(w.samples) * channels_read;
-    for (int d = 2 + static_cast<int>(w.output_extent.size()); d < l.input.rank(); ++d)
-      block *= static_cast<double>(l.input[d]);
-    const auto parts = spatial_parts(split, static_cast<int>(w.output_extent.size()));
-    for (std::size_t j = 0; j < w.output_extent.size(); ++j) {
-      const int d = static_cast<int>(j) + 2;
-      if (l.input.rank() > d) block *= static_cast<double>(ceil_div(l.input[d], parts[j]));
-    }
-    const bool tiled = split.spatial_product() > 1;
-    // Uneven blocks: a block's window is cut by its outputs, its producer's block by its inputs,
-    // and the two part ways (a pooling layer's input blocks no longer line up).
-    bool uneven = false;
-    for (std::size_t j = 0; j < w.output_extent.size(); ++j) {
-      const int d = static_cast<int>(j) + 2;
-      if (parts[j] > 1 && l.input.rank() > d && l.input[d] % parts[j] != 0) uneven = true;
-    }
-    e.input_bytes = kBytes * (tiled ? in_local : block);
-    // A channel-split layer computes a partial sum of its filter block (out_local) and keeps its
-    // channel rank's sub-block of the reduced output.
-    e.partial_bytes = split.channel > 1 ? kBytes * out_local : 0.0;
-    e.output_bytes = split.channel > 1
-                         ? kBytes * out_local /
-                               static_cast<double>(std::max<std::int64_t>(1, ceil_div(l.output.rank() > 1 ? l.output[1] : 1, split.filter))) *
-                               static_cast<double>(ceil_div(ceil_div(l.output.rank() > 1 ? l.output[1] : 1, split.filter), split.channel))
-                         : kBytes * out_local;
-    e.halo = tiled && (in_local != block || uneven);
-    e.gathers = (split.filter > 1 && l.model_splittable) || split.channel > 1;
+    block *= static_cast<double>(l.input[d]);
   }
+  const auto parts = spatial_parts(split, static_cast<int>(w.output_extent.size()));
+  // Uneven blocks: a block's window is cut by its outputs, its producer's block by its inputs,
+  // and the two part ways (a pooling layer's input blocks no longer line up).
+  bool uneven = false;
+  for (std::size_t j = 0; j < w.output_extent.size(); ++j) {
+    const int d = static_cast<int>(j) + 2;
+    if (l.input.rank() <= d) continue;
+    block *= static_cast<double>(ceil_div(l.input[d], parts[j]));
+    if (parts[j] > 1 && l.input[d] % parts[j] != 0) uneven = true;
+  }
+  const bool tiled = split.spatial_product() > 1;
+  // What the layer reads, and what a copy of its input holds when it makes one: a spatially split
+  // layer's window (its block grown by the halo, padding included), else its block.
+  const double read = tiled ? in_local : block;
+  e.input_bytes = kBytes * read;
+  e.halo = tiled && (in_local != block || uneven);
+  e.gathers = (split.filter > 1 && l.model_splittable) || split.channel > 1;
+  // A channel-split layer computes a partial sum of its filter block (out_local) and keeps its
+  // channel rank's sub-block of the reduced output.
+  e.partial_bytes = split.channel > 1 ? kBytes * out_local : 0.0;
+  e.output_bytes = kBytes * out_local / static_cast<double>(filter_block) *
+                   static_cast<double>(ceil_div(filter_block, split.channel));
 
   // This rank's block of the weights (a bias follows the filter split only: every channel rank
   // of a channel split holds its filter block's).
-  const std::int64_t bias_elements = l.has_bias && l.output.rank() > 1 ? l.output[1] : 0;
+  const std::int64_t bias_elements = l.has_bias ? filters : 0;
   const double params_local = static_cast<double>(l.parameters - bias_elements) / (split.filter * split.channel) +
                               static_cast<double>(bias_elements) / split.filter;
 
-  // bf16 operands (conv and linear): what the executor's kernels round. The input as the layer
-  // reads it (a spatially split layer's window, padding included; else the unpadded input), and
-  // the weights without the bias (filters x input channels x kernel volume, the largest block).
+  // bf16 operands (conv and linear): what the executor's kernels round: the input as the layer
+  // reads it, and the weights without the bias (filters x input channels x kernel volume, the
+  // largest block).
   const bool rounds = l.precision == Precision::BF16 && (l.type == "conv" || l.type == "linear");
-  double rounded_input = in_local, rounded_weights = 0;
-  if (rounds) {
-    if (split.spatial_product() == 1) {
-      rounded_input = static_cast<double>(w.samples) * channels_read;
-      for (int d = 2; d < l.input.rank(); ++d) rounded_input *= static_cast<double>(l.input[d]);
-    }
-    const std::int64_t filters = l.output.rank() > 1 ? l.output[1] : 1;
-    const std::int64_t weights = l.parameters - (l.has_bias ? filters : 0);
-    rounded_weights = static_cast<double>(weights) / static_cast<double>(filters * in_channels) *
-                      static_cast<double>(ceil_div(filters, split.filter)) *
-                      static_cast<double>(ceil_div(in_channels, split.channel));
-  }
+  const double rounded_weights =
+      rounds ? static_cast<double>(l.parameters - bias_elements) / static_cast<double>(filters * in_channels) *
+                   static_cast<double>(filter_block) * static_cast<double>(ceil_div(in_channels, split.channel))
+             : 0.0;
 
   // Compute: a calibrated timing of exactly this workload, else the roofline.
   const auto found = machine_.kernels.find(w.key(graph_));
@@ -201,13 +190,13 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
       // node the cores are shared, so when the tiles are uneven the step takes the node's total
       // work over its cores, or the largest tile on a core of its own, whichever is longer.
       double balance = 1;
-      auto share = [&](std::int64_t extent, int parts) {
-        return static_cast<double>(extent) / parts / static_cast<double>(std::max<std::int64_t>(1, ceil_div(extent, parts)));
+      auto share = [&](std::int64_t extent, int n) {
+        return static_cast<double>(extent) / n / static_cast<double>(std::max<std::int64_t>(1, ceil_div(extent, n)));
       };
       balance *= share(l.output[0], split.sample);
       if (l.output.rank() > 1) balance *= share(l.output[1], split.filter);
       for (std::size_t j = 0; j < w.output_extent.size(); ++j)
-        balance *= share(l.output[static_cast<int>(j) + 2], spatial_parts(split, static_cast<int>(w.output_extent.size()))[j]);
+        balance *= share(l.output[static_cast<int>(j) + 2], parts[j]);
       e.compute *= std::max(static_cast<double>(machine_.cores_per_node) / on_node, balance);
     }
   } else {
@@ -222,7 +211,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
       // Passes of their own that round the operands (each element read and written): the input
       // twice (forward, weight gradient), the output gradient and the weights (forward, input
       // gradient).
-      e.compute += 2.0 * kBytes * (2.0 * rounded_input + out_local + 2.0 * rounded_weights) /
+      e.compute += 2.0 * kBytes * (2.0 * read + out_local + 2.0 * rounded_weights) /
                    machine_.rank_memory_bandwidth(P);
     }
   }
@@ -264,7 +253,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   // Memory: weights, their gradients and optimizer state; the saved output and input window.
   e.memory = kBytes * params_local * (2.0 + options_.optimizer_state) + e.output_bytes + e.input_bytes;
   if (rounds) {
-    e.scratch_input = kBytes * rounded_input;
+    e.scratch_input = kBytes * read;
     e.scratch_output = kBytes * out_local;
     e.scratch_weights = kBytes * rounded_weights;
     e.scratch_of_linear = l.type == "linear";

@@ -292,21 +292,11 @@ class NcclCommunicator final : public Communicator {
   }
 
   /// Two ranks on one GPU cannot share an NCCL communicator: say which ranks, before NCCL fails.
-  /// GPUs are compared by UUID (device numbers repeat under per-rank CUDA_VISIBLE_DEVICES).
   void check_one_gpu_per_rank() const {
-    const std::string mine = cuda::device_uuid(cuda::current_device());
-    std::vector<char> all(mine.size() * static_cast<std::size_t>(size()));
-    control_->allgather(mine.data(), all.data(), mine.size(), DType::U8);
-    // (uuid, rank) sorted: two ranks on one GPU end up next to each other.
-    std::vector<std::pair<std::string, int>> gpus;
-    for (int r = 0; r < size(); ++r)
-      gpus.emplace_back(std::string(all.data() + mine.size() * static_cast<std::size_t>(r), mine.size()), r);
-    std::sort(gpus.begin(), gpus.end());
-    for (std::size_t i = 1; i < gpus.size(); ++i)
-      if (gpus[i].first == gpus[i - 1].first)
-        fail_input("NCCL needs one GPU per rank, but ranks {} and {} of {} both use the GPU {}: run at most as "
-                   "many ranks per node as it has GPUs",
-                   gpus[i - 1].second, gpus[i].second, control_->name(), gpus[i].first);
+    if (const auto shared = ranks_sharing_a_gpu(*control_))
+      fail_input("NCCL needs one GPU per rank, but ranks {} and {} of {} both use the GPU {}: run at most as "
+                 "many ranks per node as it has GPUs",
+                 shared->first_rank, shared->second_rank, control_->name(), shared->uuid);
   }
 
   std::unique_ptr<Communicator> control_;

@@ -253,13 +253,13 @@ std::vector<int> TileExchange::peer_ranks() const {
 void TileExchange::post(const std::vector<Transfer>& sends, float* send_area, const std::vector<Transfer>& receives,
                         float* receive_area) {
   if (transport_ == Transport::AllToAllV && !comm_.moves_gpu_memory()) return;  // one alltoallv instead
-  std::vector<Message> out, in;
-  out.reserve(sends.size());
-  in.reserve(receives.size());
-  for (const auto& t : sends) out.push_back({send_area + t.offset, static_cast<std::size_t>(t.count), t.peer});
-  for (const auto& t : receives) in.push_back({receive_area + t.offset, static_cast<std::size_t>(t.count), t.peer});
-  if (out.empty() && in.empty()) return;
-  requests_.push_back(comm_.exchange(out, in, DType::F32, tag_));
+  if (sends.empty() && receives.empty()) return;
+  // Reused between calls (their capacity stays): no allocation per exchange.
+  sends_.clear();
+  receives_.clear();
+  for (const auto& t : sends) sends_.push_back({send_area + t.offset, static_cast<std::size_t>(t.count), t.peer});
+  for (const auto& t : receives) receives_.push_back({receive_area + t.offset, static_cast<std::size_t>(t.count), t.peer});
+  requests_.push_back(comm_.exchange(sends_, receives_, DType::F32, tag_));
 }
 
 void TileExchange::wait_all() {

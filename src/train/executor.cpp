@@ -212,15 +212,7 @@ void Executor::choose_gpu_comm() {
   if (options_.device.is_host() || wanted == GpuComm::Mpi) return;
   if (wanted == GpuComm::Automatic) {
     if (world_->size() == 1) return;  // no messages between GPUs
-    // Each rank's GPU by UUID (device numbers repeat under per-rank CUDA_VISIBLE_DEVICES).
-    const std::string mine = cuda::device_uuid(options_.device.index);
-    std::vector<char> all(mine.size() * static_cast<std::size_t>(world_->size()));
-    world_->allgather(mine.data(), all.data(), mine.size(), DType::U8);
-    std::vector<std::string> gpus;
-    for (int r = 0; r < world_->size(); ++r)
-      gpus.emplace_back(all.data() + mine.size() * static_cast<std::size_t>(r), mine.size());
-    std::sort(gpus.begin(), gpus.end());
-    if (std::adjacent_find(gpus.begin(), gpus.end()) != gpus.end()) return;  // ranks share a GPU: MPI
+    if (ranks_sharing_a_gpu(*world_)) return;  // NCCL cannot serve them: MPI
   }
   // Refuses, on every rank, when ranks share a GPU (naming them).
   collectively(*world_, [&] { gpu_exchange_comm_ = make_nccl_communicator(*world_); });

@@ -14,14 +14,12 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <set>
-#include <string>
-#include <vector>
 
 #include <fmt/format.h>
 
 #include "invariant/invariant_harness.hpp"
 #include "tessera/core/cuda.hpp"
+#include "tessera/parallel/nccl_communicator.hpp"
 #include "tessera/train/checkpoint.hpp"
 
 namespace tessera {
@@ -191,13 +189,7 @@ TEST(GpuTrain, NcclIsRefusedClearlyWhereRanksShareAGpuAndUsedWhereEachHasItsOwn)
   ExecutorOptions options;
   options.global_batch = 4;
   options.device = kGpu;
-  // Whether two ranks share a GPU, by UUID.
-  const std::string mine = cuda::device_uuid(cuda::current_device());
-  std::vector<char> all(mine.size() * static_cast<std::size_t>(world->size()));
-  world->allgather(mine.data(), all.data(), mine.size(), DType::U8);
-  std::set<std::string> gpus;
-  for (int r = 0; r < world->size(); ++r) gpus.emplace(all.data() + mine.size() * static_cast<std::size_t>(r), mine.size());
-  const bool shared = static_cast<int>(gpus.size()) < world->size();
+  const bool shared = ranks_sharing_a_gpu(*world).has_value();
   {
     Executor automatic(model, Plan::sample_parallel(ranks()), world, options);
     EXPECT_EQ(automatic.uses_nccl(), !shared && ranks() > 1);

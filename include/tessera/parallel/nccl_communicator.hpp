@@ -13,10 +13,21 @@
 // (send and recv are exchanges of one message); separate isend/irecv are refused with a clear
 // error, since separate NCCL sends can deadlock where MPI's would not.
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "tessera/core/communicator.hpp"
 
 namespace tessera {
+
+/// Two ranks of `comm` that use the same GPU (each rank's current GPU, compared by UUID: device
+/// numbers repeat under per-rank CUDA_VISIBLE_DEVICES), the lowest such pair, with the GPU's UUID;
+/// none when every rank has its own. Collective over `comm`; every rank gets the same answer.
+struct SharedGpu {
+  int first_rank = -1, second_rank = -1;
+  std::string uuid;
+};
+std::optional<SharedGpu> ranks_sharing_a_gpu(Communicator& comm);
 
 /// One GPU per rank: the current GPU of each rank (cuda::set_device) joins. Collective over
 /// `control`; refuses when two ranks of a node would share a GPU (NCCL cannot), naming them.

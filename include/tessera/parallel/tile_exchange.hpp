@@ -158,6 +158,8 @@ class TileExchange {
   // Buffers and state reused between calls.
   std::vector<float> outgoing_buffer_, incoming_buffer_;
   std::vector<std::unique_ptr<CommRequest>> requests_;
+  /// The messages of the exchange in flight (see post).
+  std::vector<Message> sends_, receives_;
   Pending pending_ = Pending::None;
   Tensor target_;  ///< shares memory with the tensor being written (needed_out / held_out)
   Tensor source_;  ///< reverse: shares memory with needed_in (its local part is summed in finish)
