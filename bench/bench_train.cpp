@@ -78,6 +78,10 @@ int main(int argc, char** argv) {
     std::string gpu_comm = "auto";
     app.add_option("--gpu-comm", gpu_comm, "with --device cuda: auto, nccl or mpi (see tessera train --help)")
         ->check(CLI::IsMember({"auto", "nccl", "mpi"}));
+    std::string bf16_convolutions = "native";
+    app.add_option("--bf16-convolutions", bf16_convolutions,
+                   "with --device cuda: native (bf16 tensors and results) or exact (fp32 results, TF32 tensor cores)")
+        ->check(CLI::IsMember({"native", "exact"}));
     std::string precision;
     app.add_option("--precision", precision, "fp32 or bf16 for the conv and linear layers (default: the model file's)")
         ->check(CLI::IsMember({"fp32", "bf16"}));
@@ -109,6 +113,9 @@ int main(int argc, char** argv) {
     if (gpu_comm != "auto" && device_name != "cuda")
       throw tessera::InputError("--gpu-comm " + gpu_comm + " is for --device cuda");
     options.gpu_comm = tessera::parse_gpu_comm(gpu_comm);
+    if (bf16_convolutions != "native" && device_name != "cuda")
+      throw tessera::InputError("--bf16-convolutions " + bf16_convolutions + " is for --device cuda");
+    options.cuda.bf16_convolutions = tessera::parse_bf16_convolutions(bf16_convolutions);
     options.profile = profile;
     const tessera::Plan plan =
         plan_file.empty() ? tessera::Plan::sample_parallel(world->size()) : tessera::Plan::load(plan_file);
@@ -197,12 +204,13 @@ int main(int argc, char** argv) {
     }
     if (world->rank() == 0)
       std::printf(
-          "{\"framework\": \"tessera\", \"device\": \"%s\", \"gpu_comm\": \"%s\", \"precision\": \"%s\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "
+          "{\"framework\": \"tessera\", \"device\": \"%s\", \"gpu_comm\": \"%s\", \"precision\": \"%s\", \"bf16_convolutions\": \"%s\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "
           "\"step_ms\": %.3f, \"comm_wait_ms\": %.3f, \"exchange_ms\": %.3f, \"exchange_critical_ms\": %.3f, \"halo_ms\": %.3f, \"halo_critical_ms\": %.3f, \"exchanged_mib\": %.2f, "
           "\"gflops\": %.2f, \"activation_mib\": %.1f, \"scratch_mib\": %.1f, \"peak_rss_mib\": %.1f, \"gpu_peak_gib\": %.2f, \"overlapped_layers\": %d}\n",
           executor.device().to_string().c_str(),
           options.device.is_host() ? "none" : executor.uses_nccl() ? "nccl" : "mpi",
           std::string(tessera::precision_name(model.precision())).c_str(),
+          options.device.is_host() ? "exact" : bf16_convolutions.c_str(),
           world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps,
           1e3 * comm_wait / steps, 1e3 * exchange / steps, 1e3 * critical_exchange / steps, 1e3 * halo / steps, 1e3 * critical_halo / steps, exchanged_mib, gflops, activation_mib, scratch_mib, peak_mib, gpu_peak_gib,
           static_cast<int>(overlapped));

@@ -6,8 +6,9 @@ bench_train on the GPU (the whole framework: the model file, the executor, the o
 bench/gpu_cosmoflow_torch.py (PyTorch, cuDNN) on the CosmoFlow reference network with the same
 input, batch and FLOP count, and prints one table with the ratio of Tessera's throughput to
 PyTorch's at the same precision (strict fp32: no TF32 on either side; bf16: Tessera's
-`precision: bf16` beside PyTorch's autocast to bf16) and each one's TFLOP/s against the GPU's
-measured matmul rate at that precision.
+`precision: bf16`, convolutions on bf16 tensors with bf16 results, beside PyTorch's autocast to
+bf16; bf16-exact: Tessera's bf16 convolutions with fp32 results on TF32 tensor cores, against the
+same peer) and each one's TFLOP/s against the GPU's measured matmul rate at that precision.
 
     python3 bench/gpu_compare.py --tessera build-cuda/bin/gpu_step_bench [--executor build-cuda/bin/bench_train]
                                  [--batch 4] [--size 128]
@@ -73,6 +74,7 @@ def main():
             env["LD_LIBRARY_PATH"] = args.library_path + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         failed = run([args.tessera, *shape, "--matmul", "--verbose", "--json", records], log, env)
         failed |= run([args.tessera, *shape, "--bf16", "--matmul", "--json", records], log, env)
+        failed |= run([args.tessera, *shape, "--bf16", "--bf16-exact", "--json", records], log, env)
         executor = {}
         if args.executor:
             model = os.path.join(tmp, "cosmoflow_reference.yaml")
@@ -105,8 +107,9 @@ def main():
           f"{'of matmul':>9s} {'vs PyTorch':>10s}")
     for (framework, precision), r in sorted(steps.items()):
         ms = r.get("mean_ms", r.get("step_ms"))
-        rate = matmul.get(("tessera" if framework.startswith("tessera") else framework, precision))
-        peer = steps.get(("pytorch", precision))
+        base = precision.split("-")[0]  # bf16-exact: bf16's matmul rate and peer
+        rate = matmul.get(("tessera" if framework.startswith("tessera") else framework, base))
+        peer = steps.get(("pytorch", base))
         peer_ms = peer.get("step_ms") if peer else None
         ratio = f"{peer_ms / ms:9.2f}x" if peer_ms and framework.startswith("tessera") else "-"
         of = f"{r['tflops'] / rate:9.1%}" if rate else "-"

@@ -35,7 +35,7 @@ constexpr std::int64_t kWidths[] = {128, 64, 4};
 struct Options {
   std::int64_t size = 128, in_channels = 4, base_filters = 32, batch = 4;
   int steps = 20, warmup = 5, device = 0;
-  bool tf32 = false, bf16 = false, matmul = false, verbose = false;
+  bool tf32 = false, bf16 = false, bf16_exact = false, matmul = false, verbose = false;
   std::string json;
 };
 
@@ -245,13 +245,16 @@ int run(const Options& options) {
   cuda::set_device(options.device);
   CudaBackendOptions backend_options;
   backend_options.allow_tf32 = options.tf32;
+  backend_options.bf16_convolutions = options.bf16_exact ? Bf16Convolutions::Exact : Bf16Convolutions::Native;
   auto backend = make_cuda_backend(backend_options);
-  const std::string precision = options.bf16 ? "bf16" : options.tf32 ? "tf32" : "fp32";
+  const std::string precision = options.bf16 ? (options.bf16_exact ? "bf16-exact" : "bf16") : options.tf32 ? "tf32" : "fp32";
   fmt::print("Tessera GPU step: {}\n", cuda::describe_device(options.device));
-  fmt::print("input {} x {} x {}^3, base filters {}, {} (the executor does not run models on the GPU yet: this\n"
-             "is the step composed from Tessera's CUDA kernels)\n",
+  fmt::print("input {} x {} x {}^3, base filters {}, {} (the step composed from Tessera's CUDA kernels, without\n"
+             "the executor: bench_train --device cuda runs the executor)\n",
              options.batch, options.in_channels, options.size, options.base_filters,
-             options.bf16 ? "bf16 operands on TF32 tensor cores" : options.tf32 ? "TF32 allowed" : "strict fp32");
+             !options.bf16        ? (options.tf32 ? "TF32 allowed" : "strict fp32")
+             : options.bf16_exact ? "bf16 operands, convolutions on TF32 tensor cores with fp32 results"
+                                  : "bf16: convolutions on bf16 tensors (bf16 results), GEMMs on bf16 tensor cores");
 
   CosmoFlowStep step(options, *backend);
   const auto warm_start = std::chrono::steady_clock::now();
@@ -333,12 +336,19 @@ int main(int argc, char** argv) {
   app.add_option("--device", options.device, "GPU index");
   app.add_flag("--tf32", options.tf32, "let cuDNN and cuBLAS use TF32 tensor cores (default: strict fp32)");
   app.add_flag("--bf16", options.bf16,
-               "bf16 operands (Precision::BF16): convolutions and GEMMs over bf16-rounded operands on TF32 tensor "
-               "cores, fp32 sums and results");
+               "bf16 (Precision::BF16): convolutions on bf16 tensors (cuDNN's bf16 configuration, bf16 results), "
+               "GEMMs over bf16 operands on bf16 tensor cores, fp32 sums");
+  app.add_flag("--bf16-exact", options.bf16_exact,
+               "with --bf16: convolutions over the bf16-rounded operands on TF32 tensor cores, fp32 results "
+               "(Bf16Convolutions::Exact)");
   app.add_flag("--matmul", options.matmul, "also measure an 8192^3 cuBLAS GEMM at the same precision");
   app.add_flag("--verbose", options.verbose, "print the algorithm chosen for every kernel");
   app.add_option("--json", options.json, "append the results as JSON lines to this file");
   CLI11_PARSE(app, argc, argv);
+  if (options.bf16_exact && !options.bf16) {
+    fmt::print(stderr, "gpu_step_bench: --bf16-exact goes with --bf16\n");
+    return 2;
+  }
   try {
     return tessera::run(options);
   } catch (const std::exception& error) {

@@ -7,22 +7,6 @@
 namespace tessera {
 namespace {
 
-std::int64_t input_count(const ConvolutionGeometry& g) {
-  std::int64_t n = g.batch * g.in_channels;
-  for (auto e : g.input_size) n *= e;
-  return n;
-}
-std::int64_t output_count(const ConvolutionGeometry& g) {
-  std::int64_t n = g.batch * g.out_channels;
-  for (auto e : g.output_size) n *= e;
-  return n;
-}
-std::int64_t weight_count(const ConvolutionGeometry& g) {
-  std::int64_t n = g.out_channels * g.in_channels;
-  for (auto e : g.kernel) n *= e;
-  return n;
-}
-
 /// Grow-only buffers for the rounded operands, one per operand kind.
 class RoundedOperands {
  public:
@@ -62,22 +46,22 @@ class Bf16OperandConvolution final : public ConvolutionKernels {
   void forward(const ConvolutionGeometry& g, const float* input, const float* weights, const float* bias,
                float* output) override {
     if (g.precision == Precision::F32) return inner_->forward(g, input, weights, bias, output);
-    inner_->forward(g, round_(RoundedOperands::kInput, input, input_count(g)),
-                    round_(RoundedOperands::kWeights, weights, weight_count(g)), bias, output);
+    inner_->forward(g, round_(RoundedOperands::kInput, input, g.input_elements()),
+                    round_(RoundedOperands::kWeights, weights, g.weight_elements()), bias, output);
   }
 
   void backward_data(const ConvolutionGeometry& g, const float* grad_output, const float* weights,
                      float* grad_input) override {
     if (g.precision == Precision::F32) return inner_->backward_data(g, grad_output, weights, grad_input);
-    inner_->backward_data(g, round_(RoundedOperands::kGradOutput, grad_output, output_count(g)),
-                          round_(RoundedOperands::kWeights, weights, weight_count(g)), grad_input);
+    inner_->backward_data(g, round_(RoundedOperands::kGradOutput, grad_output, g.output_elements()),
+                          round_(RoundedOperands::kWeights, weights, g.weight_elements()), grad_input);
   }
 
   void backward_weights(const ConvolutionGeometry& g, const float* input, const float* grad_output,
                         float* grad_weights, float* grad_bias) override {
     if (g.precision == Precision::F32) return inner_->backward_weights(g, input, grad_output, grad_weights, grad_bias);
-    inner_->backward_weights(g, round_(RoundedOperands::kInput, input, input_count(g)),
-                             round_(RoundedOperands::kGradOutput, grad_output, output_count(g)), grad_weights,
+    inner_->backward_weights(g, round_(RoundedOperands::kInput, input, g.input_elements()),
+                             round_(RoundedOperands::kGradOutput, grad_output, g.output_elements()), grad_weights,
                              grad_bias);
   }
 
@@ -86,9 +70,9 @@ class Bf16OperandConvolution final : public ConvolutionKernels {
     if (g.precision == Precision::F32)
       return inner_->backward(g, input, grad_output, weights, grad_input, grad_weights, grad_bias);
     // Without grad_input the weights are not read.
-    inner_->backward(g, round_(RoundedOperands::kInput, input, input_count(g)),
-                     round_(RoundedOperands::kGradOutput, grad_output, output_count(g)),
-                     grad_input ? round_(RoundedOperands::kWeights, weights, weight_count(g)) : weights, grad_input,
+    inner_->backward(g, round_(RoundedOperands::kInput, input, g.input_elements()),
+                     round_(RoundedOperands::kGradOutput, grad_output, g.output_elements()),
+                     grad_input ? round_(RoundedOperands::kWeights, weights, g.weight_elements()) : weights, grad_input,
                      grad_weights, grad_bias);
   }
 

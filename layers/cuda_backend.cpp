@@ -3,12 +3,17 @@
 // linear layers on cuBLAS, pooling on Tessera's own kernels (the host kernels' semantics, tiles
 // included). fp32 by default means strict fp32: no TF32 tensor-core math in cuDNN (FMA math) or
 // cuBLAS (its default math never uses TF32 for fp32), so results agree with the host backend to ~1e-6.
-// Precision::BF16 (bf16 operands, fp32 sums and results): the operands rounded to bf16
-// (with_bf16_operands), then cuBLAS with bf16 tensor-core math (CUBLAS_COMPUTE_32F_FAST_16BF:
-// its conversion of the operands to bf16 is exact, the sums fp32) and cuDNN's GEMM-type
-// algorithms on TF32 tensor cores (a bf16 value is a TF32 value, so the products stay exact;
-// Winograd and FFT transform the operands first, so they are not used for bf16). cuDNN's own bf16
-// configurations would write bf16 results, which Precision::BF16 does not round.
+// Precision::BF16 (bf16 operands, fp32 sums):
+//  - linear layers: the operands rounded to bf16 (with_bf16_operands), then cuBLAS with bf16
+//    tensor-core math (CUBLAS_COMPUTE_32F_FAST_16BF: its conversion of the operands to bf16 is
+//    exact, the sums and results fp32): the host's results.
+//  - convolutions, Bf16Convolutions::Native (the default): cuDNN's bf16 configuration on bf16
+//    tensors (bf16 tensor cores, fp32 sums; GEMM-type algorithms, which multiply the operands as
+//    they are); cuDNN writes bf16 results, widened to fp32: the host's results rounded to bf16.
+//  - convolutions, Bf16Convolutions::Exact: the rounded operands in fp32 tensors through cuDNN's
+//    GEMM-type algorithms on TF32 tensor cores (a bf16 value is a TF32 value, so the products stay
+//    exact; Winograd and FFT transform the operands first, so they are not used): the host's
+//    fp32 results, at TF32's rate.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -69,118 +74,148 @@ using ConvDescriptor =
 
 std::vector<int> as_int(const std::vector<std::int64_t>& values) { return {values.begin(), values.end()}; }
 
-void set_tensor(const TensorDescriptor& descriptor, std::vector<int> dims) {
-  check(cudnnSetTensorNdDescriptorEx(descriptor.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, static_cast<int>(dims.size()),
-                                     dims.data()),
+void set_tensor(const TensorDescriptor& descriptor, cudnnDataType_t type, std::vector<int> dims) {
+  check(cudnnSetTensorNdDescriptorEx(descriptor.get(), CUDNN_TENSOR_NCHW, type, static_cast<int>(dims.size()), dims.data()),
         "cudnnSetTensorNdDescriptorEx");
 }
 
+/// Whether cuDNN has an algorithm for a direction of a geometry: not asked yet, one (chosen), none.
+enum class Search { NotYet, Found, NoneUsable };
+
 /// The descriptors of one convolution geometry and the algorithm chosen for each direction.
 /// Each direction has its own convolution descriptor, so each can carry the math type its
-/// algorithm was measured with.
+/// algorithm was measured with. input, output and weights describe the data as stored (fp32, or
+/// bf16); bias and bias_output are fp32 always (the bias is added to, and summed from, fp32).
 struct ConvolutionPlan {
-  TensorDescriptor input, output, bias;
+  TensorDescriptor input, output, bias, bias_output;
   FilterDescriptor weights;
   ConvDescriptor forward_conv, data_conv, filter_conv;
-  bool have_forward = false, have_data = false, have_filter = false;
+  Search forward = Search::NotYet, data = Search::NotYet, filter = Search::NotYet;
   cudnnConvolutionFwdAlgo_t forward_algorithm{};
   cudnnConvolutionBwdDataAlgo_t data_algorithm{};
   cudnnConvolutionBwdFilterAlgo_t filter_algorithm{};
   std::size_t forward_workspace = 0, data_workspace = 0, filter_workspace = 0;
 };
 
-class CudnnConvolution final : public ConvolutionKernels {
+/// cuDNN's three convolution directions on data stored as `storage` (CUDNN_DATA_FLOAT, or
+/// CUDNN_DATA_BFLOAT16: cuDNN's bf16 configuration, fp32 sums). Each call returns whether it ran:
+/// with `required` a geometry without a usable algorithm fails instead.
+class CudnnConvolutionCore {
  public:
-  CudnnConvolution(cudnnHandle_t handle, const CudaBackendOptions& options, std::vector<std::string>& log)
-      : handle_(handle), options_(options), log_(log) {}
+  CudnnConvolutionCore(cudnnHandle_t handle, const CudaBackendOptions& options, std::vector<std::string>& log,
+                       cudnnDataType_t storage)
+      : handle_(handle), options_(options), log_(log), storage_(storage) {}
 
-  void forward(const ConvolutionGeometry& g, const float* input, const float* weights, const float* bias,
-               float* output) override {
+  bool forward(const ConvolutionGeometry& g, const void* input, const void* weights, void* output, bool required) {
     ConvolutionPlan& plan = plan_for(g);
-    if (!plan.have_forward) {
+    if (plan.forward == Search::NotYet) {
       Workspace search(search_workspace());
       std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
       int returned = 0;
-      check(cudnnFindConvolutionForwardAlgorithmEx(handle_, plan.input.get(), input, plan.weights.get(), weights,
-                                                   plan.forward_conv.get(), plan.output.get(), output,
-                                                   static_cast<int>(perf.size()), &returned, perf.data(),
-                                                   search.get(), search.bytes()),
-            "cudnnFindConvolutionForwardAlgorithmEx");
-      const auto& best = first_usable(perf, returned, "forward", g);
-      plan.forward_algorithm = best.algo;
-      plan.forward_workspace = best.memory;
-      use_math(plan.forward_conv, best.mathType, g);
-      record("convolution forward", g, static_cast<int>(best.algo), best.memory, best.time, math_of(plan.forward_conv));
-      plan.have_forward = true;
+      const cudnnStatus_t status = cudnnFindConvolutionForwardAlgorithmEx(
+          handle_, plan.input.get(), input, plan.weights.get(), weights, plan.forward_conv.get(), plan.output.get(),
+          output, static_cast<int>(perf.size()), &returned, perf.data(), search.get(), search.bytes());
+      const auto* best = choose(status, perf, returned, "forward", g, required);
+      plan.forward = best ? Search::Found : Search::NoneUsable;
+      if (best) {
+        plan.forward_algorithm = best->algo;
+        plan.forward_workspace = best->memory;
+        use_math(plan.forward_conv, best->mathType, g);
+        record("convolution forward", g, static_cast<int>(best->algo), best->memory, best->time,
+               math_of(plan.forward_conv));
+      }
     }
+    if (plan.forward == Search::NoneUsable) return false;
     Workspace workspace(plan.forward_workspace);
     const float one = 1.0f, zero = 0.0f;
     check(cudnnConvolutionForward(handle_, &one, plan.input.get(), input, plan.weights.get(), weights,
                                   plan.forward_conv.get(), plan.forward_algorithm, workspace.get(), workspace.bytes(),
                                   &zero, plan.output.get(), output),
           "cudnnConvolutionForward");
-    if (g.bias) check(cudnnAddTensor(handle_, &one, plan.bias.get(), bias, &one, plan.output.get(), output), "cudnnAddTensor");
+    return true;
   }
 
-  void backward_data(const ConvolutionGeometry& g, const float* grad_output, const float* weights,
-                     float* grad_input) override {
+  bool backward_data(const ConvolutionGeometry& g, const void* grad_output, const void* weights, void* grad_input,
+                     bool required) {
     ConvolutionPlan& plan = plan_for(g);
-    if (!plan.have_data) {
+    if (plan.data == Search::NotYet) {
       Workspace search(search_workspace());
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
       int returned = 0;
-      check(cudnnFindConvolutionBackwardDataAlgorithmEx(handle_, plan.weights.get(), weights, plan.output.get(),
-                                                        grad_output, plan.data_conv.get(), plan.input.get(),
-                                                        grad_input, static_cast<int>(perf.size()), &returned,
-                                                        perf.data(), search.get(), search.bytes()),
-            "cudnnFindConvolutionBackwardDataAlgorithmEx");
-      const auto& best = first_usable(perf, returned, "backward data", g);
-      plan.data_algorithm = best.algo;
-      plan.data_workspace = best.memory;
-      use_math(plan.data_conv, best.mathType, g);
-      record("convolution backward data", g, static_cast<int>(best.algo), best.memory, best.time, math_of(plan.data_conv));
-      plan.have_data = true;
+      const cudnnStatus_t status = cudnnFindConvolutionBackwardDataAlgorithmEx(
+          handle_, plan.weights.get(), weights, plan.output.get(), grad_output, plan.data_conv.get(),
+          plan.input.get(), grad_input, static_cast<int>(perf.size()), &returned, perf.data(), search.get(),
+          search.bytes());
+      const auto* best = choose(status, perf, returned, "backward data", g, required);
+      plan.data = best ? Search::Found : Search::NoneUsable;
+      if (best) {
+        plan.data_algorithm = best->algo;
+        plan.data_workspace = best->memory;
+        use_math(plan.data_conv, best->mathType, g);
+        record("convolution backward data", g, static_cast<int>(best->algo), best->memory, best->time,
+               math_of(plan.data_conv));
+      }
     }
+    if (plan.data == Search::NoneUsable) return false;
     Workspace workspace(plan.data_workspace);
     const float one = 1.0f, zero = 0.0f;
     check(cudnnConvolutionBackwardData(handle_, &one, plan.weights.get(), weights, plan.output.get(), grad_output,
                                        plan.data_conv.get(), plan.data_algorithm, workspace.get(), workspace.bytes(),
                                        &zero, plan.input.get(), grad_input),
           "cudnnConvolutionBackwardData");
+    return true;
   }
 
-  void backward_weights(const ConvolutionGeometry& g, const float* input, const float* grad_output,
-                        float* grad_weights, float* grad_bias) override {
+  bool backward_filter(const ConvolutionGeometry& g, const void* input, const void* grad_output, void* grad_weights,
+                       bool required) {
     ConvolutionPlan& plan = plan_for(g);
-    if (!plan.have_filter) {
+    if (plan.filter == Search::NotYet) {
       Workspace search(search_workspace());
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
       int returned = 0;
-      check(cudnnFindConvolutionBackwardFilterAlgorithmEx(handle_, plan.input.get(), input, plan.output.get(),
-                                                          grad_output, plan.filter_conv.get(), plan.weights.get(),
-                                                          grad_weights, static_cast<int>(perf.size()), &returned,
-                                                          perf.data(), search.get(), search.bytes()),
-            "cudnnFindConvolutionBackwardFilterAlgorithmEx");
-      const auto& best = first_usable(perf, returned, "backward weights", g);
-      plan.filter_algorithm = best.algo;
-      plan.filter_workspace = best.memory;
-      use_math(plan.filter_conv, best.mathType, g);
-      record("convolution backward weights", g, static_cast<int>(best.algo), best.memory, best.time,
-             math_of(plan.filter_conv));
-      plan.have_filter = true;
+      const cudnnStatus_t status = cudnnFindConvolutionBackwardFilterAlgorithmEx(
+          handle_, plan.input.get(), input, plan.output.get(), grad_output, plan.filter_conv.get(),
+          plan.weights.get(), grad_weights, static_cast<int>(perf.size()), &returned, perf.data(), search.get(),
+          search.bytes());
+      const auto* best = choose(status, perf, returned, "backward weights", g, required);
+      plan.filter = best ? Search::Found : Search::NoneUsable;
+      if (best) {
+        plan.filter_algorithm = best->algo;
+        plan.filter_workspace = best->memory;
+        use_math(plan.filter_conv, best->mathType, g);
+        record("convolution backward weights", g, static_cast<int>(best->algo), best->memory, best->time,
+               math_of(plan.filter_conv));
+      }
     }
+    if (plan.filter == Search::NoneUsable) return false;
     Workspace workspace(plan.filter_workspace);
     const float one = 1.0f, zero = 0.0f;
     check(cudnnConvolutionBackwardFilter(handle_, &one, plan.input.get(), input, plan.output.get(), grad_output,
                                          plan.filter_conv.get(), plan.filter_algorithm, workspace.get(),
                                          workspace.bytes(), &zero, plan.weights.get(), grad_weights),
           "cudnnConvolutionBackwardFilter");
-    if (g.bias)
-      check(cudnnConvolutionBackwardBias(handle_, &one, plan.output.get(), grad_output, &zero, plan.bias.get(), grad_bias),
-            "cudnnConvolutionBackwardBias");
+    return true;
+  }
+
+  /// output (fp32) += the bias of each output channel.
+  void add_bias(const ConvolutionGeometry& g, const float* bias, float* output) {
+    ConvolutionPlan& plan = plan_for(g);
+    const float one = 1.0f;
+    check(cudnnAddTensor(handle_, &one, plan.bias.get(), bias, &one, plan.bias_output.get(), output), "cudnnAddTensor");
+  }
+
+  /// grad_bias = the fp32 sum of grad_output (fp32) over everything but the channels.
+  void bias_gradient(const ConvolutionGeometry& g, const float* grad_output, float* grad_bias) {
+    ConvolutionPlan& plan = plan_for(g);
+    const float one = 1.0f, zero = 0.0f;
+    check(cudnnConvolutionBackwardBias(handle_, &one, plan.bias_output.get(), grad_output, &zero, plan.bias.get(),
+                                       grad_bias),
+          "cudnnConvolutionBackwardBias");
   }
 
  private:
+  bool bf16_storage() const { return storage_ == CUDNN_DATA_BFLOAT16; }
+
   ConvolutionPlan& plan_for(const ConvolutionGeometry& g) {
     auto it = plans_.find(g);
     if (it != plans_.end()) return *it->second;
@@ -197,15 +232,17 @@ class CudnnConvolution final : public ConvolutionKernels {
       output.push_back(static_cast<int>(g.output_size[static_cast<std::size_t>(i)]));
       filter.push_back(static_cast<int>(g.kernel[static_cast<std::size_t>(i)]));
     }
-    set_tensor(plan->input, input);
-    set_tensor(plan->output, output);
-    set_tensor(plan->bias, bias);
-    check(cudnnSetFilterNdDescriptor(plan->weights.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
-                                     static_cast<int>(filter.size()), filter.data()),
+    set_tensor(plan->input, storage_, input);
+    set_tensor(plan->output, storage_, output);
+    set_tensor(plan->bias, CUDNN_DATA_FLOAT, bias);
+    set_tensor(plan->bias_output, CUDNN_DATA_FLOAT, output);
+    check(cudnnSetFilterNdDescriptor(plan->weights.get(), storage_, CUDNN_TENSOR_NCHW, static_cast<int>(filter.size()),
+                                     filter.data()),
           "cudnnSetFilterNdDescriptor");
     const auto padding = as_int(g.padding), stride = as_int(g.stride), dilation = as_int(g.dilation);
     const cudnnMathType_t math = tensor_cores_allowed(g) ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
     for (const ConvDescriptor* conv : {&plan->forward_conv, &plan->data_conv, &plan->filter_conv}) {
+      // fp32 sums in either storage (bf16: cuDNN's PSEUDO_BFLOAT16 configuration).
       check(cudnnSetConvolutionNdDescriptor(conv->get(), spatial, padding.data(), stride.data(), dilation.data(),
                                             CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
             "cudnnSetConvolutionNdDescriptor");
@@ -230,7 +267,8 @@ class CudnnConvolution final : public ConvolutionKernels {
     return std::min(options_.workspace_limit, free_bytes / 2);
   }
 
-  /// TF32 tensor cores: where fp32 may use them (allow_tf32), and for bf16 operands (exact there).
+  /// Tensor cores: where fp32 may use TF32 (allow_tf32), for bf16 operands in fp32 storage (TF32
+  /// is exact on them), and for bf16 storage (bf16 tensor cores).
   bool tensor_cores_allowed(const ConvolutionGeometry& g) const {
     return options_.allow_tf32 || g.precision == Precision::BF16;
   }
@@ -239,8 +277,9 @@ class CudnnConvolution final : public ConvolutionKernels {
     return math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
   }
 
-  /// Whether an algorithm multiplies the operands as they are: GEMM-type algorithms do; Winograd
-  /// and FFT transform them first, and ALLOW_CONVERSION converts fp32 data to fp16.
+  /// Whether an algorithm multiplies bf16 operands as they are (then only the fp32 sums' order
+  /// differs from the host's): GEMM-type algorithms do; Winograd and FFT transform them first, and
+  /// ALLOW_CONVERSION converts the data to fp16. For bf16 operands in either storage.
   static bool exact_on_bf16(const cudnnConvolutionFwdAlgoPerf_t& p) {
     return p.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
            (p.algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
@@ -258,27 +297,36 @@ class CudnnConvolution final : public ConvolutionKernels {
   }
 
   /// Results come sorted by time; the first that ran, fits the workspace limit and, in strict
-  /// fp32, does not run on tensor-op (TF32) math wins (bf16 operands may: TF32 is exact on them,
-  /// with a GEMM-type algorithm).
+  /// fp32, does not run on tensor-op (TF32) math wins (bf16 operands may, with a GEMM-type
+  /// algorithm: TF32 is exact on them in fp32 storage, bf16 tensor cores in bf16 storage). None:
+  /// null, with the reason in the log, or an Error when `required`.
   template <typename Perf>
-  const Perf& first_usable(const std::vector<Perf>& perf, int returned, const char* what, const ConvolutionGeometry& g) {
-    for (int i = 0; i < returned; ++i) {
-      const Perf& candidate = perf[static_cast<std::size_t>(i)];
-      if (candidate.status != CUDNN_STATUS_SUCCESS || candidate.memory > options_.workspace_limit) continue;
-      if (!tensor_cores_allowed(g) && tensor_op(candidate.mathType)) continue;
-      if (g.precision == Precision::BF16 && !exact_on_bf16(candidate)) continue;
-      return candidate;
+  const Perf* choose(cudnnStatus_t search, const std::vector<Perf>& perf, int returned, const char* what,
+                     const ConvolutionGeometry& g, bool required) {
+    if (search == CUDNN_STATUS_SUCCESS) {
+      for (int i = 0; i < returned; ++i) {
+        const Perf& candidate = perf[static_cast<std::size_t>(i)];
+        if (candidate.status != CUDNN_STATUS_SUCCESS || candidate.memory > options_.workspace_limit) continue;
+        if (!tensor_cores_allowed(g) && tensor_op(candidate.mathType)) continue;
+        if (g.precision == Precision::BF16 && !exact_on_bf16(candidate)) continue;
+        return &candidate;
+      }
     }
-    fail("cuDNN found no usable {} algorithm for the convolution {}{}", what, g.to_string(),
-         g.precision == Precision::BF16 ? " with bf16 operands (GEMM-type algorithms only)"
-         : tensor_cores_allowed(g)      ? ""
-                                        : " in strict fp32");
+    const std::string problem = fmt::format(
+        "cuDNN found no usable {} algorithm for the convolution {}{}{}", what, g.to_string(),
+        bf16_storage()                       ? " on bf16 tensors (GEMM-type algorithms only)"
+        : g.precision == Precision::BF16     ? " with bf16 operands (GEMM-type algorithms only)"
+        : tensor_cores_allowed(g)            ? ""
+                                             : " in strict fp32",
+        search == CUDNN_STATUS_SUCCESS ? "" : fmt::format(" (the search failed: {})", cudnnGetErrorString(search)));
+    if (required) fail("{}", problem);
+    log_.push_back(problem);
+    return nullptr;
   }
 
-  /// With TF32 allowed (and for bf16 operands), an algorithm runs with the math type it was
-  /// measured with (as PyTorch does); in strict fp32 the descriptor keeps FMA math whatever Find
-  /// reports (it reports algorithms without tensor-op kernels as DEFAULT math, which would allow
-  /// TF32 elsewhere).
+  /// With tensor cores allowed, an algorithm runs with the math type it was measured with (as
+  /// PyTorch does); in strict fp32 the descriptor keeps FMA math whatever Find reports (it reports
+  /// algorithms without tensor-op kernels as DEFAULT math, which would allow TF32 elsewhere).
   void use_math(const ConvDescriptor& conv, cudnnMathType_t measured, const ConvolutionGeometry& g) {
     if (tensor_cores_allowed(g)) check(cudnnSetConvolutionMathType(conv.get(), measured), "cudnnSetConvolutionMathType");
   }
@@ -301,14 +349,169 @@ class CudnnConvolution final : public ConvolutionKernels {
 
   void record(const char* what, const ConvolutionGeometry& g, int algorithm, std::size_t workspace, float ms,
               cudnnMathType_t math) {
-    log_.push_back(fmt::format("{} {}: cuDNN algorithm {} ({}), workspace {} KiB, {:.3f} ms", what, g.to_string(),
-                               algorithm, math_name(math), workspace / 1024, ms));
+    log_.push_back(fmt::format("{} {}{}: cuDNN algorithm {} ({}), workspace {} KiB, {:.3f} ms", what, g.to_string(),
+                               bf16_storage() ? " on bf16 tensors" : "", algorithm, math_name(math), workspace / 1024,
+                               ms));
   }
 
   cudnnHandle_t handle_;
   CudaBackendOptions options_;
   std::vector<std::string>& log_;
+  cudnnDataType_t storage_;
   std::map<ConvolutionGeometry, std::unique_ptr<ConvolutionPlan>> plans_;
+};
+
+/// Convolutions on fp32 tensors: fp32, and bf16 operands already rounded (with_bf16_operands:
+/// Bf16Convolutions::Exact).
+class CudnnConvolution final : public ConvolutionKernels {
+ public:
+  CudnnConvolution(cudnnHandle_t handle, const CudaBackendOptions& options, std::vector<std::string>& log)
+      : core_(handle, options, log, CUDNN_DATA_FLOAT) {}
+
+  void forward(const ConvolutionGeometry& g, const float* input, const float* weights, const float* bias,
+               float* output) override {
+    core_.forward(g, input, weights, output, true);
+    if (g.bias) core_.add_bias(g, bias, output);
+  }
+  void backward_data(const ConvolutionGeometry& g, const float* grad_output, const float* weights,
+                     float* grad_input) override {
+    core_.backward_data(g, grad_output, weights, grad_input, true);
+  }
+  void backward_weights(const ConvolutionGeometry& g, const float* input, const float* grad_output,
+                        float* grad_weights, float* grad_bias) override {
+    core_.backward_filter(g, input, grad_output, grad_weights, true);
+    if (g.bias) core_.bias_gradient(g, grad_output, grad_bias);
+  }
+
+ private:
+  CudnnConvolutionCore core_;
+};
+
+/// A bf16 buffer on the GPU, kept between calls and grown as needed.
+class Bf16Buffer {
+ public:
+  Bf16Buffer() = default;
+  ~Bf16Buffer() { release(); }
+  Bf16Buffer(const Bf16Buffer&) = delete;
+  Bf16Buffer& operator=(const Bf16Buffer&) = delete;
+
+  std::uint16_t* get(std::int64_t count) {
+    const std::size_t bytes = static_cast<std::size_t>(count) * sizeof(std::uint16_t);
+    if (bytes > bytes_) {
+      release();
+      pointer_ = cuda::allocate(bytes);
+      bytes_ = bytes;
+    }
+    return static_cast<std::uint16_t*>(pointer_);
+  }
+  /// `values` rounded to bf16 (the host's rounding) into this buffer.
+  const std::uint16_t* round(const float* values, std::int64_t count) {
+    std::uint16_t* stored = get(count);
+    cuda_kernels::to_bf16(values, stored, count);
+    return stored;
+  }
+  void release() {
+    cuda::release(pointer_);  // stream-ordered: work queued before reads it first
+    pointer_ = nullptr;
+    bytes_ = 0;
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* pointer_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+/// Bf16Convolutions::Native: Precision::BF16 convolutions on bf16 tensors (cuDNN's bf16
+/// configuration, bf16 tensor cores, fp32 sums), the operands rounded to bf16 as the host rounds
+/// them, the results widened to fp32 (exact: they are bf16 values). Three buffers, kept between
+/// calls: one input-sized (the input, or its gradient), one output-sized (the output, or its
+/// gradient) and one weights-sized (the weights, or their gradient); each call uses each buffer
+/// for one value at a time. fp32 convolutions, and directions of a geometry cuDNN cannot run on
+/// bf16 tensors, go to `exact` (with_bf16_operands over CudnnConvolution).
+class NativeBf16Convolution final : public ConvolutionKernels {
+ public:
+  NativeBf16Convolution(cudnnHandle_t handle, const CudaBackendOptions& options, std::vector<std::string>& log,
+                        std::unique_ptr<ConvolutionKernels> exact)
+      : core_(handle, options, log, CUDNN_DATA_BFLOAT16), exact_(std::move(exact)) {}
+
+  void forward(const ConvolutionGeometry& g, const float* input, const float* weights, const float* bias,
+               float* output) override {
+    if (g.precision == Precision::BF16) {
+      const std::uint16_t* x = input_.round(input, g.input_elements());
+      const std::uint16_t* w = weights_.round(weights, g.weight_elements());
+      std::uint16_t* y = output_.get(g.output_elements());
+      if (core_.forward(g, x, w, y, false)) {
+        cuda_kernels::from_bf16(y, output, g.output_elements());
+        if (g.bias) core_.add_bias(g, bias, output);
+        return;
+      }
+    }
+    exact_->forward(g, input, weights, bias, output);
+  }
+
+  void backward_data(const ConvolutionGeometry& g, const float* grad_output, const float* weights,
+                     float* grad_input) override {
+    if (g.precision == Precision::BF16 &&
+        data_on_bf16(g, output_.round(grad_output, g.output_elements()), weights, grad_input))
+      return;
+    exact_->backward_data(g, grad_output, weights, grad_input);
+  }
+
+  void backward_weights(const ConvolutionGeometry& g, const float* input, const float* grad_output,
+                        float* grad_weights, float* grad_bias) override {
+    if (g.precision == Precision::BF16 &&
+        filter_on_bf16(g, input, output_.round(grad_output, g.output_elements()), grad_output, grad_weights, grad_bias))
+      return;
+    exact_->backward_weights(g, input, grad_output, grad_weights, grad_bias);
+  }
+
+  /// The output gradient rounded once for both directions.
+  void backward(const ConvolutionGeometry& g, const float* input, const float* grad_output, const float* weights,
+                float* grad_input, float* grad_weights, float* grad_bias) override {
+    if (g.precision != Precision::BF16) return exact_->backward(g, input, grad_output, weights, grad_input, grad_weights, grad_bias);
+    const std::uint16_t* dy = output_.round(grad_output, g.output_elements());
+    if (grad_input && !data_on_bf16(g, dy, weights, grad_input))
+      exact_->backward_data(g, grad_output, weights, grad_input);
+    if (!filter_on_bf16(g, input, dy, grad_output, grad_weights, grad_bias))
+      exact_->backward_weights(g, input, grad_output, grad_weights, grad_bias);
+  }
+
+  std::int64_t scratch_bytes() const override {
+    return static_cast<std::int64_t>(input_.bytes() + output_.bytes() + weights_.bytes()) + exact_->scratch_bytes();
+  }
+  void release_scratch() override {
+    input_.release();
+    output_.release();
+    weights_.release();
+    exact_->release_scratch();
+  }
+
+ private:
+  /// grad_input from dy (bf16, in output_); the input buffer holds the bf16 result.
+  bool data_on_bf16(const ConvolutionGeometry& g, const std::uint16_t* dy, const float* weights, float* grad_input) {
+    const std::uint16_t* w = weights_.round(weights, g.weight_elements());
+    std::uint16_t* dx = input_.get(g.input_elements());
+    if (!core_.backward_data(g, dy, w, dx, false)) return false;
+    cuda_kernels::from_bf16(dx, grad_input, g.input_elements());
+    return true;
+  }
+
+  /// grad_weights from the input and dy (bf16, in output_); the weights buffer holds the bf16
+  /// result. The bias gradient sums the fp32 output gradient.
+  bool filter_on_bf16(const ConvolutionGeometry& g, const float* input, const std::uint16_t* dy,
+                      const float* grad_output, float* grad_weights, float* grad_bias) {
+    const std::uint16_t* x = input_.round(input, g.input_elements());
+    std::uint16_t* dw = weights_.get(g.weight_elements());
+    if (!core_.backward_filter(g, x, dy, dw, false)) return false;
+    cuda_kernels::from_bf16(dw, grad_weights, g.weight_elements());
+    if (g.bias) core_.bias_gradient(g, grad_output, grad_bias);
+    return true;
+  }
+
+  CudnnConvolutionCore core_;
+  std::unique_ptr<ConvolutionKernels> exact_;
+  Bf16Buffer input_, output_, weights_;
 };
 
 class CudaPooling final : public PoolingKernels {
@@ -509,10 +712,17 @@ class CudaBackend final : public DnnBackend {
     check(cublasSetMathMode(cublas_, options.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
           "cublasSetMathMode");
     const Device gpu = Device::cuda(device);
-    convolution_ = with_bf16_operands(std::make_unique<CudnnConvolution>(cudnn_, options, log_), elementwise_, gpu);
+    auto exact = with_bf16_operands(std::make_unique<CudnnConvolution>(cudnn_, options, log_), elementwise_, gpu);
+    convolution_ = options.bf16_convolutions == Bf16Convolutions::Native
+                       ? std::make_unique<NativeBf16Convolution>(cudnn_, options, log_, std::move(exact))
+                       : std::move(exact);
     linear_ = with_bf16_operands(std::make_unique<CublasLinear>(cublas_), elementwise_, gpu);
-    log_.push_back(fmt::format("device {}: {}; cuDNN {}, cuBLAS, {}", device, cuda::describe_device(device),
-                               cudnnGetVersion(), options.allow_tf32 ? "TF32 allowed" : "strict fp32 (bf16 operands: tensor cores)"));
+    log_.push_back(fmt::format("device {}: {}; cuDNN {}, cuBLAS; fp32: {}; bf16 convolutions: {}", device,
+                               cuda::describe_device(device), cudnnGetVersion(),
+                               options.allow_tf32 ? "TF32 allowed" : "strict",
+                               options.bf16_convolutions == Bf16Convolutions::Native
+                                   ? "native (bf16 tensors and results)"
+                                   : "exact (fp32 results, TF32 tensor cores)"));
   }
   ~CudaBackend() override {
     convolution_.reset();

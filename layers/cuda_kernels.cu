@@ -191,6 +191,14 @@ __global__ void round_to_bf16_kernel(const float* x, float* y, std::int64_t coun
   TESSERA_GRID_LOOP(i, count) { y[i] = __uint_as_float(bf16_round_bits(__float_as_uint(x[i]))); }
 }
 
+__global__ void to_bf16_kernel(const float* x, std::uint16_t* y, std::int64_t count) {
+  TESSERA_GRID_LOOP(i, count) { y[i] = static_cast<std::uint16_t>(bf16_round_bits(__float_as_uint(x[i])) >> 16); }
+}
+
+__global__ void from_bf16_kernel(const std::uint16_t* x, float* y, std::int64_t count) {
+  TESSERA_GRID_LOOP(i, count) { y[i] = __uint_as_float(static_cast<std::uint32_t>(x[i]) << 16); }
+}
+
 __global__ void dropout_scales_kernel(DropoutMask mask, float* scales, std::int64_t count) {
   TESSERA_GRID_LOOP(i, count) { scales[i] = dropout_scale(mask, i); }
 }
@@ -368,6 +376,18 @@ void accumulate(const float* x, float* y, std::int64_t count) {
 void round_to_bf16(const float* x, float* y, std::int64_t count) {
   round_to_bf16_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, y, count);
   check_launch("round to bf16");
+}
+
+void to_bf16(const float* x, std::uint16_t* y, std::int64_t count) {
+  if (count <= 0) return;
+  to_bf16_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, y, count);
+  check_launch("conversion to bf16");
+}
+
+void from_bf16(const std::uint16_t* x, float* y, std::int64_t count) {
+  if (count <= 0) return;
+  from_bf16_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, y, count);
+  check_launch("conversion from bf16");
 }
 
 void dropout_scales(const DropoutMask& mask, float* scales, std::int64_t count) {

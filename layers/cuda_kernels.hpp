@@ -48,6 +48,11 @@ void count_correct(const float* scores, const float* labels, std::int64_t rows, 
 
 /// y = x rounded to bf16 (bf16_round_bits: the host's rounding, bit for bit), as fp32; y may be x.
 void round_to_bf16(const float* x, float* y, std::int64_t count);
+/// y = x rounded to bf16 as round_to_bf16 does, stored as bf16 (the upper 16 bits of its fp32
+/// value): cuDNN's CUDNN_DATA_BFLOAT16.
+void to_bf16(const float* x, std::uint16_t* y, std::int64_t count);
+/// y = the fp32 value of bf16 x (exact).
+void from_bf16(const std::uint16_t* x, float* y, std::int64_t count);
 
 /// scales[i] = dropout_scale(mask, i) (tessera/layers/dropout_mask.hpp: the host's draws).
 void dropout_scales(const DropoutMask& mask, float* scales, std::int64_t count);

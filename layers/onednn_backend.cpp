@@ -4,6 +4,7 @@
 
 #include "layers/bf16_operands.hpp"
 #include "layers/onednn_common.hpp"
+#include "tessera/core/error.hpp"
 
 namespace tessera {
 
@@ -11,6 +12,22 @@ std::string ConvolutionGeometry::to_string() const {
   return fmt::format("N={} C={} F={} input={} kernel={} stride={} padding={} dilation={} output={}{}{}", batch,
                      in_channels, out_channels, input_size, kernel, stride, padding, dilation, output_size,
                      bias ? " +bias" : "", precision == Precision::BF16 ? " bf16" : "");
+}
+
+std::int64_t ConvolutionGeometry::input_elements() const {
+  std::int64_t n = batch * in_channels;
+  for (auto e : input_size) n *= e;
+  return n;
+}
+std::int64_t ConvolutionGeometry::output_elements() const {
+  std::int64_t n = batch * out_channels;
+  for (auto e : output_size) n *= e;
+  return n;
+}
+std::int64_t ConvolutionGeometry::weight_elements() const {
+  std::int64_t n = out_channels * in_channels;
+  for (auto e : kernel) n *= e;
+  return n;
 }
 
 std::string PoolingGeometry::to_string() const {
@@ -22,6 +39,14 @@ std::string PoolingGeometry::to_string() const {
 std::string LinearGeometry::to_string() const {
   return fmt::format("N={} in={} out={}{}{}", batch, in_features, out_features, bias ? " +bias" : "",
                      precision == Precision::BF16 ? " bf16" : "");
+}
+
+Bf16Convolutions parse_bf16_convolutions(const std::string& text) {
+  if (text == "native") return Bf16Convolutions::Native;
+  if (text == "exact") return Bf16Convolutions::Exact;
+  throw InputError(fmt::format("bf16 convolutions '{}': choose native (cuDNN's bf16, bf16 results) or exact "
+                               "(the host's fp32 results, at TF32's rate)",
+                               text));
 }
 
 namespace {

@@ -253,9 +253,12 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   // Memory: weights, their gradients and optimizer state; the saved output and input window.
   e.memory = kBytes * params_local * (2.0 + options_.optimizer_state) + e.output_bytes + e.input_bytes;
   if (rounds) {
-    e.scratch_input = kBytes * read;
-    e.scratch_output = kBytes * out_local;
-    e.scratch_weights = kBytes * rounded_weights;
+    // On GPUs convolutions keep the operands and results as bf16 (Bf16Convolutions::Native, the
+    // executor's default there): 2 bytes an element, where the host keeps rounded fp32 copies.
+    const double element = machine_.device == "gpu" && l.type == "conv" ? 2.0 : kBytes;
+    e.scratch_input = element * read;
+    e.scratch_output = element * out_local;
+    e.scratch_weights = element * rounded_weights;
     e.scratch_of_linear = l.type == "linear";
   }
   return e;

@@ -20,6 +20,7 @@ struct TrainArgs {
   std::string halo_overlap = "auto";
   std::string device = "host";
   std::string gpu_comm = "auto";
+  std::string bf16_convolutions;  ///< empty: native
   std::string precision;  ///< empty: the model file's
   TrainerOptions trainer;
   ExecutorOptions executor;
@@ -55,6 +56,9 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     if (args.gpu_comm != "auto" && args.device != "cuda")
       fail_input("--gpu-comm {} is for training on GPUs: add --device cuda (on the host every message goes over "
                  "MPI)", args.gpu_comm);
+    if (!args.bf16_convolutions.empty() && args.device != "cuda")
+      fail_input("--bf16-convolutions {} is for training on GPUs: add --device cuda (on the host bf16 convolutions "
+                 "always give fp32 results)", args.bf16_convolutions);
     ModelOptions model_options;
     if (!args.precision.empty()) model_options.precision = parse_precision(args.precision, "--precision");
     model = std::make_unique<Model>(Model::load(args.model, model_options));
@@ -81,6 +85,8 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   // --gpus-per-task 1 each rank sees its own).
   args.executor.device = args.device == "cuda" ? Device::cuda(ExecutorOptions::kNodeLocalGpu) : Device::host();
   args.executor.gpu_comm = parse_gpu_comm(args.gpu_comm);
+  if (!args.bf16_convolutions.empty())
+    args.executor.cuda.bf16_convolutions = parse_bf16_convolutions(args.bf16_convolutions);
   model->init_parameters(args.trainer.seed);
   Executor executor(*model, *plan, world, args.executor);
   std::unique_ptr<Trainer> trainer;
@@ -193,10 +199,16 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
                   "of its own, else mpi)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "nccl", "mpi"}));
+  cmd->add_option("--bf16-convolutions", args->bf16_convolutions,
+                  "With --device cuda, how bf16 convolutions run: native (bf16 tensors on bf16 tensor cores, fp32 "
+                  "sums, results rounded to bf16; the default) or exact (the host's fp32 results, on TF32 tensor "
+                  "cores at half the rate)")
+      ->check(CLI::IsMember({"native", "exact"}));
   cmd->add_option("--precision", args->precision,
                   "Arithmetic of the conv and linear layers, for the layers that do not name their own: fp32, or bf16 "
-                  "(operands rounded to bf16, fp32 sums and results; fp32 master weights and gradient reductions). Default: "
-                  "the model file's 'precision' (fp32 without one)")
+                  "(operands rounded to bf16, fp32 sums and results; on GPUs convolutions' results are rounded to "
+                  "bf16 too, see --bf16-convolutions; fp32 master weights and gradient reductions). Default: the "
+                  "model file's 'precision' (fp32 without one)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");
   cmd->add_option("--watchdog-seconds", t.watchdog_seconds,

@@ -116,7 +116,7 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
     } else {
       cuda::set_device(device.index);
     }
-    backend_ = make_cuda_backend();
+    backend_ = make_cuda_backend(options_.cuda);
   });
   choose_gpu_comm();
   const Device device = options_.device;

@@ -2,7 +2,8 @@
 // backward passes, 2-D and 3-D, strides, padding, dilation, with and without bias; max and
 // average pooling, overlapping windows and spatial tiles; linear layers) and Tessera's own
 // element-wise kernels give the host's results within 1e-5 (fp32), plus the device memory the
-// layers stand on (caching allocator, host <-> device copies).
+// layers stand on (caching allocator, host <-> device copies). bf16 convolutions: Native (cuDNN's
+// bf16 configuration) gives the host's results rounded to bf16, Exact the host's results.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <random>
 #include <tuple>
 
+#include "layers/bf16_bits.hpp"
 #include "layers/cuda_kernels.hpp"
 #include "layers/pool_box.hpp"
 #include "gpu/gpu_test_util.hpp"
@@ -98,6 +100,125 @@ TEST_F(GpuKernels, ConvolutionMatchesHost) {
   }
   // Strict fp32 by default: no algorithm may run on TF32 tensor-op math.
   for (const auto& line : gpu->implementations()) EXPECT_EQ(line.find("tensor-op"), std::string::npos) << line;
+}
+
+/// The fp32 value of the bf16 nearest to v (the host's rounding).
+float bf16_of(float v) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits = bf16_round_bits(bits);
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+/// Bf16Convolutions::Native against the host's bf16 operands: cuDNN's bf16 configuration sums the
+/// same bf16 products in fp32 (in another order) and rounds the sum to bf16 once, so every result
+/// is the host's fp32 result rounded to bf16, but where the two sums straddle a rounding boundary
+/// (then one bf16 step apart). Most elements must equal round(host) exactly: results left in fp32
+/// (the Exact path run by mistake) would not.
+void expect_bf16_of(const Tensor& host_result, const Tensor& gpu_result, const char* what) {
+  const Tensor got = gpu_result.to(Device::host());
+  float largest = 0.0f;
+  for (std::int64_t i = 0; i < host_result.numel(); ++i) largest = std::max(largest, std::fabs(host_result.data()[i]));
+  std::int64_t same = 0, beyond = 0;
+  for (std::int64_t i = 0; i < host_result.numel(); ++i) {
+    const float want = bf16_of(host_result.data()[i]), have = got.data()[i];
+    if (have == want) ++same;
+    // One bf16 step is at most 2^-7 of the value.
+    if (!(std::fabs(have - want) <= std::ldexp(std::fabs(want), -7) + 1e-6f * largest)) ++beyond;
+  }
+  EXPECT_EQ(beyond, 0) << what << ": results more than one bf16 step from the host's rounded";
+  EXPECT_GE(static_cast<double>(same), 0.9 * static_cast<double>(host_result.numel()))
+      << what << ": results are not the host's rounded to bf16";
+}
+
+TEST(GpuBf16Convolutions, NativeResultsAreTheHostsRoundedToBf16) {
+  auto host = make_host_backend();
+  auto gpu = make_cuda_backend();  // Bf16Convolutions::Native, the default
+  const std::vector<ConvolutionGeometry> geometries = {
+      convolution(2, 4, 16, {10, 9, 8}, 3, 1, 1, 1, false),  // CosmoFlow's kind
+      convolution(1, 3, 8, {12, 11, 10}, 3, 2, 1, 1, false),
+      convolution(2, 8, 16, {12, 11}, 3, 1, 1, 1, false),
+      convolution(2, 8, 16, {12, 11}, 3, 1, 1, 1, true),
+  };
+  unsigned seed = 40;
+  for (ConvolutionGeometry g : geometries) {
+    g.precision = Precision::BF16;
+    SCOPED_TRACE(g.to_string());
+    const std::int64_t in = g.input_elements(), out = g.output_elements(), w = g.weight_elements();
+    const Tensor x = random_tensor(in, seed++), weights = random_tensor(w, seed++), bias = random_tensor(g.out_channels, seed++);
+    const Tensor dy = random_tensor(out, seed++);
+    Tensor y(Shape({out})), dx(Shape({in})), dw(Shape({w})), db(Shape({g.out_channels}));
+    host->convolution().forward(g, x.data(), weights.data(), bias.data(), y.data());
+    host->convolution().backward(g, x.data(), dy.data(), weights.data(), dx.data(), dw.data(), db.data());
+
+    const Tensor gx = x.to(kGpu), gweights = weights.to(kGpu), gbias = bias.to(kGpu), gdy = dy.to(kGpu);
+    Tensor gy(Shape({out}), kGpu), gdx(Shape({in}), kGpu), gdw(Shape({w}), kGpu), gdb(Shape({g.out_channels}), kGpu);
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      SCOPED_TRACE(repeat == 0 ? "first call (algorithm search)" : "second call");
+      gpu->convolution().forward(g, gx.data(), gweights.data(), gbias.data(), gy.data());
+      gpu->convolution().backward(g, gx.data(), gdy.data(), gweights.data(), gdx.data(), gdw.data(), gdb.data());
+      if (g.bias) {
+        // The bias is added in fp32 after the rounding: within a bf16 step of the largest value.
+        EXPECT_LT(gpu_difference(y, gy), std::ldexp(1.0, -7)) << "forward";
+        // The bias gradient is the fp32 sum of the fp32 output gradient; the host sums the rounded one.
+        EXPECT_LT(gpu_difference(db, gdb), std::ldexp(1.0, -7)) << "bias gradient";
+      } else {
+        expect_bf16_of(y, gy, "forward");
+      }
+      expect_bf16_of(dx, gdx, "backward data");
+      expect_bf16_of(dw, gdw, "backward weights");
+    }
+    // Called one direction at a time too (the output gradient rounded by each).
+    Tensor gdx1(Shape({in}), kGpu), gdw1(Shape({w}), kGpu), gdb1(Shape({g.out_channels}), kGpu);
+    gpu->convolution().backward_data(g, gdy.data(), gweights.data(), gdx1.data());
+    gpu->convolution().backward_weights(g, gx.data(), gdy.data(), gdw1.data(), gdb1.data());
+    EXPECT_EQ(max_relative_difference(gdx.to(Device::host()), gdx1.to(Device::host())), 0.0);
+    EXPECT_EQ(max_relative_difference(gdw.to(Device::host()), gdw1.to(Device::host())), 0.0);
+  }
+  // Every direction ran on bf16 tensors (none fell back to the exact path).
+  int on_bf16 = 0;
+  for (const auto& line : gpu->implementations()) {
+    EXPECT_EQ(line.find("no usable"), std::string::npos) << line;
+    if (line.find("on bf16 tensors") != std::string::npos) ++on_bf16;
+  }
+  EXPECT_EQ(on_bf16, 3 * static_cast<int>(geometries.size()));
+  // The three bf16 buffers are the kernels' scratch, and go when released.
+  std::int64_t inputs = 0, outputs = 0, weights = 0;
+  for (const auto& g : geometries) {
+    inputs = std::max(inputs, g.input_elements());
+    outputs = std::max(outputs, g.output_elements());
+    weights = std::max(weights, g.weight_elements());
+  }
+  EXPECT_EQ(gpu->convolution().scratch_bytes(),
+            static_cast<std::int64_t>(sizeof(std::uint16_t)) * (inputs + outputs + weights));
+  gpu->convolution().release_scratch();
+  EXPECT_EQ(gpu->convolution().scratch_bytes(), 0);
+}
+
+TEST(GpuBf16Convolutions, ExactResultsAreTheHosts) {
+  auto host = make_host_backend();
+  CudaBackendOptions options;
+  options.bf16_convolutions = Bf16Convolutions::Exact;
+  auto gpu = make_cuda_backend(options);
+  ConvolutionGeometry g = convolution(2, 4, 16, {10, 9, 8}, 3, 1, 1, 1, true);
+  g.precision = Precision::BF16;
+  const Tensor x = random_tensor(g.input_elements(), 60), weights = random_tensor(g.weight_elements(), 61),
+               bias = random_tensor(g.out_channels, 62), dy = random_tensor(g.output_elements(), 63);
+  Tensor y(Shape({g.output_elements()})), dx(Shape({g.input_elements()})), dw(Shape({g.weight_elements()})),
+      db(Shape({g.out_channels}));
+  host->convolution().forward(g, x.data(), weights.data(), bias.data(), y.data());
+  host->convolution().backward(g, x.data(), dy.data(), weights.data(), dx.data(), dw.data(), db.data());
+  const Tensor gx = x.to(kGpu), gweights = weights.to(kGpu), gbias = bias.to(kGpu), gdy = dy.to(kGpu);
+  Tensor gy(y.shape(), kGpu), gdx(dx.shape(), kGpu), gdw(dw.shape(), kGpu), gdb(db.shape(), kGpu);
+  gpu->convolution().forward(g, gx.data(), gweights.data(), gbias.data(), gy.data());
+  gpu->convolution().backward(g, gx.data(), gdy.data(), gweights.data(), gdx.data(), gdw.data(), gdb.data());
+  // The same bf16 products summed in fp32 on both sides: fp32's agreement, not bf16's.
+  EXPECT_LT(gpu_difference(y, gy), 1e-4);
+  EXPECT_LT(gpu_difference(dx, gdx), 1e-4);
+  EXPECT_LT(gpu_difference(dw, gdw), 1e-4);
+  EXPECT_LT(gpu_difference(db, gdb), 1e-4);
+  for (const auto& line : gpu->implementations()) EXPECT_EQ(line.find("on bf16 tensors"), std::string::npos) << line;
 }
 
 PoolingGeometry pooling(PoolingMode mode, std::int64_t n, std::int64_t c, std::vector<std::int64_t> size,
@@ -305,6 +426,19 @@ TEST(GpuElementwise, Bf16RoundingEqualsTheHostBitForBit) {
     std::memcpy(&want, expected.data() + i, 4);
     std::memcpy(&got, y.data() + i, 4);
     EXPECT_EQ(got, want) << "round_to_bf16 of " << values[static_cast<std::size_t>(i)];
+  }
+  // Stored as bf16 (cuDNN's bf16 tensors) and widened back: the same values, bit for bit.
+  auto* stored = static_cast<std::uint16_t*>(cuda::allocate(static_cast<std::size_t>(n) * sizeof(std::uint16_t)));
+  Tensor widened(Shape({n}), kGpu);
+  cuda_kernels::to_bf16(gx.data(), stored, n);
+  cuda_kernels::from_bf16(stored, widened.data(), n);
+  const Tensor back = widened.to(Device::host());
+  cuda::release(stored);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t want, got;
+    std::memcpy(&want, expected.data() + i, 4);
+    std::memcpy(&got, back.data() + i, 4);
+    EXPECT_EQ(got, want) << "to_bf16 and back of " << values[static_cast<std::size_t>(i)];
   }
   // In place.
   elementwise_kernels(kGpu).round_to_bf16(gx.data(), gx.data(), n);

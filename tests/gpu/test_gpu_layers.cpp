@@ -4,9 +4,11 @@
 // the same initial weights, one moved to the GPU
 // (Layer::move_to): outputs, input gradients and parameter gradients within 1e-5 of the largest
 // value, the losses (MSE, softmax cross-entropy) within 1e-9. Convolutions and linear layers with
-// bf16 operands (Precision::BF16: cuDNN and cuBLAS on TF32 tensor cores over the rounded operands,
-// the host's fp32 kernels over the same): within 1e-4 (both multiply the same bf16 values exactly
-// and sum in fp32), and nearer the host's bf16 result than its fp32 one.
+// bf16 operands (Precision::BF16; convolutions Bf16Convolutions::Exact here: cuDNN and cuBLAS on
+// tensor cores over the rounded operands, the host's fp32 kernels over the same): within 1e-4
+// (both multiply the same bf16 values exactly and sum in fp32), and nearer the host's bf16 result
+// than its fp32 one. Native bf16 convolutions (bf16 results): test_gpu_kernels.cpp, and the
+// executor's bf16 runs in test_gpu_train.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -48,7 +50,13 @@ OptionList without_precision(const OptionList& options) {
 class GpuLayers : public ::testing::TestWithParam<Case> {
  protected:
   std::unique_ptr<DnnBackend> host_backend = make_host_backend();
-  std::unique_ptr<DnnBackend> gpu_backend = make_cuda_backend();
+  std::unique_ptr<DnnBackend> gpu_backend = make_cuda_backend(exact_bf16());
+
+  static CudaBackendOptions exact_bf16() {
+    CudaBackendOptions options;
+    options.bf16_convolutions = Bf16Convolutions::Exact;
+    return options;
+  }
 
   LayerContext context(DnnBackend& backend, std::int64_t batch) {
     LayerContext ctx;

@@ -8,7 +8,7 @@
 // redistributions); filter and channel splits. The models cover every layer with GPU kernels:
 // 2-D and 3-D convolutions (stride, dilation), max and average pooling, batch norm with global
 // statistics, dropout, ReLU, leaky ReLU, flatten, add, concat, linear, and both losses (MSE on one
-// target: the harness's labels); SGD with momentum and AdamW; bf16 operands (within 1e-2).
+// target: the harness's labels); SGD with momentum and AdamW; bf16 (native convolutions: within 1e-2).
 // Checkpoints of GPU state round-trip.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -139,11 +139,13 @@ TEST(GpuTrain, CosmoFlowStyle3dCnnSplitAlongDWithHaloOverlap) {
 }
 
 TEST(GpuTrain, Bf16CosmoFlowStyle3dCnnSampleParallelAndSplitAlongD) {
-  // bf16 operands: cuDNN and cuBLAS on tensor cores over the rounded operands against the host's
-  // fp32 kernels over the same (1-rank reference). Both sum in fp32, in other orders: a value a few
-  // fp32 ulps apart may round to the other bf16 neighbour as the next layer's operand (2^-8
-  // relative), so the runs agree within bf16's bound, 1e-2 (SGD: AdamW's sign-like first step
-  // would turn a flipped near-zero gradient into a whole learning-rate step).
+  // bf16 operands: cuDNN on bf16 tensors (Bf16Convolutions::Native, the default: results rounded
+  // to bf16) and cuBLAS on bf16 tensor cores, against the host's fp32 kernels over the rounded
+  // operands (1-rank reference, fp32 results). Both sum in fp32, in other orders, and the GPU's
+  // convolution results are rounded once more: a value may round to the other bf16 neighbour as
+  // the next layer's operand (2^-8 relative), so the runs agree within bf16's bound, 1e-2 (SGD:
+  // AdamW's sign-like first step would turn a flipped near-zero gradient into a whole
+  // learning-rate step).
   const std::string model = std::string("precision: bf16\n") + kCosmoStyle;
   expect_gpu_plan_equals_one_host_rank(model, plan_for({}, ""), 4, testing::sgd_momentum(), 1e-3, 1e-2);
   const std::string split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());

@@ -198,7 +198,8 @@ TEST(CostModel, Bf16ScratchIsTheLargestRoundedOperandOfEachKind) {
   PlannerGraph bf16 = fp32;
   bf16.layers[0].precision = Precision::BF16;  // conv 1 -> 4 on 8 x 8
   bf16.layers[2].precision = Precision::BF16;  // conv 4 -> 4 on 8 x 8
-  const Machine m = round_machine();
+  Machine m = round_machine();
+  m.device = "cpu";  // rounded fp32 copies (GPUs: below)
   const Plan plan = Plan::sample_parallel(2);
   const PlanEstimate base = CostModel(fp32, m, {.ranks = 2}).estimate(plan);
   const PlanEstimate with = CostModel(bf16, m, {.ranks = 2}).estimate(plan);
@@ -225,6 +226,12 @@ TEST(CostModel, Bf16ScratchIsTheLargestRoundedOperandOfEachKind) {
   const PlanEstimate all = CostModel(both, m, {.ranks = 2}).estimate(plan);
   EXPECT_TRUE(all.layers[4].scratch_of_linear);
   EXPECT_DOUBLE_EQ(all.memory_bytes - with.memory_bytes, 4.0 * (2 * 256 + 2 * 10 + 10 * 256));
+  // On GPUs the convolutions keep bf16 buffers (Bf16Convolutions::Native: 2 bytes an element,
+  // test_gpu_kernels measures them); the linear layers' rounded fp32 copies stay 4 bytes.
+  const Machine gpu = round_machine();
+  const PlanEstimate on_gpu = CostModel(both, gpu, {.ranks = 2}).estimate(plan);
+  EXPECT_DOUBLE_EQ(on_gpu.layers[2].scratch_output, 2.0 * 2 * 4 * 8 * 8);
+  EXPECT_DOUBLE_EQ(on_gpu.scratch_bytes, conv_scratch / 2 + 4.0 * (2 * 256 + 2 * 10 + 10 * 256));
 }
 
 TEST(CostModel, CalibratedTimingReplacesTheRoofline) {

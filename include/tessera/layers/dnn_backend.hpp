@@ -39,6 +39,9 @@ struct ConvolutionGeometry {
 
   auto operator<=>(const ConvolutionGeometry&) const = default;
   std::string to_string() const;
+  std::int64_t input_elements() const;   ///< batch x in_channels x input_size
+  std::int64_t output_elements() const;  ///< batch x out_channels x output_size
+  std::int64_t weight_elements() const;  ///< out_channels x in_channels x kernel (no bias)
 };
 
 enum class PoolingMode { Max, AverageExcludePadding };
@@ -238,10 +241,27 @@ struct HostBackendOptions {
 /// The oneDNN backend (threads: see set_backend_threads in runtime.hpp).
 std::unique_ptr<DnnBackend> make_host_backend(const HostBackendOptions& options = {});
 
+/// How the CUDA backend runs convolutions with bf16 operands (Precision::BF16).
+enum class Bf16Convolutions {
+  /// cuDNN's bf16 configuration: bf16 tensors, fp32 sums, bf16 tensor cores (twice TF32's rate).
+  /// cuDNN writes bf16 results, so outputs, input gradients and weight gradients are rounded to
+  /// bf16 once before they are widened to fp32 (as PyTorch's autocast keeps them): within 2^-8
+  /// relative of the host's fp32 results. The bias is added, and its gradient summed, in fp32.
+  /// A geometry cuDNN cannot run in bf16 runs as Exact (said in implementations()).
+  Native,
+  /// The host's results: cuDNN's GEMM-type algorithms on TF32 tensor cores over the operands
+  /// rounded to bf16 (exact products, fp32 sums and results), at TF32's rate.
+  Exact,
+};
+
+/// "native" or "exact"; an InputError otherwise.
+Bf16Convolutions parse_bf16_convolutions(const std::string& text);
+
 struct CudaBackendOptions {
   /// Lets cuDNN and cuBLAS use TF32 tensor cores for fp32 (faster, ~1e-3 relative). Off: strict
   /// fp32, results within ~1e-6 of the host backend.
   bool allow_tf32 = false;
+  Bf16Convolutions bf16_convolutions = Bf16Convolutions::Native;
   /// The largest workspace a cuDNN algorithm may use.
   std::size_t workspace_limit = std::size_t{1} << 30;
 };

@@ -74,6 +74,9 @@ struct ExecutorOptions {
   /// MPI stays for control either way (the loss and the plan checks, batch-norm statistics).
   enum class GpuComm { Automatic, Nccl, Mpi };
   GpuComm gpu_comm = GpuComm::Automatic;
+  /// The CUDA backend's options (device on a GPU): TF32 for fp32, how bf16 convolutions run
+  /// (Bf16Convolutions::Native by default: bf16 tensor cores, bf16 results), the workspace limit.
+  CudaBackendOptions cuda;
   /// Time every layer of every training step (Executor::layer_profile). Costs a clock read per
   /// layer on the host; on a GPU it also waits for each layer's kernels, which slows the step.
   bool profile = false;
