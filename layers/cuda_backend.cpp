@@ -197,6 +197,17 @@ class CudnnConvolutionCore {
     return true;
   }
 
+  enum class Direction { Forward, Data, Filter };
+  /// False once the search found nothing usable for that direction of `g` (then every call of it
+  /// returns false at once).
+  bool may_run(const ConvolutionGeometry& g, Direction direction) {
+    const ConvolutionPlan& plan = plan_for(g);
+    const Search state = direction == Direction::Forward ? plan.forward
+                         : direction == Direction::Data  ? plan.data
+                                                         : plan.filter;
+    return state != Search::NoneUsable;
+  }
+
   /// output (fp32) += the bias of each output channel.
   void add_bias(const ConvolutionGeometry& g, const float* bias, float* output) {
     ConvolutionPlan& plan = plan_for(g);
@@ -298,29 +309,47 @@ class CudnnConvolutionCore {
 
   /// Results come sorted by time; the first that ran, fits the workspace limit and, in strict
   /// fp32, does not run on tensor-op (TF32) math wins (bf16 operands may, with a GEMM-type
-  /// algorithm: TF32 is exact on them in fp32 storage, bf16 tensor cores in bf16 storage). None:
-  /// null, with the reason in the log, or an Error when `required`.
+  /// algorithm: TF32 is exact on them in fp32 storage, bf16 tensor cores in bf16 storage). In bf16
+  /// storage deterministic algorithms come first (atomic accumulation would sum, and round, in
+  /// another order at every call). None: null, with the reason and what the search found in the
+  /// log, or an Error when `required`. A search that fails is an Error, but for cuDNN's "not
+  /// supported" where there is a fallback.
   template <typename Perf>
   const Perf* choose(cudnnStatus_t search, const std::vector<Perf>& perf, int returned, const char* what,
                      const ConvolutionGeometry& g, bool required) {
+    if (search != CUDNN_STATUS_SUCCESS && (required || search != CUDNN_STATUS_NOT_SUPPORTED))
+      fail("cuDNN: the {} algorithm search for the convolution {}{} failed: {}", what, g.to_string(),
+           bf16_storage() ? " on bf16 tensors" : "", cudnnGetErrorString(search));
+    std::string found;
     if (search == CUDNN_STATUS_SUCCESS) {
-      for (int i = 0; i < returned; ++i) {
-        const Perf& candidate = perf[static_cast<std::size_t>(i)];
-        if (candidate.status != CUDNN_STATUS_SUCCESS || candidate.memory > options_.workspace_limit) continue;
-        if (!tensor_cores_allowed(g) && tensor_op(candidate.mathType)) continue;
-        if (g.precision == Precision::BF16 && !exact_on_bf16(candidate)) continue;
-        return &candidate;
+      for (const bool deterministic_only : {bf16_storage(), false}) {
+        for (int i = 0; i < returned; ++i) {
+          const Perf& candidate = perf[static_cast<std::size_t>(i)];
+          if (candidate.status != CUDNN_STATUS_SUCCESS || candidate.memory > options_.workspace_limit) continue;
+          if (!tensor_cores_allowed(g) && tensor_op(candidate.mathType)) continue;
+          if (g.precision == Precision::BF16 && !exact_on_bf16(candidate)) continue;
+          if (deterministic_only && candidate.determinism != CUDNN_DETERMINISTIC) continue;
+          return &candidate;
+        }
       }
+      for (int i = 0; i < returned; ++i) {
+        const Perf& c = perf[static_cast<std::size_t>(i)];
+        found += fmt::format("{}algorithm {} ({}, {}, {} KiB)", i ? "; " : " (found: ", static_cast<int>(c.algo),
+                             cudnnGetErrorString(c.status), math_name(c.mathType), c.memory / 1024);
+      }
+      if (returned > 0) found += ")";
+    } else {
+      found = fmt::format(" (the search: {})", cudnnGetErrorString(search));
     }
     const std::string problem = fmt::format(
         "cuDNN found no usable {} algorithm for the convolution {}{}{}", what, g.to_string(),
-        bf16_storage()                       ? " on bf16 tensors (GEMM-type algorithms only)"
-        : g.precision == Precision::BF16     ? " with bf16 operands (GEMM-type algorithms only)"
-        : tensor_cores_allowed(g)            ? ""
-                                             : " in strict fp32",
-        search == CUDNN_STATUS_SUCCESS ? "" : fmt::format(" (the search failed: {})", cudnnGetErrorString(search)));
+        bf16_storage()                   ? " on bf16 tensors (GEMM-type algorithms only)"
+        : g.precision == Precision::BF16 ? " with bf16 operands (GEMM-type algorithms only)"
+        : tensor_cores_allowed(g)        ? ""
+                                         : " in strict fp32",
+        found);
     if (required) fail("{}", problem);
-    log_.push_back(problem);
+    log_.push_back(problem + "; it runs as Bf16Convolutions::Exact");
     return nullptr;
   }
 
@@ -437,43 +466,38 @@ class NativeBf16Convolution final : public ConvolutionKernels {
 
   void forward(const ConvolutionGeometry& g, const float* input, const float* weights, const float* bias,
                float* output) override {
-    if (g.precision == Precision::BF16) {
-      const std::uint16_t* x = input_.round(input, g.input_elements());
-      const std::uint16_t* w = weights_.round(weights, g.weight_elements());
-      std::uint16_t* y = output_.get(g.output_elements());
-      if (core_.forward(g, x, w, y, false)) {
-        cuda_kernels::from_bf16(y, output, g.output_elements());
-        if (g.bias) core_.add_bias(g, bias, output);
-        return;
-      }
-    }
-    exact_->forward(g, input, weights, bias, output);
+    if (!on_bf16(g, Direction::Forward)) return exact_->forward(g, input, weights, bias, output);
+    const std::uint16_t* x = input_.round(input, g.input_elements());
+    const std::uint16_t* w = weights_.round(weights, g.weight_elements());
+    std::uint16_t* y = output_.get(g.output_elements());
+    if (!core_.forward(g, x, w, y, false)) return exact_->forward(g, input, weights, bias, output);
+    cuda_kernels::from_bf16(y, output, g.output_elements());
+    if (g.bias) core_.add_bias(g, bias, output);
   }
 
   void backward_data(const ConvolutionGeometry& g, const float* grad_output, const float* weights,
                      float* grad_input) override {
-    if (g.precision == Precision::BF16 &&
-        data_on_bf16(g, output_.round(grad_output, g.output_elements()), weights, grad_input))
-      return;
-    exact_->backward_data(g, grad_output, weights, grad_input);
+    if (!on_bf16(g, Direction::Data) ||
+        !data_on_bf16(g, output_.round(grad_output, g.output_elements()), weights, grad_input))
+      exact_->backward_data(g, grad_output, weights, grad_input);
   }
 
   void backward_weights(const ConvolutionGeometry& g, const float* input, const float* grad_output,
                         float* grad_weights, float* grad_bias) override {
-    if (g.precision == Precision::BF16 &&
-        filter_on_bf16(g, input, output_.round(grad_output, g.output_elements()), grad_output, grad_weights, grad_bias))
-      return;
-    exact_->backward_weights(g, input, grad_output, grad_weights, grad_bias);
+    if (!on_bf16(g, Direction::Filter) ||
+        !filter_on_bf16(g, input, output_.round(grad_output, g.output_elements()), grad_weights, grad_bias))
+      exact_->backward_weights(g, input, grad_output, grad_weights, grad_bias);
   }
 
   /// The output gradient rounded once for both directions.
   void backward(const ConvolutionGeometry& g, const float* input, const float* grad_output, const float* weights,
                 float* grad_input, float* grad_weights, float* grad_bias) override {
-    if (g.precision != Precision::BF16) return exact_->backward(g, input, grad_output, weights, grad_input, grad_weights, grad_bias);
+    const bool data = grad_input && on_bf16(g, Direction::Data), filter = on_bf16(g, Direction::Filter);
+    if (!data && !filter) return exact_->backward(g, input, grad_output, weights, grad_input, grad_weights, grad_bias);
     const std::uint16_t* dy = output_.round(grad_output, g.output_elements());
-    if (grad_input && !data_on_bf16(g, dy, weights, grad_input))
+    if (grad_input && !(data && data_on_bf16(g, dy, weights, grad_input)))
       exact_->backward_data(g, grad_output, weights, grad_input);
-    if (!filter_on_bf16(g, input, dy, grad_output, grad_weights, grad_bias))
+    if (!(filter && filter_on_bf16(g, input, dy, grad_weights, grad_bias)))
       exact_->backward_weights(g, input, grad_output, grad_weights, grad_bias);
   }
 
@@ -488,6 +512,14 @@ class NativeBf16Convolution final : public ConvolutionKernels {
   }
 
  private:
+  using Direction = CudnnConvolutionCore::Direction;
+
+  /// Whether a direction of `g` runs here: bf16, and not known to lack a cuDNN algorithm (then
+  /// its operands are not converted at all).
+  bool on_bf16(const ConvolutionGeometry& g, Direction direction) {
+    return g.precision == Precision::BF16 && core_.may_run(g, direction);
+  }
+
   /// grad_input from dy (bf16, in output_); the input buffer holds the bf16 result.
   bool data_on_bf16(const ConvolutionGeometry& g, const std::uint16_t* dy, const float* weights, float* grad_input) {
     const std::uint16_t* w = weights_.round(weights, g.weight_elements());
@@ -498,14 +530,18 @@ class NativeBf16Convolution final : public ConvolutionKernels {
   }
 
   /// grad_weights from the input and dy (bf16, in output_); the weights buffer holds the bf16
-  /// result. The bias gradient sums the fp32 output gradient.
-  bool filter_on_bf16(const ConvolutionGeometry& g, const float* input, const std::uint16_t* dy,
-                      const float* grad_output, float* grad_weights, float* grad_bias) {
+  /// result. The bias gradient is the sum of the rounded output gradient, as on the host.
+  bool filter_on_bf16(const ConvolutionGeometry& g, const float* input, const std::uint16_t* dy, float* grad_weights,
+                      float* grad_bias) {
     const std::uint16_t* x = input_.round(input, g.input_elements());
     std::uint16_t* dw = weights_.get(g.weight_elements());
     if (!core_.backward_filter(g, x, dy, dw, false)) return false;
     cuda_kernels::from_bf16(dw, grad_weights, g.weight_elements());
-    if (g.bias) core_.bias_gradient(g, grad_output, grad_bias);
+    if (g.bias) {
+      std::int64_t inner = 1;
+      for (auto e : g.output_size) inner *= e;
+      cuda_kernels::bf16_channel_sums(dy, g.batch, g.out_channels, inner, grad_bias);
+    }
     return true;
   }
 
@@ -712,16 +748,23 @@ class CudaBackend final : public DnnBackend {
     check(cublasSetMathMode(cublas_, options.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
           "cublasSetMathMode");
     const Device gpu = Device::cuda(device);
+    // bf16 tensor cores, and cuDNN's bf16 configuration, need compute capability 8.0 (A100) or newer.
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      cudaGetLastError();
+      major = 0;
+    }
+    const bool native = options.bf16_convolutions == Bf16Convolutions::Native && major >= 8;
     auto exact = with_bf16_operands(std::make_unique<CudnnConvolution>(cudnn_, options, log_), elementwise_, gpu);
-    convolution_ = options.bf16_convolutions == Bf16Convolutions::Native
-                       ? std::make_unique<NativeBf16Convolution>(cudnn_, options, log_, std::move(exact))
-                       : std::move(exact);
+    convolution_ = native ? std::make_unique<NativeBf16Convolution>(cudnn_, options, log_, std::move(exact))
+                          : std::move(exact);
     linear_ = with_bf16_operands(std::make_unique<CublasLinear>(cublas_), elementwise_, gpu);
     log_.push_back(fmt::format("device {}: {}; cuDNN {}, cuBLAS; fp32: {}; bf16 convolutions: {}", device,
                                cuda::describe_device(device), cudnnGetVersion(),
                                options.allow_tf32 ? "TF32 allowed" : "strict",
-                               options.bf16_convolutions == Bf16Convolutions::Native
-                                   ? "native (bf16 tensors and results)"
+                               native ? "native (bf16 tensors and results)"
+                               : options.bf16_convolutions == Bf16Convolutions::Native
+                                   ? "exact (fp32 results; native needs compute capability 8.0)"
                                    : "exact (fp32 results, TF32 tensor cores)"));
   }
   ~CudaBackend() override {

@@ -241,6 +241,22 @@ __global__ void adam_update_kernel(float* p, const float* g, float* m, float* v,
 // batch x inner elements in double, then a fixed tree over the block (the order depends only on
 // the launch, so a run repeats itself exactly). With `dy` null: sums of x and x^2; else sums of dy
 // and dy * xhat, xhat = (x - mean[c]) * inverse_std[c].
+__global__ void bf16_channel_sums_kernel(const std::uint16_t* values, std::int64_t batch, std::int64_t channels,
+                                         std::int64_t inner, float* sums) {
+  const std::int64_t c = blockIdx.x;
+  double total = 0.0;
+  for (std::int64_t k = threadIdx.x; k < batch * inner; k += blockDim.x)
+    total += __uint_as_float(static_cast<std::uint32_t>(values[((k / inner) * channels + c) * inner + k % inner]) << 16);
+  __shared__ double partial[kThreads];
+  partial[threadIdx.x] = total;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) sums[c] = static_cast<float>(partial[0]);
+}
+
 __global__ void channel_sums_kernel(const float* x, const float* dy, const double* mean, const double* inverse_std,
                                     std::int64_t batch, std::int64_t channels, std::int64_t inner, double* sums) {
   const std::int64_t c = blockIdx.x;
@@ -409,6 +425,14 @@ void sgd_update(float* p, const float* g, float* momentum_buffer, std::int64_t c
 void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step) {
   adam_update_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(p, g, m, v, count, step);
   check_launch("adam update");
+}
+
+void bf16_channel_sums(const std::uint16_t* values, std::int64_t batch, std::int64_t channels, std::int64_t inner,
+                       float* sums) {
+  if (channels == 0) return;
+  bf16_channel_sums_kernel<<<static_cast<unsigned>(channels), kThreads, 0, current_stream()>>>(values, batch, channels,
+                                                                                              inner, sums);
+  check_launch("bf16 channel sums");
 }
 
 void channel_sums(const float* x, const float* dy, const double* mean, const double* inverse_std, std::int64_t batch,

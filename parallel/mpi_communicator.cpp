@@ -56,6 +56,12 @@ class MpiRequest final : public CommRequest {
     check(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), "MPI_Test");
     return done != 0;
   }
+  /// For receives (MPI_Cancel of a send is deprecated): cancelled, or completed if it matched.
+  void cancel() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    MPI_Cancel(&request_);
+    MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  }
 
  private:
   MPI_Request request_;

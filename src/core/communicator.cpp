@@ -29,8 +29,16 @@ std::unique_ptr<CommRequest> Communicator::exchange(std::span<const Message> sen
                                                     DType type, int tag) {
   std::vector<std::unique_ptr<CommRequest>> requests;
   requests.reserve(sends.size() + receives.size());
-  for (const Message& m : receives) requests.push_back(irecv(m.data, m.count, type, m.peer, tag));
-  for (const Message& m : sends) requests.push_back(isend(m.data, m.count, type, m.peer, tag));
+  try {
+    for (const Message& m : receives) requests.push_back(irecv(m.data, m.count, type, m.peer, tag));
+    for (const Message& m : sends) requests.push_back(isend(m.data, m.count, type, m.peer, tag));
+  } catch (...) {
+    // A message that cannot be posted fails the exchange; the receives already posted may never
+    // be matched (this rank's peers see the failure too), and their destructors would wait for
+    // them forever: cancel them first.
+    for (std::size_t i = 0; i < requests.size() && i < receives.size(); ++i) requests[i]->cancel();
+    throw;
+  }
   return std::make_unique<RequestGroup>(std::move(requests));
 }
 

@@ -222,6 +222,20 @@ TEST(MpiCommunicator, GroupedExchangeWithSelfUnevenEmptyAndRepeatedPeers) {
   EXPECT_FALSE(comm->moves_gpu_memory());
 }
 
+TEST(MpiCommunicator, AnExchangeThatCannotPostASendFailsWithoutWaitingForItsReceives) {
+  // A receive from the previous rank (which never sends on this tag) is posted, then a send to a
+  // rank past the last fails: the exchange throws, and the posted receive is cancelled rather
+  // than waited for (which would hang until the test's timeout).
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  std::vector<float> in(4, -1.0f), out(4, 1.0f);
+  const std::vector<Message> receives = {{in.data(), in.size(), (r + n - 1) % n}};
+  const std::vector<Message> sends = {{out.data(), out.size(), n}};
+  EXPECT_THROW(comm->exchange(sends, receives, DType::F32, 23), Error);
+  EXPECT_EQ(in[0], -1.0f);  // nothing arrived
+  comm->barrier();          // every rank got here: nothing is left waiting
+}
+
 TEST(MpiCommunicator, SendRecvRing) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();

@@ -28,6 +28,10 @@ class CommRequest {
   virtual void wait() = 0;
   /// Progresses the operation; true once it completed.
   virtual bool test() = 0;
+  /// Abandons a receive that may never be matched (its exchange failed before the sends that
+  /// would match it were posted): cancels it where the transport can, then returns once the
+  /// buffer is no longer in use. Default: nothing (the destructor waits for completion).
+  virtual void cancel() {}
 };
 
 /// One message of a grouped exchange (Communicator::exchange): `count` elements to or from `peer`.

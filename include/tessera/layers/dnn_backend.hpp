@@ -244,10 +244,12 @@ std::unique_ptr<DnnBackend> make_host_backend(const HostBackendOptions& options 
 /// How the CUDA backend runs convolutions with bf16 operands (Precision::BF16).
 enum class Bf16Convolutions {
   /// cuDNN's bf16 configuration: bf16 tensors, fp32 sums, bf16 tensor cores (twice TF32's rate).
-  /// cuDNN writes bf16 results, so outputs, input gradients and weight gradients are rounded to
-  /// bf16 once before they are widened to fp32 (as PyTorch's autocast keeps them): within 2^-8
-  /// relative of the host's fp32 results. The bias is added, and its gradient summed, in fp32.
-  /// A geometry cuDNN cannot run in bf16 runs as Exact (said in implementations()).
+  /// cuDNN writes bf16 results, so outputs, input gradients and weight gradients are the host's
+  /// fp32 results rounded to bf16 (as PyTorch's autocast keeps them; one bf16 step apart where
+  /// the two fp32 sums straddle a rounding boundary). GEMM-type algorithms only, deterministic
+  /// ones first. The bias is added in fp32, and its gradient is the sum of the rounded output
+  /// gradient, as on the host. A direction cuDNN cannot run in bf16 (and GPUs before compute
+  /// capability 8.0) runs as Exact, said in implementations().
   Native,
   /// The host's results: cuDNN's GEMM-type algorithms on TF32 tensor cores over the operands
   /// rounded to bf16 (exact products, fp32 sums and results), at TF32's rate.
