@@ -254,8 +254,10 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   e.memory = kBytes * params_local * (2.0 + options_.optimizer_state) + e.output_bytes + e.input_bytes;
   if (rounds) {
     // On GPUs convolutions keep the operands and results as bf16 (Bf16Convolutions::Native, the
-    // executor's default there): 2 bytes an element, where the host keeps rounded fp32 copies.
-    const double element = machine_.device == "gpu" && l.type == "conv" ? 2.0 : kBytes;
+    // executor's default there): 2 bytes an element, where the host (and Exact) keeps rounded
+    // fp32 copies.
+    const bool native = machine_.device == "gpu" && l.type == "conv" && !options_.exact_bf16_convolutions;
+    const double element = native ? 2.0 : kBytes;
     e.scratch_input = element * read;
     e.scratch_output = element * out_local;
     e.scratch_weights = element * rounded_weights;

@@ -17,12 +17,14 @@ PlannerOptions planner_options(int ranks, const std::string& optimizer) {
 }
 
 Plan auto_plan(const Model& model, const std::string& machine_file, int ranks, std::int64_t batch,
-               const std::string& optimizer, std::string& report) {
+               const std::string& optimizer, std::string& report, bool exact_bf16_convolutions) {
   if (machine_file.empty())
     fail_input("--plan auto needs --machine FILE: a machine file written by 'tessera calibrate', or one of machines/");
   const Machine machine = Machine::load(machine_file);
   const PlannerGraph graph = model.planner_graph(batch);
-  const PlanResult result = choose_plan(graph, machine, planner_options(ranks, optimizer), kDefaultPlanMargin);
+  PlannerOptions options = planner_options(ranks, optimizer);
+  options.exact_bf16_convolutions = exact_bf16_convolutions;
+  const PlanResult result = choose_plan(graph, machine, options, kDefaultPlanMargin);
   report = fmt::format("planned for {} ranks on '{}' in {:.3f} s: predicted step {:.3f} ms, {:.1f} MiB per rank{}\n",
                        ranks, machine.name, result.search_seconds, 1e3 * result.estimate.step_seconds,
                        result.estimate.memory_bytes / (1 << 20),

@@ -16,8 +16,9 @@ constexpr double kDefaultPlanMargin = 0.10;
 PlannerOptions planner_options(int ranks, const std::string& optimizer);
 /// The planner's plan of `model` for `ranks` ranks on the machine of `machine_file`; `report`
 /// gets a summary and the plan's YAML. InputError when the machine file is missing or bad or no
-/// plan fits.
+/// plan fits. `exact_bf16_convolutions`: the job runs bf16 convolutions as Bf16Convolutions::Exact
+/// on GPUs (`tessera train --bf16-convolutions exact`), whose scratch is twice Native's.
 Plan auto_plan(const Model& model, const std::string& machine_file, int ranks, std::int64_t batch,
-               const std::string& optimizer, std::string& report);
+               const std::string& optimizer, std::string& report, bool exact_bf16_convolutions = false);
 
 }  // namespace tessera

@@ -66,7 +66,8 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     else if (args.plan == "auto") {
       std::string report;
       plan = std::make_unique<Plan>(auto_plan(*model, args.machine, world->size(), args.trainer.global_batch,
-                                              args.trainer.optimizer.type, report));
+                                              args.trainer.optimizer.type, report,
+                                              args.bf16_convolutions == "exact"));
       if (world->rank() == 0) {
         fmt::print("{}", report);
         std::fflush(stdout);

@@ -232,6 +232,10 @@ TEST(CostModel, Bf16ScratchIsTheLargestRoundedOperandOfEachKind) {
   const PlanEstimate on_gpu = CostModel(both, gpu, {.ranks = 2}).estimate(plan);
   EXPECT_DOUBLE_EQ(on_gpu.layers[2].scratch_output, 2.0 * 2 * 4 * 8 * 8);
   EXPECT_DOUBLE_EQ(on_gpu.scratch_bytes, conv_scratch / 2 + 4.0 * (2 * 256 + 2 * 10 + 10 * 256));
+  // Unless the job runs them Exact (rounded fp32 copies, as on the host).
+  const PlanEstimate exact_on_gpu =
+      CostModel(both, gpu, {.ranks = 2, .exact_bf16_convolutions = true}).estimate(plan);
+  EXPECT_DOUBLE_EQ(exact_on_gpu.scratch_bytes, all.scratch_bytes);
 }
 
 TEST(CostModel, CalibratedTimingReplacesTheRoofline) {

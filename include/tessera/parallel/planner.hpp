@@ -100,6 +100,9 @@ struct PlannerOptions {
   int ranks = 1;
   /// Optimizer state elements per weight element: 1 (SGD with momentum), 2 (Adam, AdamW).
   int optimizer_state = 1;
+  /// On GPU machines, bf16 convolutions as the executor runs them: Native (false: bf16 buffers,
+  /// 2 bytes an element of scratch) or Exact (true: rounded fp32 copies, 4 bytes, as the host).
+  bool exact_bf16_convolutions = false;
   bool allow_spatial = true;
   bool allow_model = true;
   bool allow_sample = true;
