@@ -1,7 +1,10 @@
 // `tessera train`: model file + plan file + HDF5 data -> a trained model and its metrics.
 #include <fmt/format.h>
 
+#include <chrono>
 #include <csignal>
+#include <optional>
+#include <thread>
 
 #include "commands.hpp"
 #include "plan_auto.hpp"
@@ -10,6 +13,7 @@
 #include "tessera/core/log.hpp"
 #include "tessera/io/dataset.hpp"
 #include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/watchdog.hpp"
 #include "tessera/train/trainer.hpp"
 
 namespace tessera {
@@ -47,12 +51,29 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   install_stop_signal_handlers();
   args.trainer.stop_request = stop_requested_flag();
   std::shared_ptr<Communicator> world(std::shared_ptr<Communicator>{}, &world_ref);  // non-owning
+  // Setup blocks on the other ranks too (the data files are opened collectively, the executor's
+  // communicators are made together: NCCL's setup waits inside for every rank), so a watchdog
+  // with the training's timeout bounds it; the trainer's own takes over at the first step.
+  std::optional<Watchdog> setup_watchdog;
+  setup_watchdog.emplace(args.trainer.watchdog_seconds, world->rank(), Watchdog::print_and_abort(*world));
+  std::optional<WatchdogScope> setup_scope;
+  setup_scope.emplace(setup_watchdog->enabled() ? &*setup_watchdog : nullptr,
+                      "setup (opening the data files; making the executor's communicators, NCCL's waiting for "
+                      "every rank)");
+  bool hang_in_setup = false;
   std::unique_ptr<Model> model;
   std::unique_ptr<Plan> plan;
   std::shared_ptr<Dataset> train, validation;
   collectively(*world, [&] {
     parse_rank_step(args.inject_failure, "--inject-failure", args.trainer.fail_rank, args.trainer.fail_step);
-    parse_rank_step(args.inject_hang, "--inject-hang", args.trainer.hang_rank, args.trainer.hang_step);
+    if (args.inject_hang.ends_with(":setup")) {
+      std::int64_t unused = 0;
+      int rank = -1;
+      parse_rank_step(args.inject_hang.substr(0, args.inject_hang.size() - 5) + "0", "--inject-hang", rank, unused);
+      hang_in_setup = rank == world->rank();
+    } else {
+      parse_rank_step(args.inject_hang, "--inject-hang", args.trainer.hang_rank, args.trainer.hang_step);
+    }
     if (args.gpu_comm != "auto" && args.device != "cuda")
       fail_input("--gpu-comm {} is for training on GPUs: add --device cuda (on the host every message goes over "
                  "MPI)", args.gpu_comm);
@@ -90,11 +111,14 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     args.executor.cuda.bf16_convolutions = parse_bf16_convolutions(args.bf16_convolutions);
   model->init_parameters(args.trainer.seed);
   Executor executor(*model, *plan, world, args.executor);
+  while (hang_in_setup) std::this_thread::sleep_for(std::chrono::hours(1));  // --inject-hang RANK:setup
   std::unique_ptr<Trainer> trainer;
   collectively(*world, [&] {
     trainer = std::make_unique<Trainer>(*model, executor, train, validation, args.trainer);
     trainer->check();
   });
+  setup_scope.reset();
+  setup_watchdog.reset();
   const TrainSummary summary = trainer->run();
   if (summary.stopped) {
     if (world->rank() == 0) {
@@ -213,11 +237,12 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");
   cmd->add_option("--watchdog-seconds", t.watchdog_seconds,
-                  "A rank with no finished step for this long prints what it is stuck in and ends the job, exit "
-                  "code 4 (0: off)")
+                  "A rank with no finished step (or setup) for this long prints what it is stuck in and ends the "
+                  "job, exit code 4 (0: off)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--inject-hang", args->inject_hang, "Testing aid: RANK:STEP makes that rank sleep forever then");
+  cmd->add_option("--inject-hang", args->inject_hang,
+                  "Testing aid: RANK:STEP makes that rank sleep forever then (RANK:setup: after making the executor)");
   return [args, cmd](Communicator& world) {
     if (!cmd->parsed()) return;
     run_train(world, *args);
