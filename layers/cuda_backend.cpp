@@ -471,8 +471,10 @@ class NativeBf16Convolution final : public ConvolutionKernels {
     const std::uint16_t* w = weights_.round(weights, g.weight_elements());
     std::uint16_t* y = output_.get(g.output_elements());
     if (!core_.forward(g, x, w, y, false)) return exact_->forward(g, input, weights, bias, output);
-    cuda_kernels::from_bf16(y, output, g.output_elements());
-    if (g.bias) core_.add_bias(g, bias, output);
+    if (g.bias)
+      cuda_kernels::from_bf16_add_bias(y, bias, output, g.batch, g.out_channels, output_inner(g));
+    else
+      cuda_kernels::from_bf16(y, output, g.output_elements());
   }
 
   void backward_data(const ConvolutionGeometry& g, const float* grad_output, const float* weights,
@@ -537,12 +539,15 @@ class NativeBf16Convolution final : public ConvolutionKernels {
     std::uint16_t* dw = weights_.get(g.weight_elements());
     if (!core_.backward_filter(g, x, dy, dw, false)) return false;
     cuda_kernels::from_bf16(dw, grad_weights, g.weight_elements());
-    if (g.bias) {
-      std::int64_t inner = 1;
-      for (auto e : g.output_size) inner *= e;
-      cuda_kernels::bf16_channel_sums(dy, g.batch, g.out_channels, inner, grad_bias);
-    }
+    if (g.bias) cuda_kernels::bf16_channel_sums(dy, g.batch, g.out_channels, output_inner(g), grad_bias);
     return true;
+  }
+
+  /// The output's elements per sample and channel.
+  static std::int64_t output_inner(const ConvolutionGeometry& g) {
+    std::int64_t inner = 1;
+    for (auto e : g.output_size) inner *= e;
+    return inner;
   }
 
   CudnnConvolutionCore core_;

@@ -241,6 +241,13 @@ __global__ void adam_update_kernel(float* p, const float* g, float* m, float* v,
 // batch x inner elements in double, then a fixed tree over the block (the order depends only on
 // the launch, so a run repeats itself exactly). With `dy` null: sums of x and x^2; else sums of dy
 // and dy * xhat, xhat = (x - mean[c]) * inverse_std[c].
+__global__ void from_bf16_add_bias_kernel(const std::uint16_t* x, const float* bias, float* y, std::int64_t count,
+                                          std::int64_t channels, std::int64_t inner) {
+  TESSERA_GRID_LOOP(i, count) {
+    y[i] = __fadd_rn(__uint_as_float(static_cast<std::uint32_t>(x[i]) << 16), bias[(i / inner) % channels]);
+  }
+}
+
 __global__ void bf16_channel_sums_kernel(const std::uint16_t* values, std::int64_t batch, std::int64_t channels,
                                          std::int64_t inner, float* sums) {
   const std::int64_t c = blockIdx.x;
@@ -425,6 +432,14 @@ void sgd_update(float* p, const float* g, float* momentum_buffer, std::int64_t c
 void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step) {
   adam_update_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(p, g, m, v, count, step);
   check_launch("adam update");
+}
+
+void from_bf16_add_bias(const std::uint16_t* x, const float* bias, float* y, std::int64_t batch, std::int64_t channels,
+                        std::int64_t inner) {
+  const std::int64_t count = batch * channels * inner;
+  if (count <= 0) return;
+  from_bf16_add_bias_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, bias, y, count, channels, inner);
+  check_launch("conversion from bf16 with the bias");
 }
 
 void bf16_channel_sums(const std::uint16_t* values, std::int64_t batch, std::int64_t channels, std::int64_t inner,
