@@ -32,13 +32,6 @@ const Device kGpu = Device::cuda(0);
 
 Tensor random_tensor(std::int64_t count, unsigned seed) { return testing::random_tensor(Shape({count}), seed); }
 
-
-std::int64_t product(const std::vector<std::int64_t>& values) {
-  std::int64_t p = 1;
-  for (auto v : values) p *= v;
-  return p;
-}
-
 class GpuKernels : public ::testing::Test {
  protected:
   std::unique_ptr<DnnBackend> host = make_host_backend();
@@ -64,6 +57,39 @@ ConvolutionGeometry convolution(std::int64_t n, std::int64_t c, std::int64_t f, 
   return g;
 }
 
+/// A convolution's random operands, the host backend's results on them (forward, then both
+/// backward passes), the operands copied to the GPU and buffers there for the GPU's results.
+struct ConvolutionRun {
+  ConvolutionRun(DnnBackend& host, const ConvolutionGeometry& g, unsigned& seed)
+      : x(random_tensor(g.input_elements(), seed++)),
+        weights(random_tensor(g.weight_elements(), seed++)),
+        bias(random_tensor(g.out_channels, seed++)),
+        dy(random_tensor(g.output_elements(), seed++)),
+        y(Shape({g.output_elements()})),
+        dx(Shape({g.input_elements()})),
+        dw(Shape({g.weight_elements()})),
+        db(Shape({g.out_channels})),
+        gx(x.to(kGpu)),
+        gweights(weights.to(kGpu)),
+        gbias(bias.to(kGpu)),
+        gdy(dy.to(kGpu)),
+        gy(y.shape(), kGpu),
+        gdx(dx.shape(), kGpu),
+        gdw(dw.shape(), kGpu),
+        gdb(db.shape(), kGpu) {
+    host.convolution().forward(g, x.data(), weights.data(), bias.data(), y.data());
+    host.convolution().backward(g, x.data(), dy.data(), weights.data(), dx.data(), dw.data(), db.data());
+  }
+  /// The same on the GPU, into gy, gdx, gdw, gdb.
+  void on(DnnBackend& gpu, const ConvolutionGeometry& g) {
+    gpu.convolution().forward(g, gx.data(), gweights.data(), gbias.data(), gy.data());
+    gpu.convolution().backward(g, gx.data(), gdy.data(), gweights.data(), gdx.data(), gdw.data(), gdb.data());
+  }
+
+  Tensor x, weights, bias, dy, y, dx, dw, db;
+  Tensor gx, gweights, gbias, gdy, gy, gdx, gdw, gdb;
+};
+
 TEST_F(GpuKernels, ConvolutionMatchesHost) {
   const std::vector<ConvolutionGeometry> geometries = {
       convolution(2, 3, 8, {17, 13}, 3, 1, 1, 1, true),
@@ -76,25 +102,14 @@ TEST_F(GpuKernels, ConvolutionMatchesHost) {
   unsigned seed = 1;
   for (const auto& g : geometries) {
     SCOPED_TRACE(g.to_string());
-    const std::int64_t in = g.batch * g.in_channels * product(g.input_size);
-    const std::int64_t out = g.batch * g.out_channels * product(g.output_size);
-    const std::int64_t w = g.out_channels * g.in_channels * product(g.kernel);
-    const Tensor x = random_tensor(in, seed++), weights = random_tensor(w, seed++), bias = random_tensor(g.out_channels, seed++);
-    const Tensor dy = random_tensor(out, seed++);
-    Tensor y(Shape({out})), dx(Shape({in})), dw(Shape({w})), db(Shape({g.out_channels}));
-    host->convolution().forward(g, x.data(), weights.data(), bias.data(), y.data());
-    host->convolution().backward(g, x.data(), dy.data(), weights.data(), dx.data(), dw.data(), db.data());
-
-    const Tensor gx = x.to(kGpu), gweights = weights.to(kGpu), gbias = bias.to(kGpu), gdy = dy.to(kGpu);
-    Tensor gy(Shape({out}), kGpu), gdx(Shape({in}), kGpu), gdw(Shape({w}), kGpu), gdb(Shape({g.out_channels}), kGpu);
+    ConvolutionRun r(*host, g, seed);
     for (int repeat = 0; repeat < 2; ++repeat) {  // the first call also searches the algorithms
-      gpu->convolution().forward(g, gx.data(), gweights.data(), gbias.data(), gy.data());
-      gpu->convolution().backward(g, gx.data(), gdy.data(), gweights.data(), gdx.data(), gdw.data(), gdb.data());
-      EXPECT_LT(gpu_difference(y, gy), kTolerance) << "forward, call " << repeat;
-      EXPECT_LT(gpu_difference(dx, gdx), kTolerance) << "backward data, call " << repeat;
-      EXPECT_LT(gpu_difference(dw, gdw), kTolerance) << "backward weights, call " << repeat;
+      r.on(*gpu, g);
+      EXPECT_LT(gpu_difference(r.y, r.gy), kTolerance) << "forward, call " << repeat;
+      EXPECT_LT(gpu_difference(r.dx, r.gdx), kTolerance) << "backward data, call " << repeat;
+      EXPECT_LT(gpu_difference(r.dw, r.gdw), kTolerance) << "backward weights, call " << repeat;
       if (g.bias) {
-        EXPECT_LT(gpu_difference(db, gdb), kTolerance) << "bias gradient, call " << repeat;
+        EXPECT_LT(gpu_difference(r.db, r.gdb), kTolerance) << "bias gradient, call " << repeat;
       }
     }
   }
@@ -145,19 +160,13 @@ TEST(GpuBf16Convolutions, NativeResultsAreTheHostsRoundedToBf16) {
   for (ConvolutionGeometry g : geometries) {
     g.precision = Precision::BF16;
     SCOPED_TRACE(g.to_string());
-    const std::int64_t in = g.input_elements(), out = g.output_elements(), w = g.weight_elements();
-    const Tensor x = random_tensor(in, seed++), weights = random_tensor(w, seed++), bias = random_tensor(g.out_channels, seed++);
-    const Tensor dy = random_tensor(out, seed++);
-    Tensor y(Shape({out})), dx(Shape({in})), dw(Shape({w})), db(Shape({g.out_channels}));
-    host->convolution().forward(g, x.data(), weights.data(), bias.data(), y.data());
-    host->convolution().backward(g, x.data(), dy.data(), weights.data(), dx.data(), dw.data(), db.data());
-
-    const Tensor gx = x.to(kGpu), gweights = weights.to(kGpu), gbias = bias.to(kGpu), gdy = dy.to(kGpu);
-    Tensor gy(Shape({out}), kGpu), gdx(Shape({in}), kGpu), gdw(Shape({w}), kGpu), gdb(Shape({g.out_channels}), kGpu);
+    ConvolutionRun r(*host, g, seed);
+    const Tensor &y = r.y, &dx = r.dx, &dw = r.dw, &db = r.db, &gx = r.gx, &gweights = r.gweights, &gdy = r.gdy;
+    const Tensor &gy = r.gy, &gdx = r.gdx, &gdw = r.gdw, &gdb = r.gdb;
+    const std::int64_t in = g.input_elements(), w = g.weight_elements();
     for (int repeat = 0; repeat < 2; ++repeat) {
       SCOPED_TRACE(repeat == 0 ? "first call (algorithm search)" : "second call");
-      gpu->convolution().forward(g, gx.data(), gweights.data(), gbias.data(), gy.data());
-      gpu->convolution().backward(g, gx.data(), gdy.data(), gweights.data(), gdx.data(), gdw.data(), gdb.data());
+      r.on(*gpu, g);
       if (g.bias) {
         // The bias is added in fp32 after the rounding: within a bf16 step of the largest value.
         EXPECT_LT(gpu_difference(y, gy), std::ldexp(1.0, -7)) << "forward";
@@ -211,21 +220,14 @@ TEST(GpuBf16Convolutions, ExactResultsAreTheHosts) {
   auto gpu = make_cuda_backend(options);
   ConvolutionGeometry g = convolution(2, 4, 16, {10, 9, 8}, 3, 1, 1, 1, true);
   g.precision = Precision::BF16;
-  const Tensor x = random_tensor(g.input_elements(), 60), weights = random_tensor(g.weight_elements(), 61),
-               bias = random_tensor(g.out_channels, 62), dy = random_tensor(g.output_elements(), 63);
-  Tensor y(Shape({g.output_elements()})), dx(Shape({g.input_elements()})), dw(Shape({g.weight_elements()})),
-      db(Shape({g.out_channels}));
-  host->convolution().forward(g, x.data(), weights.data(), bias.data(), y.data());
-  host->convolution().backward(g, x.data(), dy.data(), weights.data(), dx.data(), dw.data(), db.data());
-  const Tensor gx = x.to(kGpu), gweights = weights.to(kGpu), gbias = bias.to(kGpu), gdy = dy.to(kGpu);
-  Tensor gy(y.shape(), kGpu), gdx(dx.shape(), kGpu), gdw(dw.shape(), kGpu), gdb(db.shape(), kGpu);
-  gpu->convolution().forward(g, gx.data(), gweights.data(), gbias.data(), gy.data());
-  gpu->convolution().backward(g, gx.data(), gdy.data(), gweights.data(), gdx.data(), gdw.data(), gdb.data());
+  unsigned seed = 60;
+  ConvolutionRun r(*host, g, seed);
+  r.on(*gpu, g);
   // The same bf16 products summed in fp32 on both sides: fp32's agreement, not bf16's.
-  EXPECT_LT(gpu_difference(y, gy), 1e-4);
-  EXPECT_LT(gpu_difference(dx, gdx), 1e-4);
-  EXPECT_LT(gpu_difference(dw, gdw), 1e-4);
-  EXPECT_LT(gpu_difference(db, gdb), 1e-4);
+  EXPECT_LT(gpu_difference(r.y, r.gy), 1e-4);
+  EXPECT_LT(gpu_difference(r.dx, r.gdx), 1e-4);
+  EXPECT_LT(gpu_difference(r.dw, r.gdw), 1e-4);
+  EXPECT_LT(gpu_difference(r.db, r.gdb), 1e-4);
   for (const auto& line : gpu->implementations()) EXPECT_EQ(line.find("on bf16 tensors"), std::string::npos) << line;
 }
 
