@@ -106,6 +106,16 @@ Workload CostModel::workload(int layer, const LayerSplit& split) const {
   return w;
 }
 
+bool CostModel::gpu_bf16_convolution(const PlannerLayer& l) const {
+  // bf16_flops: the machine has bf16 tensor cores (compute capability 8.0 and newer); without
+  // them the executor runs bf16 convolutions Exact, at the fp32 rate.
+  return machine_.device == "gpu" && machine_.bf16_flops > 0 && l.type == "conv" && l.precision == Precision::BF16;
+}
+
+bool CostModel::exact_on_tf32(const PlannerLayer& l) const {
+  return gpu_bf16_convolution(l) && options_.exact_bf16_convolutions;
+}
+
 LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   const auto& l = graph_.layers.at(static_cast<std::size_t>(layer));
   const int P = options_.ranks;
@@ -205,8 +215,9 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     // Forward reads the input and writes the output; backward reads both and the output gradient
     // and writes the input gradient.
     const double bytes = kBytes * (2.0 * in_local + 3.0 * out_local);
-    e.compute = std::max(flops / machine_.rank_flops(P, l.precision), bytes / machine_.rank_memory_bandwidth(P)) +
-                2.0 * machine_.kernel_overhead;
+    // Exact bf16 convolutions on GPUs run on TF32 tensor cores: half the bf16 rate.
+    const double rate = machine_.rank_flops(P, l.precision) * (exact_on_tf32(l) ? 0.5 : 1.0);
+    e.compute = std::max(flops / rate, bytes / machine_.rank_memory_bandwidth(P)) + 2.0 * machine_.kernel_overhead;
     if (rounds) {
       // Passes of their own that round the operands (each element read and written): the input
       // twice (forward, weight gradient), the output gradient and the weights (forward, input
@@ -253,10 +264,10 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   // Memory: weights, their gradients and optimizer state; the saved output and input window.
   e.memory = kBytes * params_local * (2.0 + options_.optimizer_state) + e.output_bytes + e.input_bytes;
   if (rounds) {
-    // On GPUs convolutions keep the operands and results as bf16 (Bf16Convolutions::Native, the
-    // executor's default there): 2 bytes an element, where the host (and Exact) keeps rounded
-    // fp32 copies.
-    const bool native = machine_.device == "gpu" && l.type == "conv" && !options_.exact_bf16_convolutions;
+    // On GPUs with bf16 tensor cores convolutions keep the operands and results as bf16
+    // (Bf16Convolutions::Native, the executor's default there): 2 bytes an element, where the
+    // host (and Exact) keeps rounded fp32 copies.
+    const bool native = gpu_bf16_convolution(l) && !options_.exact_bf16_convolutions;
     const double element = native ? 2.0 : kBytes;
     e.scratch_input = element * read;
     e.scratch_output = element * out_local;

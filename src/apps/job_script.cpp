@@ -235,7 +235,8 @@ ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd) {
     std::string optimizer = "sgd";
     if (const auto o = train_option(s.train_args, "--optimizer")) optimizer = *o;
     std::string report;
-    auto_plan(model, s.machine, s.ranks(), batch, optimizer, report);
+    auto_plan(model, s.machine, s.ranks(), batch, optimizer, report,
+              train_option(s.train_args, "--bf16-convolutions") == std::optional<std::string>("exact"));
   } else if (!s.machine.empty()) {
     fail_input("--machine is for --plan auto; this job has {}", s.plan.empty() ? "no --plan" : "a plan file");
   }

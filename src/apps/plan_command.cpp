@@ -24,6 +24,7 @@ struct PlanArgs {
   std::int64_t batch = 64;
   bool explain = false;
   bool no_spatial = false, no_model = false;
+  std::string bf16_convolutions = "native";
   std::int64_t max_states = 200000;
   double margin = kDefaultPlanMargin;
 };
@@ -38,6 +39,7 @@ void run_plan(Communicator& world, const PlanArgs& args) {
     options.allow_spatial = !args.no_spatial;
     options.allow_model = !args.no_model;
     options.max_states = args.max_states;
+    options.exact_bf16_convolutions = args.bf16_convolutions == "exact";
     const CostModel cost(graph, machine, options);
     const std::string header = fmt::format("model {} ({}), batch {}, {} ranks on machine '{}' ({})\n", model.name(),
                                            args.model, args.batch, args.ranks, machine.name, args.machine);
@@ -130,6 +132,11 @@ std::function<void(Communicator&)> add_plan_command(CLI::App& app) {
                   "(fewer exchanges, less exposed to what the cost model does not see; 0: the optimum)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--bf16-convolutions", args->bf16_convolutions,
+                  "On GPU machines, how the job runs bf16 convolutions (tessera train --bf16-convolutions): native "
+                  "(bf16 buffers, bf16 tensor cores) or exact (fp32 copies, TF32 tensor cores)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"native", "exact"}));
   cmd->add_flag("--no-spatial", args->no_spatial, "Do not split layers spatially");
   cmd->add_flag("--no-model", args->no_model, "Do not split layers by filter or channel");
   cmd->add_option("--max-states", args->max_states, "Bound of the search's states on DAGs (chains never reach it)")

@@ -1,6 +1,7 @@
 // `tessera train`: model file + plan file + HDF5 data -> a trained model and its metrics.
 #include <fmt/format.h>
 
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <optional>
@@ -30,17 +31,25 @@ struct TrainArgs {
   ExecutorOptions executor;
 };
 
-/// RANK:STEP of the testing aids --inject-failure and --inject-hang.
-void parse_rank_step(const std::string& text, const char* flag, int& rank, std::int64_t& step) {
+/// RANK:STEP of the testing aids --inject-failure and --inject-hang; with `setup`, RANK:setup
+/// sets *setup (and leaves step) instead.
+void parse_rank_step(const std::string& text, const char* flag, int& rank, std::int64_t& step, bool* setup = nullptr) {
   if (text.empty()) return;
   const auto colon = text.find(':');
-  try {
-    if (colon == std::string::npos) throw std::invalid_argument("no colon");
-    rank = std::stoi(text.substr(0, colon));
-    step = std::stoll(text.substr(colon + 1));
-  } catch (const std::exception&) {
-    fail_input("{} expects RANK:STEP, got '{}'", flag, text);
-  }
+  const auto whole = [](const std::string& part, auto& value) {
+    const auto [end, error] = std::from_chars(part.data(), part.data() + part.size(), value);
+    return error == std::errc() && end == part.data() + part.size() && !part.empty();
+  };
+  const std::string after = colon == std::string::npos ? std::string() : text.substr(colon + 1);
+  int parsed_rank = -1;
+  std::int64_t parsed_step = -1;
+  const bool in_setup = setup != nullptr && after == "setup";
+  if (colon == std::string::npos || !whole(text.substr(0, colon), parsed_rank) ||
+      !(in_setup || whole(after, parsed_step)))
+    fail_input("{} expects RANK:STEP{}, got '{}'", flag, setup ? " or RANK:setup" : "", text);
+  rank = parsed_rank;
+  if (in_setup) *setup = true;
+  else step = parsed_step;
 }
 
 void run_train(Communicator& world_ref, const TrainArgs& args_in) {
@@ -57,22 +66,23 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   std::optional<Watchdog> setup_watchdog;
   setup_watchdog.emplace(args.trainer.watchdog_seconds, world->rank(), Watchdog::print_and_abort(*world));
   std::optional<WatchdogScope> setup_scope;
-  setup_scope.emplace(setup_watchdog->enabled() ? &*setup_watchdog : nullptr,
-                      "setup (opening the data files; making the executor's communicators, NCCL's waiting for "
-                      "every rank)");
+  // Each phase is named, and finishing one counts as progress (a phase's own length is bounded).
+  const auto phase = [&](const char* label) {
+    setup_scope.reset();
+    setup_watchdog->heartbeat();
+    setup_scope.emplace(setup_watchdog->enabled() ? &*setup_watchdog : nullptr, label);
+  };
+  phase("setup: reading the model, planning, opening the data files");
   bool hang_in_setup = false;
   std::unique_ptr<Model> model;
   std::unique_ptr<Plan> plan;
   std::shared_ptr<Dataset> train, validation;
   collectively(*world, [&] {
     parse_rank_step(args.inject_failure, "--inject-failure", args.trainer.fail_rank, args.trainer.fail_step);
-    if (args.inject_hang.ends_with(":setup")) {
-      std::int64_t unused = 0;
-      int rank = -1;
-      parse_rank_step(args.inject_hang.substr(0, args.inject_hang.size() - 5) + "0", "--inject-hang", rank, unused);
-      hang_in_setup = rank == world->rank();
-    } else {
-      parse_rank_step(args.inject_hang, "--inject-hang", args.trainer.hang_rank, args.trainer.hang_step);
+    parse_rank_step(args.inject_hang, "--inject-hang", args.trainer.hang_rank, args.trainer.hang_step, &hang_in_setup);
+    if (hang_in_setup) {
+      hang_in_setup = args.trainer.hang_rank == world->rank();
+      args.trainer.hang_rank = -1;
     }
     if (args.gpu_comm != "auto" && args.device != "cuda")
       fail_input("--gpu-comm {} is for training on GPUs: add --device cuda (on the host every message goes over "
@@ -110,8 +120,10 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   if (!args.bf16_convolutions.empty())
     args.executor.cuda.bf16_convolutions = parse_bf16_convolutions(args.bf16_convolutions);
   model->init_parameters(args.trainer.seed);
+  phase("setup: making the executor (its communicators: NCCL's setup waits for every rank)");
   Executor executor(*model, *plan, world, args.executor);
   while (hang_in_setup) std::this_thread::sleep_for(std::chrono::hours(1));  // --inject-hang RANK:setup
+  phase("setup: making the trainer (every rank checks it together)");
   std::unique_ptr<Trainer> trainer;
   collectively(*world, [&] {
     trainer = std::make_unique<Trainer>(*model, executor, train, validation, args.trainer);

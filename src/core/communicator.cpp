@@ -1,6 +1,8 @@
 // The default grouped exchange of Communicator: a nonblocking receive and send per message.
 #include "tessera/core/communicator.hpp"
 
+#include "tessera/core/error.hpp"
+
 #include <utility>
 
 namespace tessera {
@@ -27,6 +29,12 @@ class RequestGroup final : public CommRequest {
 
 std::unique_ptr<CommRequest> Communicator::exchange(std::span<const Message> sends, std::span<const Message> receives,
                                                     DType type, int tag) {
+  // Peers are checked before anything is posted; a send that still fails to post (the transport
+  // refuses it) leaves receives to cancel, below.
+  for (const auto* messages : {&receives, &sends})
+    for (const Message& m : *messages)
+      if (m.peer < 0 || m.peer >= size())
+        fail("{}: a grouped exchange with rank {}, but the communicator has ranks 0-{}", name(), m.peer, size() - 1);
   std::vector<std::unique_ptr<CommRequest>> requests;
   requests.reserve(sends.size() + receives.size());
   try {

@@ -224,6 +224,10 @@ TrainSummary Trainer::run() {
   // Resume: the step restores everything else (see train/checkpoint.hpp).
   std::int64_t start_step = 0;
   if (!options_.resume.empty()) {
+    // Every rank finds and reads the checkpoint together: watched as a step is.
+    Watchdog resume_watchdog(options_.watchdog_seconds, rank, Watchdog::print_and_abort(executor_.world()));
+    const WatchdogScope resuming(resume_watchdog.enabled() ? &resume_watchdog : nullptr,
+                                 "resuming from a checkpoint (finding and reading it, every rank together)");
     collectively(executor_.world(), [&] {
       std::optional<std::string> path;
       if (options_.resume == "auto") {

@@ -223,17 +223,27 @@ TEST(MpiCommunicator, GroupedExchangeWithSelfUnevenEmptyAndRepeatedPeers) {
 }
 
 TEST(MpiCommunicator, AnExchangeThatCannotPostASendFailsWithoutWaitingForItsReceives) {
-  // A receive from the previous rank (which never sends on this tag) is posted, then a send to a
-  // rank past the last fails: the exchange throws, and the posted receive is cancelled rather
-  // than waited for (which would hang until the test's timeout).
+  // A receive from the previous rank (which never sends on this tag) is posted, then a send MPI
+  // cannot take (more elements than its int count holds; the buffer is never read) fails: the
+  // exchange throws, and the posted receive is cancelled rather than waited for (which would
+  // hang until the test's timeout).
   auto comm = world();
   const int n = comm->size(), r = comm->rank();
   std::vector<float> in(4, -1.0f), out(4, 1.0f);
   const std::vector<Message> receives = {{in.data(), in.size(), (r + n - 1) % n}};
-  const std::vector<Message> sends = {{out.data(), out.size(), n}};
-  EXPECT_THROW(comm->exchange(sends, receives, DType::F32, 23), Error);
+  const std::vector<Message> too_long = {{out.data(), std::size_t{1} << 31, (r + 1) % n}};
+  EXPECT_THROW(comm->exchange(too_long, receives, DType::F32, 23), Error);
   EXPECT_EQ(in[0], -1.0f);  // nothing arrived
-  comm->barrier();          // every rank got here: nothing is left waiting
+  // A peer past the last rank is refused before anything is posted.
+  const std::vector<Message> past_the_end = {{out.data(), out.size(), n}};
+  try {
+    comm->exchange(past_the_end, receives, DType::F32, 24);
+    ADD_FAILURE() << "an exchange with rank " << n << " of " << n << " was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a grouped exchange with rank " + std::to_string(n)), std::string::npos)
+        << e.what();
+  }
+  comm->barrier();  // every rank got here: nothing is left waiting
 }
 
 TEST(MpiCommunicator, SendRecvRing) {

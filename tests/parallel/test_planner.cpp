@@ -226,16 +226,24 @@ TEST(CostModel, Bf16ScratchIsTheLargestRoundedOperandOfEachKind) {
   const PlanEstimate all = CostModel(both, m, {.ranks = 2}).estimate(plan);
   EXPECT_TRUE(all.layers[4].scratch_of_linear);
   EXPECT_DOUBLE_EQ(all.memory_bytes - with.memory_bytes, 4.0 * (2 * 256 + 2 * 10 + 10 * 256));
-  // On GPUs the convolutions keep bf16 buffers (Bf16Convolutions::Native: 2 bytes an element,
-  // test_gpu_kernels measures them); the linear layers' rounded fp32 copies stay 4 bytes.
-  const Machine gpu = round_machine();
+  // On GPUs with bf16 tensor cores the convolutions keep bf16 buffers (Bf16Convolutions::Native:
+  // 2 bytes an element, test_gpu_kernels measures them); the linear layers' rounded fp32 copies
+  // stay 4 bytes.
+  Machine gpu = round_machine();
+  gpu.bf16_flops = 2e9;
   const PlanEstimate on_gpu = CostModel(both, gpu, {.ranks = 2}).estimate(plan);
   EXPECT_DOUBLE_EQ(on_gpu.layers[2].scratch_output, 2.0 * 2 * 4 * 8 * 8);
   EXPECT_DOUBLE_EQ(on_gpu.scratch_bytes, conv_scratch / 2 + 4.0 * (2 * 256 + 2 * 10 + 10 * 256));
-  // Unless the job runs them Exact (rounded fp32 copies, as on the host).
+  // Unless the job runs them Exact (rounded fp32 copies, as on the host, on TF32 tensor cores at
+  // half the bf16 rate; the linear layer is not a convolution).
   const PlanEstimate exact_on_gpu =
       CostModel(both, gpu, {.ranks = 2, .exact_bf16_convolutions = true}).estimate(plan);
   EXPECT_DOUBLE_EQ(exact_on_gpu.scratch_bytes, all.scratch_bytes);
+  EXPECT_GT(exact_on_gpu.layers[2].compute, on_gpu.layers[2].compute);
+  EXPECT_DOUBLE_EQ(exact_on_gpu.layers[4].compute, on_gpu.layers[4].compute);
+  // Or the GPUs have no bf16 tensor cores (no bf16_flops: V100s), where the executor runs Exact.
+  gpu.bf16_flops = 0;
+  EXPECT_DOUBLE_EQ(CostModel(both, gpu, {.ranks = 2}).estimate(plan).scratch_bytes, all.scratch_bytes);
 }
 
 TEST(CostModel, CalibratedTimingReplacesTheRoofline) {

@@ -100,8 +100,9 @@ struct PlannerOptions {
   int ranks = 1;
   /// Optimizer state elements per weight element: 1 (SGD with momentum), 2 (Adam, AdamW).
   int optimizer_state = 1;
-  /// On GPU machines, bf16 convolutions as the executor runs them: Native (false: bf16 buffers,
-  /// 2 bytes an element of scratch) or Exact (true: rounded fp32 copies, 4 bytes, as the host).
+  /// On GPU machines with bf16 tensor cores (bf16_flops), bf16 convolutions as the executor runs
+  /// them: Native (false: bf16 buffers, 2 bytes an element of scratch, the bf16 rate) or Exact
+  /// (true: rounded fp32 copies, 4 bytes, as the host; TF32 tensor cores, half the bf16 rate).
   bool exact_bf16_convolutions = false;
   bool allow_spatial = true;
   bool allow_model = true;
@@ -176,6 +177,12 @@ class CostModel {
   const PlannerOptions& options() const { return options_; }
 
  private:
+  /// A bf16 convolution on a GPU machine with bf16 tensor cores (bf16_flops set): Native or Exact
+  /// as options().exact_bf16_convolutions says.
+  bool gpu_bf16_convolution(const PlannerLayer& layer) const;
+  /// Such a convolution run Exact: on TF32 tensor cores, at half the bf16 rate.
+  bool exact_on_tf32(const PlannerLayer& layer) const;
+
   const PlannerGraph& graph_;
   const Machine& machine_;
   PlannerOptions options_;
