@@ -182,7 +182,10 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--eval-every", t.eval_every, "Validate every N steps (0: each epoch)")->capture_default_str();
-  cmd->add_option("--eval-batch", t.eval_batch, "Validation batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--eval-batch", t.eval_batch,
+                  "Validation batch size (default: the global batch, so that validation needs no more memory than "
+                  "a training step; a larger one keeps the executor's buffers that large)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--seed", t.seed, "Seed of weights, data order and dropout")->capture_default_str();
   cmd->add_flag("!--no-shuffle", t.shuffle, "Read the training data in order");
   cmd->add_option("--progress-every", t.progress_every, "Progress line every N steps")

@@ -155,8 +155,9 @@ BatchResult Trainer::evaluate(Dataset& data) {
   std::int64_t correct = 0, samples = 0;
   std::vector<std::int64_t> indices;
   Tensor inputs, targets;
-  for (std::int64_t first = 0; first < n; first += options_.eval_batch) {
-    const std::int64_t size = std::min(options_.eval_batch, n - first);
+  const std::int64_t chunk = options_.eval_batch > 0 ? options_.eval_batch : options_.global_batch;
+  for (std::int64_t first = 0; first < n; first += chunk) {
+    const std::int64_t size = std::min(chunk, n - first);
     const auto [begin, end] = executor_.local_samples(size);
     indices.clear();
     for (std::int64_t i = begin; i < end; ++i) indices.push_back(first + i);

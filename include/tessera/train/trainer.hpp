@@ -23,7 +23,10 @@ struct TrainerOptions {
   std::int64_t global_batch = 64;
   /// Validate every this many steps (0: at the end of each epoch only).
   std::int64_t eval_every = 0;
-  std::int64_t eval_batch = 256;
+  /// Samples per validation batch (0: global_batch, so that validation holds no more activation
+  /// memory than a training step, which is what the planner counts; a larger one also grows the
+  /// executor's buffers for the rest of the run).
+  std::int64_t eval_batch = 0;
   std::uint64_t seed = 1;
   bool shuffle = true;
   /// Print a progress line every this many steps.
