@@ -105,6 +105,10 @@ class ConvolutionLayer final : public Layer {
     return {&weights_};
   }
 
+  std::int64_t workspace_bytes() const override {
+    return region_input_.allocated_bytes() + region_output_.allocated_bytes();
+  }
+
   void init_parameters(std::uint64_t seed) override {
     // fan_in: the whole layer's input channels times the kernel, whatever block this rank holds.
     std::int64_t fan_in = 1;

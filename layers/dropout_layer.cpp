@@ -75,6 +75,8 @@ class DropoutLayer final : public Layer {
     kernels.multiply(input.data(), scales_.data(), output.data(), input.numel());
   }
 
+  std::int64_t workspace_bytes() const override { return scales_.allocated_bytes(); }
+
   void backward(std::span<const Tensor* const> inputs, const Tensor&, const Tensor& grad_output,
                 std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
     if (!grad_inputs[0]) return;

@@ -89,6 +89,8 @@ class PoolingLayer final : public Layer {
     kernels.forward(call_, input.data(), output.data(), bytes ? workspace_.data() : nullptr);
   }
 
+  std::int64_t workspace_bytes() const override { return workspace_.allocated_bytes(); }
+
   void backward(std::span<const Tensor* const> inputs, const Tensor& output, const Tensor& grad_output,
                 std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {
     if (!grad_inputs[0]) return;

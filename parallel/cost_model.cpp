@@ -451,8 +451,9 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
   // As the executor holds them. Each tensor once: a layer's output is kept for backward, unless
   // every consumer copies it (a window with halos, a redistribution to another split, a gather of
   // channels): then the copies are kept and the output is let go. Every layer's output gradient
-  // (the executor keeps these buffers from step to step); in flight, the largest layer's gradients
-  // of its input copies and of its partial sums (channel splits).
+  // (the executor keeps these buffers from step to step); the layers' own buffers (max pooling's
+  // maxima, dropout's scales); in flight, the largest layer's gradients of its input copies and of
+  // its partial sums (channel splits).
   const std::size_t n = estimate.layers.size();
   auto normalised = [](LayerSplit split) {
     while (split.spatial.size() < 3) split.spatial.insert(split.spatial.begin(), 1);
@@ -478,6 +479,10 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
       }
     }
     bytes += l.output_bytes;  // its gradient
+    // What the layer keeps for its backward besides its output: max pooling the position of each
+    // output's maximum (4 bytes), dropout its scales (its output's size).
+    const std::string& type = graph_.layers[i].type;
+    if (type == "maxpool" || type == "dropout") bytes += l.output_bytes;
     // In its backward: the gradients of its copies at once, and a channel-split layer's partial
     // sums' gradient beside them.
     transient = std::max(transient, copies + l.partial_bytes);

@@ -873,6 +873,7 @@ std::int64_t Executor::current_bytes() const {
     for (const auto& t : node) bytes += t.allocated_bytes();
   for (const auto& node : window_grads_)
     for (const auto& t : node) bytes += t.allocated_bytes();
+  for (const auto& node : model_.nodes()) bytes += node.layer->workspace_bytes();
   return bytes;
 }
 

@@ -141,6 +141,10 @@ class Layer {
 
   /// Non-trainable state that evaluation and checkpoints need (batch-norm running statistics).
   virtual std::vector<Tensor*> buffers() { return {}; }
+  /// Bytes of what the layer keeps from its forward for its backward besides its output, on the
+  /// tensors' device (max pooling's positions of the maxima, dropout's scales, a convolution's
+  /// region copies when halos overlap its compute); grown as needed, kept between steps.
+  virtual std::int64_t workspace_bytes() const { return 0; }
   /// Where buffer `index` lies in the whole buffer (a block under a filter split): sets
   /// `global_shape` and returns the box. The default: the buffer is whole.
   virtual Box buffer_box(std::size_t index, std::vector<std::int64_t>& global_shape);

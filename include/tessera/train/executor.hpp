@@ -152,8 +152,9 @@ class Executor {
   /// Names the blocking points of a step (gradient and loss allreduces) to `watchdog` (null: none).
   void set_watchdog(Watchdog* watchdog);
   Watchdog* watchdog() const { return watchdog_; }
-  /// The most bytes of activations, their gradients and halo windows this rank held at once
-  /// during the last training step.
+  /// The most bytes of activations, their gradients, halo windows and the layers' own buffers
+  /// (Layer::workspace_bytes: pooling maxima, dropout scales) this rank held at once during the
+  /// last training step.
   std::int64_t activation_bytes() const;
   /// Bytes the layers' kernels keep between calls on this rank (the rounded operands of bf16
   /// convolutions and linear layers: each kind's largest input, output gradient and weights), as
