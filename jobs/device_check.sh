@@ -58,7 +58,7 @@ for program in gpu_kernels gpu_step_bench; do
 done
 # The MPI programs, each on its own: one that cannot load skips itself only.
 declare -A loads
-for program in gpu_unavailable gpu_nccl gpu_train gpu_train_nccl bench_train; do
+for program in gpu_unavailable gpu_nccl gpu_train gpu_train_nccl bench_train tessera; do
   missing="$(unresolved "$PACK/bin/$program")"
   loads[$program]=1
   if [ -n "$missing" ]; then
@@ -111,6 +111,41 @@ if [ "${loads[gpu_train_nccl]}" -eq 1 ]; then
   [ "$train_nccl" -eq 0 ] || status=1
 fi
 
+# The whole command on the GPU: HDF5 data written by `tessera generate`, read by the prefetcher,
+# trained by the trainer and the executor; its losses against the same run on the host.
+e2e=skipped
+if [ "${loads[tessera]}" -eq 1 ] && [ "$tests" -ne 77 ]; then
+  say "tessera train end to end on the GPU (HDF5 data, prefetcher, trainer) against the host run (fp32: 1e-4; bf16: 1e-2)"
+  work="${TMPDIR:-/tmp}/tessera-e2e"
+  rm -rf "$work" && mkdir -p "$work"
+  run_tessera() { local np=$1; shift; timeout 90 "${tessera_env[@]}" "$PREFIX/usr/bin/orterun" --oversubscribe --bind-to none \
+                    -x LD_LIBRARY_PATH -n "$np" "$PACK/bin/tessera" "$@" >> "$LOGS/e2e.log" 2>&1; }
+  # SGD (momentum 0.9) at a learning rate where the loss falls smoothly: Adam's sign-like first
+  # step, or a loss that jumps (lr 1e-3 here), would amplify the runs' rounding differences
+  # (measured on the host, 2 ranks against 1: lr 1e-4 1.8e-6 fp32, 2.7e-3 bf16; lr 1e-3 2.9e-4, 3.5e-2).
+  train_args=(train --model "$ROOT/models/cosmoflow.yaml" --data "$work/data/train.h5" --val-data "$work/data/validation.h5"
+              --steps 6 --eval-every 6 --batch 4 --lr 1e-4 --seed 5)
+  e2e=0
+  run_tessera 1 generate cosmo --train 24 --validation 8 --size 64 --seed 11 --output "$work/data" || e2e=1
+  # bf16 with exact convolutions (the host's contract: fp32 results); native ones (bf16 results)
+  # are held to the host by gpu_kernels and gpu_train.
+  for run in "host 1 fp32" "cuda 1 fp32" "cuda 2 fp32" "host 1 bf16" "cuda 1 bf16"; do
+    read -r device np precision <<< "$run"
+    extra=()
+    [ "$device" = cuda ] && [ "$precision" = bf16 ] && extra=(--bf16-convolutions exact)
+    run_tessera "$np" "${train_args[@]}" --device "$device" --precision "$precision" --threads 4 "${extra[@]}" \
+      --metrics-dir "$work/${device}_${np}_${precision}" || { echo "   tessera train --device $device at $np rank(s), $precision: failed (see e2e.log)"; e2e=1; }
+  done
+  for run in "cuda_1_fp32 1e-4" "cuda_2_fp32 1e-4" "cuda_1_bf16 1e-2"; do
+    read -r name tolerance <<< "$run"
+    reference="$work/host_1_${name##*_}"
+    echo "   $name against the host: $(python3 "$ROOT/tests/cli/compare_metrics.py" "$reference" "$work/$name" "$tolerance" 2>&1 | tr '\n' ' ')"
+    python3 "$ROOT/tests/cli/compare_metrics.py" "$reference" "$work/$name" "$tolerance" > /dev/null 2>&1 || e2e=1
+  done
+  tail -n 4 "$LOGS/e2e.log" | sed 's/^/   /'
+  [ "$e2e" -eq 0 ] || status=1
+fi
+
 say "benchmark: CosmoFlow reference network, 128^3 x 4 channels, batch 4, one training step"
 executor=()
 [ "${loads[bench_train]}" -eq 1 ] && executor=(--executor "$PACK/bin/bench_train")
@@ -118,5 +153,5 @@ timeout 240 python3 "$ROOT/bench/gpu_compare.py" --tessera "$PACK/bin/gpu_step_b
   --log "$LOGS/bench.log" | tee "$LOGS/summary.txt"
 bench=${PIPESTATUS[0]}
 [ "$bench" -eq 0 ] || status=1
-say "done: gpu_kernels exit $tests, gpu_unavailable $unavailable, gpu_nccl $nccl, gpu_train $train, gpu_train_nccl $train_nccl, benchmark exit $bench"
+say "done: gpu_kernels exit $tests, gpu_unavailable $unavailable, gpu_nccl $nccl, gpu_train $train, gpu_train_nccl $train_nccl, tessera train end to end $e2e, benchmark exit $bench"
 exit $status

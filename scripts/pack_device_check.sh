@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${TESSERA_CUDA_BUILD_DIR:-$ROOT/build-cuda}"
 PACK="$ROOT/device_pack"
-TARGETS=(gpu_kernels gpu_nccl gpu_train gpu_train_nccl gpu_unavailable gpu_step_bench bench_train)
+TARGETS=(gpu_kernels gpu_nccl gpu_train gpu_train_nccl gpu_unavailable gpu_step_bench bench_train tessera)
 
 TESSERA_CUDA_BUILD_DIR="$BUILD" bash "$ROOT/scripts/build_cuda.sh"
 
