@@ -447,6 +447,19 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
   return worst > 0 ? 2.0 * (worst + machine_.sync_wait_for(P)) : 0.0;
 }
 
+namespace {
+LayerSplit normalised(LayerSplit split) {
+  while (split.spatial.size() < 3) split.spatial.insert(split.spatial.begin(), 1);
+  return split;
+}
+}  // namespace
+
+bool CostModel::copies_input(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
+                             const LayerEstimate& e) const {
+  if (producer < 0) return e.halo || (graph_.layers[static_cast<std::size_t>(consumer)].model_splittable && split.channel > 1);
+  return !(normalised(held) == normalised(split)) || e.halo || e.gathers;
+}
+
 double CostModel::activation_bytes(const PlanEstimate& estimate) const {
   // As the executor holds them. Each tensor once: a layer's output is kept for backward, unless
   // every consumer copies it (a window with halos, a redistribution to another split, a gather of
@@ -455,20 +468,15 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
   // maxima, dropout's scales); in flight, the largest layer's gradients of its input copies and of
   // its partial sums (channel splits).
   const std::size_t n = estimate.layers.size();
-  auto normalised = [](LayerSplit split) {
-    while (split.spatial.size() < 3) split.spatial.insert(split.spatial.begin(), 1);
-    return split;
-  };
   std::vector<bool> consumed(n, false), every_consumer_copies(n, true);
   double bytes = 0, transient = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const LayerEstimate& l = estimate.layers[i];
     double copies = 0;  // gradients of this layer's copies of its inputs (the model input has none)
     for (int j : graph_.layers[i].inputs) {
-      const bool copied = j < 0 ? l.halo || (graph_.layers[i].model_splittable && l.split.channel > 1)
-                                : !(normalised(estimate.layers[static_cast<std::size_t>(j)].split) ==
-                                    normalised(l.split)) ||
-                                      l.halo || l.gathers;
+      const bool copied =
+          copies_input(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
+                       static_cast<int>(i), l.split, l);
       if (copied) {
         bytes += l.input_bytes;
         if (j >= 0) copies += l.input_bytes;

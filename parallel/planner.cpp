@@ -199,7 +199,16 @@ struct SearchOutcome {
 };
 
 /// One dynamic-programming pass with memory weighted by `penalty` (seconds per byte).
+/// "12.5 GiB", "3.1 MiB", "13.1 KiB", "512 B".
+std::string bytes_text(double bytes) {
+  if (bytes >= 0.1 * (1 << 30)) return fmt::format("{:.1f} GiB", bytes / (1 << 30));
+  if (bytes >= 0.1 * (1 << 20)) return fmt::format("{:.1f} MiB", bytes / (1 << 20));
+  if (bytes >= 1024) return fmt::format("{:.1f} KiB", bytes / 1024);
+  return fmt::format("{:.0f} B", bytes);
+}
+
 SearchOutcome run_dp(const CostModel& model, const std::vector<std::vector<LayerSplit>>& cands,
+                     const std::vector<std::vector<LayerEstimate>>& estimates,
                      const std::vector<std::vector<double>>& node_cost, const std::vector<std::vector<double>>& node_memory,
                      double penalty) {
   const auto& layers = model.graph().layers;
@@ -261,7 +270,12 @@ SearchOutcome run_dp(const CostModel& model, const std::vector<std::vector<Layer
       const auto it = cache.find(key);
       if (it != cache.end()) return it->second;
       const LayerSplit held = u >= 0 ? cands[static_cast<std::size_t>(u)][static_cast<std::size_t>(producer_choice)] : LayerSplit{};
-      const double c = model.exchange_cost(u, held, static_cast<int>(v), cv[k]);
+      // The exchange, and the memory of the copy it makes (if it makes one).
+      const LayerEstimate& consumer = estimates[v][k];
+      const double c = model.exchange_cost(u, held, static_cast<int>(v), cv[k]) +
+                       (penalty > 0 && model.copies_input(u, held, static_cast<int>(v), cv[k], consumer)
+                            ? penalty * consumer.input_bytes
+                            : 0.0);
       cache.emplace(key, c);
       return c;
     };
@@ -384,6 +398,7 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
   CostModel model(graph, machine, options);
   const std::size_t L = graph.layers.size();
   std::vector<std::vector<LayerSplit>> cands(L);
+  std::vector<std::vector<LayerEstimate>> estimates(L);
   std::vector<std::vector<double>> cost(L), memory(L);
   PlanResult result;
   const double hidden = machine.grad_overlap;
@@ -395,10 +410,16 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
     for (const auto& s : cands[v]) {
       const LayerEstimate e = model.layer_cost(static_cast<int>(v), s);
       cost[v].push_back(e.total() + (1.0 - hidden) * e.grad_allreduce + e.optimizer);
-      // What the layer keeps, and its bf16 operands' scratch (a plan's scratch is the largest
-      // layer's of each kind, not the sum; counted per layer, the price still steers the search
-      // towards splits with smaller rounded operands near the limit).
-      memory[v].push_back(e.memory + e.scratch_input + e.scratch_output + e.scratch_weights);
+      // The price of memory, as CostModel::activation_bytes counts a plan's: the layer's weights,
+      // gradients and optimizer state, its output and the output's gradient, its own buffers
+      // (max pooling, dropout); its input copy goes on the edge that makes it (only a copy costs).
+      // The bf16 operands' scratch too: a plan's is the largest layer's of each kind, not the sum;
+      // counted per layer, the price still steers the search towards smaller rounded operands.
+      const std::string& type = graph.layers[v].type;
+      const double own_buffers = type == "maxpool" || type == "dropout" ? e.output_bytes : 0.0;
+      memory[v].push_back(e.memory - e.input_bytes + e.output_bytes + own_buffers + e.scratch_input +
+                          e.scratch_output + e.scratch_weights);
+      estimates[v].push_back(e);
     }
     result.candidates += static_cast<std::int64_t>(cands[v].size());
   }
@@ -406,26 +427,63 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
   auto estimate_of = [&](const std::vector<int>& choice) {
     return model.estimate(plan_of(graph, cands, choice, options.ranks));
   };
-  SearchOutcome outcome = run_dp(model, cands, cost, memory, 0.0);
+  auto descend_memory = [&](std::vector<int>& choice, PlanEstimate& best) {
+    auto consider = [&](const std::vector<int>& trial) {
+      try {
+        PlanEstimate e = estimate_of(trial);
+        if (e.memory_bytes >= best.memory_bytes) return false;
+        choice = trial;
+        best = std::move(e);
+        return true;
+      } catch (const InputError&) {
+        return false;  // not a valid plan (say, a layer with more sample parts than samples)
+      }
+    };
+    for (bool improved = true; improved;) {
+      improved = false;
+      for (std::size_t v = 0; v < L; ++v) {
+        for (std::size_t k = 0; k < cands[v].size(); ++k) {
+          if (static_cast<int>(k) == choice[v]) continue;
+          std::vector<int> trial = choice;
+          trial[v] = static_cast<int>(k);
+          improved = consider(trial) || improved;
+          // The same split for the producers too (where they have it): no copy between them.
+          for (int u : graph.layers[v].inputs) {
+            if (u < 0) continue;
+            const auto& pc = cands[static_cast<std::size_t>(u)];
+            const auto same = std::find(pc.begin(), pc.end(), cands[v][k]);
+            if (same != pc.end()) trial[static_cast<std::size_t>(u)] = static_cast<int>(same - pc.begin());
+          }
+          if (trial != choice) improved = consider(trial) || improved;
+        }
+      }
+    }
+  };
+  SearchOutcome outcome = run_dp(model, cands, estimates, cost, memory, 0.0);
   result.states += outcome.states;
   PlanEstimate estimate = estimate_of(outcome.choice);
   if (!estimate.fits) {
     // The least memory any plan needs first (time nearly free): when even that does not fit, no
     // plan does.
-    SearchOutcome least_outcome = run_dp(model, cands, cost, memory, 1e12);
+    SearchOutcome least_outcome = run_dp(model, cands, estimates, cost, memory, 1e12);
     result.states += least_outcome.states;
     PlanEstimate least = estimate_of(least_outcome.choice);
+    // The search prices memory layer by layer; a plan's total counts a tensor its layers share
+    // once and the largest transient and scratch rather than their sum, so the least-memory
+    // search can miss a plan that needs less. From its plan, change one layer's split at a time
+    // (or a layer's and its producers' together, to one split) while the exact total falls.
+    if (!least.fits) descend_memory(least_outcome.choice, least);
     if (!least.fits)
-      fail_input("no plan of model '{}' at {} ranks fits machine '{}' ({:.1f} MiB per rank): the least memory the "
-                 "planner found is {:.1f} MiB per rank; use more ranks or a smaller batch",
-                 graph.model, options.ranks, machine.name, machine.memory_per_rank / (1 << 20),
-                 least.memory_bytes / (1 << 20));
+      fail_input("no plan of model '{}' at {} ranks fits machine '{}' ({} per rank): the least memory the "
+                 "planner found is {} per rank; use more ranks or a smaller batch",
+                 graph.model, options.ranks, machine.name, bytes_text(machine.memory_per_rank),
+                 bytes_text(least.memory_bytes));
     // Raise the price of memory until the plan fits: from the time per byte of the first plan
     // upwards by factors of 4.
     double penalty = estimate.step_seconds / std::max(1.0, estimate.memory_bytes);
     bool found = false;
     for (int round = 0; round < 24 && !found; ++round, penalty *= 4) {
-      SearchOutcome o = run_dp(model, cands, cost, memory, penalty);
+      SearchOutcome o = run_dp(model, cands, estimates, cost, memory, penalty);
       result.states += o.states;
       PlanEstimate e = estimate_of(o.choice);
       if (e.fits) outcome = std::move(o), estimate = std::move(e), found = true, result.memory_penalty = penalty;

@@ -129,8 +129,10 @@ PlannerGraph small_dag(std::int64_t n) {
   return g;
 }
 
-/// The cheapest plan over every combination of the layers' candidates, by CostModel::estimate.
-double brute_force(const CostModel& model, const PlannerGraph& g, int ranks, std::int64_t* combinations) {
+/// The cheapest plan over every combination of the layers' candidates, by CostModel::estimate;
+/// `least_memory` (when given) gets the least memory per rank of any of them.
+double brute_force(const CostModel& model, const PlannerGraph& g, int ranks, std::int64_t* combinations,
+                   double* least_memory = nullptr, std::string* least_plan = nullptr) {
   std::vector<std::vector<LayerSplit>> cands;
   for (std::size_t v = 0; v < g.layers.size(); ++v) cands.push_back(model.candidates(static_cast<int>(v)));
   std::vector<std::size_t> idx(cands.size(), 0);
@@ -143,7 +145,12 @@ double brute_force(const CostModel& model, const PlannerGraph& g, int ranks, std
     def.sample = ranks;
     const Plan plan = Plan::from_splits(ranks, def, layers, "brute force");
     try {
-      best = std::min(best, model.estimate(plan).step_seconds);
+      const PlanEstimate e = model.estimate(plan);
+      best = std::min(best, e.step_seconds);
+      if (least_memory && e.memory_bytes < *least_memory) {
+        *least_memory = e.memory_bytes;
+        if (least_plan) *least_plan = plan.to_yaml();
+      }
       ++*combinations;
     } catch (const InputError&) {
       // e.g. every layer with more sample parts than samples
@@ -410,6 +417,29 @@ class BruteForce : public ::testing::TestWithParam<int> {};
 TEST_P(BruteForce, ChainSearchFindsTheOptimum) { expect_search_finds_the_optimum(small_chain(4), GetParam()); }
 
 TEST_P(BruteForce, DagSearchFindsTheOptimum) { expect_search_finds_the_optimum(small_dag(2), GetParam()); }
+
+/// Where the machine's memory is within 7 % of the least any plan needs, the memory-limited
+/// search finds a plan that fits. (It prices memory layer by layer and then improves its plan's
+/// exact total one layer at a time; on these models it reaches the least in 7 of the 8 cases,
+/// and 6.5 % above it in the other: 3 ranks of a batch of 2 on the residual block, where the
+/// least mixes sample, filter and spatial splits.)
+void expect_search_fits_the_least_memory(PlannerGraph g, int ranks) {
+  Machine m = round_machine(2);
+  const PlannerOptions o{.ranks = ranks};
+  double least = INFINITY;
+  std::int64_t combinations = 0;
+  std::string least_plan;
+  brute_force(CostModel(g, m, o), g, ranks, &combinations, &least, &least_plan);
+  m.memory_per_rank = 1.07 * least;
+  PlanResult r;
+  ASSERT_NO_THROW(r = plan_search(g, m, o)) << "least memory " << least << " B, by\n" << least_plan;
+  EXPECT_TRUE(r.estimate.fits);
+  EXPECT_LE(CostModel(g, m, o).estimate(r.plan).memory_bytes, 1.07 * least) << r.plan.to_yaml();
+}
+
+TEST_P(BruteForce, ChainSearchFitsTheLeastMemory) { expect_search_fits_the_least_memory(small_chain(4), GetParam()); }
+
+TEST_P(BruteForce, DagSearchFitsTheLeastMemory) { expect_search_fits_the_least_memory(small_dag(2), GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, BruteForce, ::testing::Values(1, 2, 3, 4));
 

@@ -122,8 +122,7 @@ struct LayerEstimate {
   double grad_allreduce = 0;  ///< allreduce of its weight gradient blocks (before overlap)
   double optimizer = 0;       ///< the optimizer's update of its weight blocks
   /// Bytes per rank of the layer on its own: weights, gradients, optimizer state, output and input
-  /// copy (the search's price of memory; a plan's total counts each tensor once, see
-  /// CostModel::activation_bytes).
+  /// copy (a plan's total counts each tensor once, see CostModel::activation_bytes).
   double memory = 0;
   double output_bytes = 0;  ///< its output block (the largest rank's)
   double partial_bytes = 0; ///< split by channel: its partial sum of the filter block (else 0)
@@ -167,6 +166,11 @@ class CostModel {
   /// layer's output, or its consumers' copies where every consumer copies it), every layer's
   /// output gradient, and the largest input copy's gradient in flight.
   double activation_bytes(const PlanEstimate& estimate) const;
+  /// Whether `consumer` under `split` (its estimate `e`) keeps a copy of what it reads from
+  /// `producer` held under `held` (producer < 0: the model's input, read from the file): a window
+  /// with halos, another split (a redistribution), a gather of channels.
+  bool copies_input(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
+                    const LayerEstimate& e) const;
   /// The local workload of `layer` under `split`.
   Workload workload(int layer, const LayerSplit& split) const;
   /// The step-level terms given the per-layer ones (gradient overlap, loss, optimizer).
