@@ -504,19 +504,13 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
 void CostModel::finish(PlanEstimate& estimate) const {
   const int P = options_.ranks;
   estimate.compute = estimate.exchange = estimate.model_comm = estimate.grad_allreduce = 0;
-  double memory = 0, optimizer = 0, last_grad = 0;
-  double scratch_input[2] = {0, 0}, scratch_output[2] = {0, 0}, scratch_weights[2] = {0, 0};  // conv, linear
+  double optimizer = 0, last_grad = 0;
   for (const auto& l : estimate.layers) {
-    const int kind = l.scratch_of_linear ? 1 : 0;
-    scratch_input[kind] = std::max(scratch_input[kind], l.scratch_input);
-    scratch_output[kind] = std::max(scratch_output[kind], l.scratch_output);
-    scratch_weights[kind] = std::max(scratch_weights[kind], l.scratch_weights);
     optimizer += l.optimizer;
     estimate.compute += l.compute;
     estimate.exchange += l.exchange;
     estimate.model_comm += l.model_comm;
     estimate.grad_allreduce += l.grad_allreduce;
-    memory += l.memory - l.output_bytes - l.input_bytes;  // weights, gradients, optimizer state
     if (l.grad_allreduce > 0) last_grad = l.grad_allreduce;  // the first layer's: reduced last
   }
   // Backward (two thirds of the compute) hides grad_overlap of itself; the last bucket never hides.
@@ -530,12 +524,25 @@ void CostModel::finish(PlanEstimate& estimate) const {
   estimate.other = allreduce_time(P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce, P, 16) + optimizer + waits;
   estimate.step_seconds =
       estimate.compute + estimate.exchange + estimate.model_comm + estimate.grad_exposed + estimate.other;
+  estimate.memory_bytes = memory_bytes(estimate, &estimate.scratch_bytes);
+  estimate.fits = estimate.memory_bytes <= machine_.memory_per_rank;
+}
+
+double CostModel::memory_bytes(const PlanEstimate& estimate, double* scratch_bytes) const {
+  double memory = 0;
+  double scratch_input[2] = {0, 0}, scratch_output[2] = {0, 0}, scratch_weights[2] = {0, 0};  // conv, linear
+  for (const auto& l : estimate.layers) {
+    const int kind = l.scratch_of_linear ? 1 : 0;
+    scratch_input[kind] = std::max(scratch_input[kind], l.scratch_input);
+    scratch_output[kind] = std::max(scratch_output[kind], l.scratch_output);
+    scratch_weights[kind] = std::max(scratch_weights[kind], l.scratch_weights);
+    memory += l.memory - l.output_bytes - l.input_bytes;  // weights, gradients, optimizer state
+  }
   // Activations and their transient gradients; and the bf16 operands' scratch.
   double scratch = 0;
   for (int kind : {0, 1}) scratch += scratch_input[kind] + scratch_output[kind] + scratch_weights[kind];
-  estimate.scratch_bytes = scratch;
-  estimate.memory_bytes = memory + activation_bytes(estimate) + scratch;
-  estimate.fits = estimate.memory_bytes <= machine_.memory_per_rank;
+  if (scratch_bytes) *scratch_bytes = scratch;
+  return memory + activation_bytes(estimate) + scratch;
 }
 
 PlanEstimate CostModel::estimate(const Plan& plan) const {

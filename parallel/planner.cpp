@@ -198,7 +198,6 @@ struct SearchOutcome {
   bool exact = true;
 };
 
-/// One dynamic-programming pass with memory weighted by `penalty` (seconds per byte).
 /// "12.5 GiB", "3.1 MiB", "13.1 KiB", "512 B".
 std::string bytes_text(double bytes) {
   if (bytes >= 0.1 * (1 << 30)) return fmt::format("{:.1f} GiB", bytes / (1 << 30));
@@ -207,6 +206,8 @@ std::string bytes_text(double bytes) {
   return fmt::format("{:.0f} B", bytes);
 }
 
+/// One dynamic-programming pass with memory weighted by `penalty` (seconds per byte); an input
+/// copy's memory is priced on the edge that makes it.
 SearchOutcome run_dp(const CostModel& model, const std::vector<std::vector<LayerSplit>>& cands,
                      const std::vector<std::vector<LayerEstimate>>& estimates,
                      const std::vector<std::vector<double>>& node_cost, const std::vector<std::vector<double>>& node_memory,
@@ -294,8 +295,8 @@ SearchOutcome run_dp(const CostModel& model, const std::vector<std::vector<Layer
       const int holds = cv[k].sample <= batch ? 1 : 0;
       double best_here[2] = {kInf, kInf};  // per value of the key's last element
       // On a chain, the cheapest entry whose layer chose this very split first: its edge is at
-      // most a halo exchange, so the bound it sets cuts the scan of `order` short. (Visiting it
-      // twice changes nothing.)
+      // most a halo exchange (and, with a price of memory, its window's copy), so the bound it
+      // sets cuts the scan of `order` short. (Visiting it twice changes nothing.)
       std::ptrdiff_t same = -1;
       if (!same_entry.empty()) {
         const auto it = producer_index.find(cv[k].to_string());
@@ -427,34 +428,41 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
   auto estimate_of = [&](const std::vector<int>& choice) {
     return model.estimate(plan_of(graph, cands, choice, options.ranks));
   };
-  auto descend_memory = [&](std::vector<int>& choice, PlanEstimate& best) {
-    auto consider = [&](const std::vector<int>& trial) {
-      try {
-        PlanEstimate e = estimate_of(trial);
-        if (e.memory_bytes >= best.memory_bytes) return false;
-        choice = trial;
-        best = std::move(e);
-        return true;
-      } catch (const InputError&) {
-        return false;  // not a valid plan (say, a layer with more sample parts than samples)
+  // Coordinate descent on a plan's exact memory, from the layers' cached estimates (no plan
+  // files, no exchanges: memory does not depend on them); a plan where no layer gives rank 0 a
+  // sample is skipped, as the search skips it. At most 16 sweeps.
+  const std::int64_t batch = graph.batch;
+  auto descend_memory = [&](std::vector<int>& choice) {
+    auto bytes_of = [&](const std::vector<int>& c) {
+      PlanEstimate e;
+      bool holds = false;
+      for (std::size_t v = 0; v < L; ++v) {
+        e.layers.push_back(estimates[v][static_cast<std::size_t>(c[v])]);
+        holds = holds || cands[v][static_cast<std::size_t>(c[v])].sample <= batch;
       }
+      return holds ? model.memory_bytes(e) : std::numeric_limits<double>::infinity();
     };
-    for (bool improved = true; improved;) {
-      improved = false;
+    double best = bytes_of(choice);
+    for (int sweep = 0, improved = 1; improved && sweep < 16; ++sweep) {
+      improved = 0;
       for (std::size_t v = 0; v < L; ++v) {
         for (std::size_t k = 0; k < cands[v].size(); ++k) {
           if (static_cast<int>(k) == choice[v]) continue;
           std::vector<int> trial = choice;
           trial[v] = static_cast<int>(k);
-          improved = consider(trial) || improved;
-          // The same split for the producers too (where they have it): no copy between them.
-          for (int u : graph.layers[v].inputs) {
-            if (u < 0) continue;
-            const auto& pc = cands[static_cast<std::size_t>(u)];
-            const auto same = std::find(pc.begin(), pc.end(), cands[v][k]);
-            if (same != pc.end()) trial[static_cast<std::size_t>(u)] = static_cast<int>(same - pc.begin());
+          for (int pass = 0; pass < 2; ++pass) {
+            if (pass == 1) {
+              // The same split for its producers too (where they have it): no copy between them.
+              for (int u : graph.layers[v].inputs) {
+                if (u < 0) continue;
+                const auto& pc = cands[static_cast<std::size_t>(u)];
+                const auto same = std::find(pc.begin(), pc.end(), cands[v][k]);
+                if (same != pc.end()) trial[static_cast<std::size_t>(u)] = static_cast<int>(same - pc.begin());
+              }
+            }
+            const double bytes = bytes_of(trial);
+            if (bytes < best) best = bytes, choice = trial, improved = 1;
           }
-          if (trial != choice) improved = consider(trial) || improved;
         }
       }
     }
@@ -472,12 +480,21 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
     // once and the largest transient and scratch rather than their sum, so the least-memory
     // search can miss a plan that needs less. From its plan, change one layer's split at a time
     // (or a layer's and its producers' together, to one split) while the exact total falls.
-    if (!least.fits) descend_memory(least_outcome.choice, least);
+    if (!least.fits) {
+      std::vector<int> choice = least_outcome.choice;
+      descend_memory(choice);
+      try {
+        PlanEstimate descended = estimate_of(choice);
+        if (descended.memory_bytes < least.memory_bytes) least_outcome.choice = choice, least = std::move(descended);
+      } catch (const InputError&) {
+        // Not a valid plan after all: keep the search's.
+      }
+    }
     if (!least.fits)
       fail_input("no plan of model '{}' at {} ranks fits machine '{}' ({} per rank): the least memory the "
-                 "planner found is {} per rank; use more ranks or a smaller batch",
+                 "planner found is {} per rank, {} more; use more ranks or a smaller batch",
                  graph.model, options.ranks, machine.name, bytes_text(machine.memory_per_rank),
-                 bytes_text(least.memory_bytes));
+                 bytes_text(least.memory_bytes), bytes_text(least.memory_bytes - machine.memory_per_rank));
     // Raise the price of memory until the plan fits: from the time per byte of the first plan
     // upwards by factors of 4.
     double penalty = estimate.step_seconds / std::max(1.0, estimate.memory_bytes);

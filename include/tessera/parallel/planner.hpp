@@ -175,6 +175,9 @@ class CostModel {
   Workload workload(int layer, const LayerSplit& split) const;
   /// The step-level terms given the per-layer ones (gradient overlap, loss, optimizer).
   void finish(PlanEstimate& estimate) const;
+  /// Bytes per rank of a plan given its layers' estimates (in layer order): weights, gradients and
+  /// optimizer state, activation_bytes, the bf16 scratch (also into *scratch_bytes when given).
+  double memory_bytes(const PlanEstimate& estimate, double* scratch_bytes = nullptr) const;
 
   const PlannerGraph& graph() const { return graph_; }
   const Machine& machine() const { return machine_; }
