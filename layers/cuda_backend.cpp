@@ -82,19 +82,41 @@ void set_tensor(const TensorDescriptor& descriptor, cudnnDataType_t type, std::v
 /// Whether cuDNN has an algorithm for a direction of a geometry: not asked yet, one (chosen), none.
 enum class Search { NotYet, Found, NoneUsable };
 
+/// cuDNN's performance record of each direction's algorithm search.
+template <typename Algo>
+struct PerfOf;
+template <>
+struct PerfOf<cudnnConvolutionFwdAlgo_t> {
+  using type = cudnnConvolutionFwdAlgoPerf_t;
+};
+template <>
+struct PerfOf<cudnnConvolutionBwdDataAlgo_t> {
+  using type = cudnnConvolutionBwdDataAlgoPerf_t;
+};
+template <>
+struct PerfOf<cudnnConvolutionBwdFilterAlgo_t> {
+  using type = cudnnConvolutionBwdFilterAlgoPerf_t;
+};
+
+/// One direction's convolution descriptor (it carries the math type its algorithm was measured
+/// with) and the algorithm chosen for it.
+template <typename Algo>
+struct Chosen {
+  ConvDescriptor conv;
+  Search state = Search::NotYet;
+  Algo algorithm{};
+  std::size_t workspace = 0;
+};
+
 /// The descriptors of one convolution geometry and the algorithm chosen for each direction.
-/// Each direction has its own convolution descriptor, so each can carry the math type its
-/// algorithm was measured with. input, output and weights describe the data as stored (fp32, or
-/// bf16); bias and bias_output are fp32 always (the bias is added to, and summed from, fp32).
+/// input, output and weights describe the data as stored (fp32, or bf16); bias and bias_output
+/// are fp32 always (the bias is added to, and summed from, fp32).
 struct ConvolutionPlan {
   TensorDescriptor input, output, bias, bias_output;
   FilterDescriptor weights;
-  ConvDescriptor forward_conv, data_conv, filter_conv;
-  Search forward = Search::NotYet, data = Search::NotYet, filter = Search::NotYet;
-  cudnnConvolutionFwdAlgo_t forward_algorithm{};
-  cudnnConvolutionBwdDataAlgo_t data_algorithm{};
-  cudnnConvolutionBwdFilterAlgo_t filter_algorithm{};
-  std::size_t forward_workspace = 0, data_workspace = 0, filter_workspace = 0;
+  Chosen<cudnnConvolutionFwdAlgo_t> forward;
+  Chosen<cudnnConvolutionBwdDataAlgo_t> data;
+  Chosen<cudnnConvolutionBwdFilterAlgo_t> filter;
 };
 
 /// cuDNN's three convolution directions on data stored as `storage` (CUDNN_DATA_FLOAT, or
@@ -108,29 +130,18 @@ class CudnnConvolutionCore {
 
   bool forward(const ConvolutionGeometry& g, const void* input, const void* weights, void* output, bool required) {
     ConvolutionPlan& plan = plan_for(g);
-    if (plan.forward == Search::NotYet) {
-      Workspace search(search_workspace());
-      std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-      int returned = 0;
-      const cudnnStatus_t status = cudnnFindConvolutionForwardAlgorithmEx(
-          handle_, plan.input.get(), input, plan.weights.get(), weights, plan.forward_conv.get(), plan.output.get(),
-          output, static_cast<int>(perf.size()), &returned, perf.data(), search.get(), search.bytes());
-      const auto* best = choose(status, perf, returned, "forward", g, required);
-      plan.forward = best ? Search::Found : Search::NoneUsable;
-      if (best) {
-        plan.forward_algorithm = best->algo;
-        plan.forward_workspace = best->memory;
-        use_math(plan.forward_conv, best->mathType, g);
-        record("convolution forward", g, static_cast<int>(best->algo), best->memory, best->time,
-               math_of(plan.forward_conv));
-      }
-    }
-    if (plan.forward == Search::NoneUsable) return false;
-    Workspace workspace(plan.forward_workspace);
+    auto& chosen = plan.forward;
+    const auto find = [&](std::vector<cudnnConvolutionFwdAlgoPerf_t>& perf, int& returned, const Workspace& search) {
+      return cudnnFindConvolutionForwardAlgorithmEx(handle_, plan.input.get(), input, plan.weights.get(), weights,
+                                                    chosen.conv.get(), plan.output.get(), output,
+                                                    static_cast<int>(perf.size()), &returned, perf.data(),
+                                                    search.get(), search.bytes());
+    };
+    if (!algorithm_for(chosen, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, "forward", g, required, find)) return false;
+    Workspace workspace(chosen.workspace);
     const float one = 1.0f, zero = 0.0f;
-    check(cudnnConvolutionForward(handle_, &one, plan.input.get(), input, plan.weights.get(), weights,
-                                  plan.forward_conv.get(), plan.forward_algorithm, workspace.get(), workspace.bytes(),
-                                  &zero, plan.output.get(), output),
+    check(cudnnConvolutionForward(handle_, &one, plan.input.get(), input, plan.weights.get(), weights, chosen.conv.get(),
+                                  chosen.algorithm, workspace.get(), workspace.bytes(), &zero, plan.output.get(), output),
           "cudnnConvolutionForward");
     return true;
   }
@@ -138,30 +149,19 @@ class CudnnConvolutionCore {
   bool backward_data(const ConvolutionGeometry& g, const void* grad_output, const void* weights, void* grad_input,
                      bool required) {
     ConvolutionPlan& plan = plan_for(g);
-    if (plan.data == Search::NotYet) {
-      Workspace search(search_workspace());
-      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
-      int returned = 0;
-      const cudnnStatus_t status = cudnnFindConvolutionBackwardDataAlgorithmEx(
-          handle_, plan.weights.get(), weights, plan.output.get(), grad_output, plan.data_conv.get(),
-          plan.input.get(), grad_input, static_cast<int>(perf.size()), &returned, perf.data(), search.get(),
-          search.bytes());
-      const auto* best = choose(status, perf, returned, "backward data", g, required);
-      plan.data = best ? Search::Found : Search::NoneUsable;
-      if (best) {
-        plan.data_algorithm = best->algo;
-        plan.data_workspace = best->memory;
-        use_math(plan.data_conv, best->mathType, g);
-        record("convolution backward data", g, static_cast<int>(best->algo), best->memory, best->time,
-               math_of(plan.data_conv));
-      }
-    }
-    if (plan.data == Search::NoneUsable) return false;
-    Workspace workspace(plan.data_workspace);
+    auto& chosen = plan.data;
+    const auto find = [&](std::vector<cudnnConvolutionBwdDataAlgoPerf_t>& perf, int& returned, const Workspace& search) {
+      return cudnnFindConvolutionBackwardDataAlgorithmEx(handle_, plan.weights.get(), weights, plan.output.get(),
+                                                         grad_output, chosen.conv.get(), plan.input.get(), grad_input,
+                                                         static_cast<int>(perf.size()), &returned, perf.data(),
+                                                         search.get(), search.bytes());
+    };
+    if (!algorithm_for(chosen, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, "backward data", g, required, find)) return false;
+    Workspace workspace(chosen.workspace);
     const float one = 1.0f, zero = 0.0f;
     check(cudnnConvolutionBackwardData(handle_, &one, plan.weights.get(), weights, plan.output.get(), grad_output,
-                                       plan.data_conv.get(), plan.data_algorithm, workspace.get(), workspace.bytes(),
-                                       &zero, plan.input.get(), grad_input),
+                                       chosen.conv.get(), chosen.algorithm, workspace.get(), workspace.bytes(), &zero,
+                                       plan.input.get(), grad_input),
           "cudnnConvolutionBackwardData");
     return true;
   }
@@ -169,30 +169,21 @@ class CudnnConvolutionCore {
   bool backward_filter(const ConvolutionGeometry& g, const void* input, const void* grad_output, void* grad_weights,
                        bool required) {
     ConvolutionPlan& plan = plan_for(g);
-    if (plan.filter == Search::NotYet) {
-      Workspace search(search_workspace());
-      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
-      int returned = 0;
-      const cudnnStatus_t status = cudnnFindConvolutionBackwardFilterAlgorithmEx(
-          handle_, plan.input.get(), input, plan.output.get(), grad_output, plan.filter_conv.get(),
-          plan.weights.get(), grad_weights, static_cast<int>(perf.size()), &returned, perf.data(), search.get(),
-          search.bytes());
-      const auto* best = choose(status, perf, returned, "backward weights", g, required);
-      plan.filter = best ? Search::Found : Search::NoneUsable;
-      if (best) {
-        plan.filter_algorithm = best->algo;
-        plan.filter_workspace = best->memory;
-        use_math(plan.filter_conv, best->mathType, g);
-        record("convolution backward weights", g, static_cast<int>(best->algo), best->memory, best->time,
-               math_of(plan.filter_conv));
-      }
-    }
-    if (plan.filter == Search::NoneUsable) return false;
-    Workspace workspace(plan.filter_workspace);
+    auto& chosen = plan.filter;
+    const auto find = [&](std::vector<cudnnConvolutionBwdFilterAlgoPerf_t>& perf, int& returned,
+                          const Workspace& search) {
+      return cudnnFindConvolutionBackwardFilterAlgorithmEx(handle_, plan.input.get(), input, plan.output.get(),
+                                                           grad_output, chosen.conv.get(), plan.weights.get(),
+                                                           grad_weights, static_cast<int>(perf.size()), &returned,
+                                                           perf.data(), search.get(), search.bytes());
+    };
+    if (!algorithm_for(chosen, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, "backward weights", g, required, find))
+      return false;
+    Workspace workspace(chosen.workspace);
     const float one = 1.0f, zero = 0.0f;
     check(cudnnConvolutionBackwardFilter(handle_, &one, plan.input.get(), input, plan.output.get(), grad_output,
-                                         plan.filter_conv.get(), plan.filter_algorithm, workspace.get(),
-                                         workspace.bytes(), &zero, plan.weights.get(), grad_weights),
+                                         chosen.conv.get(), chosen.algorithm, workspace.get(), workspace.bytes(),
+                                         &zero, plan.weights.get(), grad_weights),
           "cudnnConvolutionBackwardFilter");
     return true;
   }
@@ -202,9 +193,9 @@ class CudnnConvolutionCore {
   /// returns false at once).
   bool may_run(const ConvolutionGeometry& g, Direction direction) {
     const ConvolutionPlan& plan = plan_for(g);
-    const Search state = direction == Direction::Forward ? plan.forward
-                         : direction == Direction::Data  ? plan.data
-                                                         : plan.filter;
+    const Search state = direction == Direction::Forward ? plan.forward.state
+                         : direction == Direction::Data  ? plan.data.state
+                                                         : plan.filter.state;
     return state != Search::NoneUsable;
   }
 
@@ -252,7 +243,7 @@ class CudnnConvolutionCore {
           "cudnnSetFilterNdDescriptor");
     const auto padding = as_int(g.padding), stride = as_int(g.stride), dilation = as_int(g.dilation);
     const cudnnMathType_t math = tensor_cores_allowed(g) ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
-    for (const ConvDescriptor* conv : {&plan->forward_conv, &plan->data_conv, &plan->filter_conv}) {
+    for (const ConvDescriptor* conv : {&plan->forward.conv, &plan->data.conv, &plan->filter.conv}) {
       // fp32 sums in either storage (bf16: cuDNN's PSEUDO_BFLOAT16 configuration).
       check(cudnnSetConvolutionNdDescriptor(conv->get(), spatial, padding.data(), stride.data(), dilation.data(),
                                             CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
@@ -261,7 +252,7 @@ class CudnnConvolutionCore {
     }
     // The geometry's output size must be cuDNN's: a mismatch is a bug in the caller.
     std::vector<int> computed(output.size());
-    check(cudnnGetConvolutionNdForwardOutputDim(plan->forward_conv.get(), plan->input.get(), plan->weights.get(),
+    check(cudnnGetConvolutionNdForwardOutputDim(plan->forward.conv.get(), plan->input.get(), plan->weights.get(),
                                                 static_cast<int>(computed.size()), computed.data()),
           "cudnnGetConvolutionNdForwardOutputDim");
     TESSERA_CHECK(computed == output, "cuDNN convolution {}: cuDNN computes another output size", g.to_string());
@@ -305,6 +296,28 @@ class CudnnConvolutionCore {
     return p.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
            (p.algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || p.algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
             p.algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3);
+  }
+
+  /// The algorithm of one direction: searched on its first call (`find` runs cuDNN's Find on the
+  /// call's own buffers), then cached. False when none is usable (an Error when `required`).
+  template <typename Algo, typename Find>
+  bool algorithm_for(Chosen<Algo>& chosen, int candidates, const char* what, const ConvolutionGeometry& g,
+                     bool required, const Find& find) {
+    if (chosen.state == Search::NotYet) {
+      Workspace search(search_workspace());
+      std::vector<typename PerfOf<Algo>::type> perf(static_cast<std::size_t>(candidates));
+      int returned = 0;
+      const cudnnStatus_t status = find(perf, returned, search);
+      const auto* best = choose(status, perf, returned, what, g, required);
+      chosen.state = best ? Search::Found : Search::NoneUsable;
+      if (best) {
+        chosen.algorithm = best->algo;
+        chosen.workspace = best->memory;
+        use_math(chosen.conv, best->mathType, g);
+        record(what, g, static_cast<int>(best->algo), best->memory, best->time, math_of(chosen.conv));
+      }
+    }
+    return chosen.state == Search::Found;
   }
 
   /// Results come sorted by time; the first that ran, fits the workspace limit and, in strict
@@ -378,9 +391,9 @@ class CudnnConvolutionCore {
 
   void record(const char* what, const ConvolutionGeometry& g, int algorithm, std::size_t workspace, float ms,
               cudnnMathType_t math) {
-    log_.push_back(fmt::format("{} {}{}: cuDNN algorithm {} ({}), workspace {} KiB, {:.3f} ms", what, g.to_string(),
-                               bf16_storage() ? " on bf16 tensors" : "", algorithm, math_name(math), workspace / 1024,
-                               ms));
+    log_.push_back(fmt::format("convolution {} {}{}: cuDNN algorithm {} ({}), workspace {} KiB, {:.3f} ms", what,
+                               g.to_string(), bf16_storage() ? " on bf16 tensors" : "", algorithm, math_name(math),
+                               workspace / 1024, ms));
   }
 
   cudnnHandle_t handle_;
