@@ -467,6 +467,42 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
       }
     }
   };
+  // Coordinate descent on the step time among plans that fit (full estimates: time depends on
+  // the exchanges), at most 4 sweeps.
+  auto descend_time = [&](std::vector<int>& choice, PlanEstimate& best) {
+    auto consider = [&](const std::vector<int>& trial) {
+      try {
+        PlanEstimate e = estimate_of(trial);
+        if (!e.fits || e.step_seconds >= best.step_seconds) return false;
+        choice = trial;
+        best = std::move(e);
+        return true;
+      } catch (const InputError&) {
+        return false;  // not a valid plan
+      }
+    };
+    for (int sweep = 0, improved = 1; improved && sweep < 4; ++sweep) {
+      improved = 0;
+      for (std::size_t v = 0; v < L; ++v) {
+        for (std::size_t k = 0; k < cands[v].size(); ++k) {
+          if (static_cast<int>(k) == choice[v]) continue;
+          std::vector<int> trial = choice;
+          trial[v] = static_cast<int>(k);
+          if (consider(trial)) improved = 1;
+          bool moved = false;
+          for (int u : graph.layers[v].inputs) {
+            if (u < 0) continue;
+            const auto& pc = cands[static_cast<std::size_t>(u)];
+            const auto same = std::find(pc.begin(), pc.end(), cands[v][k]);
+            if (same == pc.end()) continue;
+            trial[static_cast<std::size_t>(u)] = static_cast<int>(same - pc.begin());
+            moved = true;
+          }
+          if (moved && consider(trial)) improved = 1;
+        }
+      }
+    }
+  };
   SearchOutcome outcome = run_dp(model, cands, estimates, cost, memory, 0.0);
   result.states += outcome.states;
   PlanEstimate estimate = estimate_of(outcome.choice);
@@ -479,8 +515,9 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
     // The search prices memory layer by layer; a plan's total counts a tensor its layers share
     // once and the largest transient and scratch rather than their sum, so the least-memory
     // search can miss a plan that needs less. From its plan, change one layer's split at a time
-    // (or a layer's and its producers' together, to one split) while the exact total falls.
-    if (!least.fits) {
+    // (or a layer's and its producers' together, to one split) while the exact total falls (the
+    // result is also where the descent on time below starts).
+    {
       std::vector<int> choice = least_outcome.choice;
       descend_memory(choice);
       try {
@@ -498,16 +535,49 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
     // Raise the price of memory until the plan fits: from the time per byte of the first plan
     // upwards by factors of 4.
     double penalty = estimate.step_seconds / std::max(1.0, estimate.memory_bytes);
+    double below = 0;  // the largest price whose plan did not fit
     bool found = false;
-    for (int round = 0; round < 24 && !found; ++round, penalty *= 4) {
+    // A higher price can give a faster plan that fits too (the plans do not trade memory for time
+    // monotonically): after the first that fits, four more prices, the fastest kept.
+    for (int round = 0, after = 0; round < 24 && after < 5; ++round, penalty *= 4) {
       SearchOutcome o = run_dp(model, cands, estimates, cost, memory, penalty);
       result.states += o.states;
       PlanEstimate e = estimate_of(o.choice);
-      if (e.fits) outcome = std::move(o), estimate = std::move(e), found = true, result.memory_penalty = penalty;
-      else if (e.memory_bytes < estimate.memory_bytes) estimate = std::move(e), outcome = std::move(o);
+      if (found) ++after;
+      if (!e.fits) {
+        if (!found) below = penalty;
+        continue;
+      }
+      if (!found || e.step_seconds < estimate.step_seconds)
+        outcome = std::move(o), estimate = std::move(e), result.memory_penalty = penalty;
+      if (!found) after = 1;
+      found = true;
     }
-    if (!found) {
-      // The least-memory plan fits: take it.
+    if (found && below > 0) {
+      // Between the last price that did not fit and the first that did (a factor of 4 apart),
+      // the fastest plan that fits: halve the interval (in log scale) six times.
+      double low = below, high = 4 * below;
+      for (int step = 0; step < 6; ++step) {
+        const double middle = std::sqrt(low * high);
+        SearchOutcome o = run_dp(model, cands, estimates, cost, memory, middle);
+        result.states += o.states;
+        PlanEstimate e = estimate_of(o.choice);
+        if (!e.fits) {
+          low = middle;
+          continue;
+        }
+        high = middle;
+        if (e.step_seconds < estimate.step_seconds)
+          outcome = std::move(o), estimate = std::move(e), result.memory_penalty = middle;
+      }
+    }
+    // Then faster plans that still fit, one layer's split at a time (or a layer's and its
+    // producers' together): the price of memory is one number for every layer, the limit is not.
+    // From the priced search's plan and from the least-memory plan (which the descent on memory
+    // may have taken where the priced search cannot reach); the faster wins.
+    if (found) descend_time(outcome.choice, estimate);
+    descend_time(least_outcome.choice, least);
+    if (!found || least.step_seconds < estimate.step_seconds) {
       outcome = std::move(least_outcome);
       estimate = std::move(least);
       result.memory_penalty = 1e12;
