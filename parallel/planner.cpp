@@ -428,9 +428,35 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
   auto estimate_of = [&](const std::vector<int>& choice) {
     return model.estimate(plan_of(graph, cands, choice, options.ranks));
   };
-  // Coordinate descent on a plan's exact memory, from the layers' cached estimates (no plan
-  // files, no exchanges: memory does not depend on them); a plan where no layer gives rank 0 a
-  // sample is skipped, as the search skips it. At most 16 sweeps.
+  // Coordinate descent from `choice`: each layer's other splits, alone and with its producers on
+  // the same split where they have it (no copy between them); `accept(trial)` takes a better plan
+  // into `choice`. At most `sweeps` sweeps.
+  auto descend = [&](std::vector<int>& choice, int sweeps, const auto& accept) {
+    for (int sweep = 0, improved = 1; improved && sweep < sweeps; ++sweep) {
+      improved = 0;
+      for (std::size_t v = 0; v < L; ++v) {
+        for (std::size_t k = 0; k < cands[v].size(); ++k) {
+          if (static_cast<int>(k) == choice[v]) continue;
+          std::vector<int> trial = choice;
+          trial[v] = static_cast<int>(k);
+          if (accept(trial)) improved = 1;
+          bool moved = false;
+          for (int u : graph.layers[v].inputs) {
+            if (u < 0) continue;
+            const auto& pc = cands[static_cast<std::size_t>(u)];
+            const auto same = std::find(pc.begin(), pc.end(), cands[v][k]);
+            if (same == pc.end()) continue;
+            trial[static_cast<std::size_t>(u)] = static_cast<int>(same - pc.begin());
+            moved = true;
+          }
+          if (moved && accept(trial)) improved = 1;
+        }
+      }
+    }
+  };
+  // On a plan's exact memory, from the layers' cached estimates (no plan files, no exchanges:
+  // memory does not depend on them); a plan where no layer gives rank 0 a sample is skipped, as
+  // the search skips it. At most 16 sweeps.
   const std::int64_t batch = graph.batch;
   auto descend_memory = [&](std::vector<int>& choice) {
     auto bytes_of = [&](const std::vector<int>& c) {
@@ -443,34 +469,18 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
       return holds ? model.memory_bytes(e) : std::numeric_limits<double>::infinity();
     };
     double best = bytes_of(choice);
-    for (int sweep = 0, improved = 1; improved && sweep < 16; ++sweep) {
-      improved = 0;
-      for (std::size_t v = 0; v < L; ++v) {
-        for (std::size_t k = 0; k < cands[v].size(); ++k) {
-          if (static_cast<int>(k) == choice[v]) continue;
-          std::vector<int> trial = choice;
-          trial[v] = static_cast<int>(k);
-          for (int pass = 0; pass < 2; ++pass) {
-            if (pass == 1) {
-              // The same split for its producers too (where they have it): no copy between them.
-              for (int u : graph.layers[v].inputs) {
-                if (u < 0) continue;
-                const auto& pc = cands[static_cast<std::size_t>(u)];
-                const auto same = std::find(pc.begin(), pc.end(), cands[v][k]);
-                if (same != pc.end()) trial[static_cast<std::size_t>(u)] = static_cast<int>(same - pc.begin());
-              }
-            }
-            const double bytes = bytes_of(trial);
-            if (bytes < best) best = bytes, choice = trial, improved = 1;
-          }
-        }
-      }
-    }
+    descend(choice, 16, [&](const std::vector<int>& trial) {
+      const double bytes = bytes_of(trial);
+      if (bytes >= best) return false;
+      best = bytes;
+      choice = trial;
+      return true;
+    });
   };
-  // Coordinate descent on the step time among plans that fit (full estimates: time depends on
-  // the exchanges), at most 4 sweeps.
+  // On the step time among plans that fit (full estimates: time depends on the exchanges), at
+  // most 4 sweeps.
   auto descend_time = [&](std::vector<int>& choice, PlanEstimate& best) {
-    auto consider = [&](const std::vector<int>& trial) {
+    descend(choice, 4, [&](const std::vector<int>& trial) {
       try {
         PlanEstimate e = estimate_of(trial);
         if (!e.fits || e.step_seconds >= best.step_seconds) return false;
@@ -480,28 +490,7 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
       } catch (const InputError&) {
         return false;  // not a valid plan
       }
-    };
-    for (int sweep = 0, improved = 1; improved && sweep < 4; ++sweep) {
-      improved = 0;
-      for (std::size_t v = 0; v < L; ++v) {
-        for (std::size_t k = 0; k < cands[v].size(); ++k) {
-          if (static_cast<int>(k) == choice[v]) continue;
-          std::vector<int> trial = choice;
-          trial[v] = static_cast<int>(k);
-          if (consider(trial)) improved = 1;
-          bool moved = false;
-          for (int u : graph.layers[v].inputs) {
-            if (u < 0) continue;
-            const auto& pc = cands[static_cast<std::size_t>(u)];
-            const auto same = std::find(pc.begin(), pc.end(), cands[v][k]);
-            if (same == pc.end()) continue;
-            trial[static_cast<std::size_t>(u)] = static_cast<int>(same - pc.begin());
-            moved = true;
-          }
-          if (moved && consider(trial)) improved = 1;
-        }
-      }
-    }
+    });
   };
   SearchOutcome outcome = run_dp(model, cands, estimates, cost, memory, 0.0);
   result.states += outcome.states;
