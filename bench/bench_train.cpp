@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
           executor.device().to_string().c_str(),
           options.device.is_host() ? "none" : executor.uses_nccl() ? "nccl" : "mpi",
           std::string(tessera::precision_name(model.precision())).c_str(),
-          options.device.is_host() ? "exact" : bf16_convolutions.c_str(),
+          executor.backend().bf16_convolutions().c_str(),
           world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps,
           1e3 * comm_wait / steps, 1e3 * exchange / steps, 1e3 * critical_exchange / steps, 1e3 * halo / steps, 1e3 * critical_halo / steps, exchanged_mib, gflops, activation_mib, scratch_mib, peak_mib, gpu_peak_gib,
           static_cast<int>(overlapped));

@@ -6,7 +6,9 @@
 # they load, unpacked here into a prefix (never into /). cuDNN, cuBLAS and NCCL are the machine's
 # own: the toolkit's, else those of PyTorch's wheels. The library path is given to Tessera's
 # programs only (PyTorch keeps its own). Prints the test results and the benchmark table
-# (Tessera beside PyTorch on the same GPU) in under 8 minutes; copies the logs to $OUT.
+# (Tessera beside PyTorch on the same GPU), then measures a machine file on the GPU (`tessera
+# calibrate --device cuda`, written to $OUT/gpu_measured.yaml), in under 8 minutes; copies the
+# logs to $OUT.
 #   run: bash jobs/device_check.sh          (timeout_s 540, carry ["device_pack"])
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -153,5 +155,27 @@ timeout 240 python3 "$ROOT/bench/gpu_compare.py" --tessera "$PACK/bin/gpu_step_b
   --log "$LOGS/bench.log" | tee "$LOGS/summary.txt"
 bench=${PIPESTATUS[0]}
 [ "$bench" -eq 0 ] || status=1
-say "done: gpu_kernels exit $tests, gpu_unavailable $unavailable, gpu_nccl $nccl, gpu_train $train, gpu_train_nccl $train_nccl, tessera train end to end $e2e, benchmark exit $bench"
+
+# A machine file measured on this GPU (its rates and the CosmoFlow 64^3 kernels at one rank, on
+# top of the Perlmutter-class file's nodes and communication), and `tessera plan` pricing every
+# layer from the measured timings (m) rather than the roofline (r).
+calibrate=skipped
+if [ "${loads[tessera]}" -eq 1 ] && [ "$tests" -ne 77 ]; then
+  say "tessera calibrate --device cuda (this GPU's rates; CosmoFlow 64^3 kernels at 1 rank), then tessera plan from them"
+  machine="$LOGS/gpu_measured.yaml"
+  calibrate=0
+  timeout 150 "${tessera_env[@]}" "$PACK/bin/tessera" calibrate --device cuda --base "$ROOT/machines/perlmutter_class.yaml" \
+    --name local-gpu --repeats 3 --model "$ROOT/models/cosmoflow.yaml" --batch 4 --ranks 1 -o "$machine" \
+    > "$LOGS/calibrate.log" 2>&1 || calibrate=1
+  grep -E '^    |^  (flops|bf16_flops|memory_bandwidth|kernel_overhead|memory_per_rank) |error' "$LOGS/calibrate.log" | sed 's/^/   /'
+  if [ "$calibrate" -eq 0 ]; then
+    timeout 60 "${tessera_env[@]}" "$PACK/bin/tessera" plan --model "$ROOT/models/cosmoflow.yaml" --batch 4 --ranks 1 \
+      --machine "$machine" > "$LOGS/calibrate_plan.log" 2>&1 || calibrate=1
+    grep -E '^step ' "$LOGS/calibrate_plan.log" | sed 's/^/   /'
+    grep -qE '[0-9]\.[0-9]{3}m[[:space:]]' "$LOGS/calibrate_plan.log" || { echo "   tessera plan priced no layer from a timing"; calibrate=1; }
+    if grep -qE '[0-9]\.[0-9]{3}r[[:space:]]' "$LOGS/calibrate_plan.log"; then echo "   tessera plan priced a layer by the roofline"; calibrate=1; fi
+  fi
+  [ "$calibrate" -eq 0 ] || status=1
+fi
+say "done: gpu_kernels exit $tests, gpu_unavailable $unavailable, gpu_nccl $nccl, gpu_train $train, gpu_train_nccl $train_nccl, tessera train end to end $e2e, benchmark exit $bench, calibrate $calibrate"
 exit $status

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "layers/bf16_operands.hpp"
@@ -32,6 +33,10 @@
 
 namespace tessera {
 namespace {
+
+/// How the log says that a convolution direction with bf16 operands runs exact (no cuDNN
+/// algorithm on bf16 tensors): counted by CudaBackend::bf16_convolutions().
+constexpr std::string_view kRunsExact = "; it runs as Bf16Convolutions::Exact";
 
 void check(cudnnStatus_t status, const char* what) {
   if (status != CUDNN_STATUS_SUCCESS) fail("cuDNN: {} failed: {}", what, cudnnGetErrorString(status));
@@ -362,7 +367,7 @@ class CudnnConvolutionCore {
                                          : " in strict fp32",
         found);
     if (required) fail("{}", problem);
-    log_.push_back(problem + "; it runs as Bf16Convolutions::Exact");
+    log_.push_back(problem + std::string(kRunsExact));
     return nullptr;
   }
 
@@ -773,6 +778,7 @@ class CudaBackend final : public DnnBackend {
       major = 0;
     }
     const bool native = options.bf16_convolutions == Bf16Convolutions::Native && major >= 8;
+    native_ = native;
     auto exact = with_bf16_operands(std::make_unique<CudnnConvolution>(cudnn_, options, log_), elementwise_, gpu);
     convolution_ = native ? std::make_unique<NativeBf16Convolution>(cudnn_, options, log_, std::move(exact))
                           : std::move(exact);
@@ -798,10 +804,18 @@ class CudaBackend final : public DnnBackend {
   LinearKernels& linear() override { return *linear_; }
   ElementwiseKernels& elementwise() override { return elementwise_; }
   std::vector<std::string> implementations() const override { return log_; }
+  std::string bf16_convolutions() const override {
+    if (!native_) return "exact";
+    const auto exact = std::count_if(log_.begin(), log_.end(), [](const std::string& line) {
+      return line.ends_with(kRunsExact);
+    });
+    return exact == 0 ? "native" : fmt::format("native, {} exact", exact);
+  }
 
  private:
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  bool native_ = false;  ///< bf16 convolutions on bf16 tensors (Bf16Convolutions::Native, compute capability 8+)
   std::vector<std::string> log_;
   CudaElementwise elementwise_;  // before the kernels that round with it
   std::unique_ptr<ConvolutionKernels> convolution_;

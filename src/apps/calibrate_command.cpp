@@ -26,6 +26,16 @@
 // barrier polled with sleeps (a blocking MPI wait spins a core and would steal it from the
 // timing); rank 0 widens its CPU affinity to the whole node first (launchers bind ranks to cores).
 // Communication needs at least 2 ranks; with --base at 1 rank only kernels are added.
+//
+//   tessera calibrate --device cuda --base machines/perlmutter_class.yaml --name my-gpu-node
+//       --model models/cosmoflow_128.yaml --batch 8 --ranks 1,4 -o machines/my_gpu_node.yaml
+//
+// --device cuda measures one GPU at one rank on top of --base (a GPU machine file): flops and
+// bf16_flops (convolutions and a matrix product through the CUDA backend, strict fp32 and bf16
+// operands), memory_bandwidth (a device-to-device copy), kernel_overhead (tiny layer calls queued
+// back to back), memory_per_rank (90 % of the GPU's memory) and the kernels of --model on the
+// GPU (each timed call waited for). The nodes, ranks per node and communication lines stay the
+// base's: NCCL between GPUs is not measured yet.
 #include <fmt/format.h>
 #include <mpi.h>
 #include <sched.h>
@@ -47,6 +57,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/layers/dnn_backend.hpp"
@@ -65,6 +76,7 @@ using Clock = std::chrono::steady_clock;
 
 struct CalibrateArgs {
   std::string output, base, model, ranks, name;
+  std::string device = "host";
   std::int64_t batch = 0;
   int repeats = 5;
   int ranks_per_node = 0;
@@ -220,12 +232,19 @@ std::unique_ptr<Layer> simple_layer(const std::string& type, const std::map<std:
   return create_layer(type, "calibrate_" + type, 7, layer_options);
 }
 
-Tensor random_tensor(const Shape& shape, std::uint64_t stream) {
+/// Uniform in [-1, 1), made on the host and copied to `device`.
+Tensor random_tensor(const Shape& shape, std::uint64_t stream, Device device = Device::host()) {
   Tensor tensor(shape);
   float* data = tensor.data();
   for (std::int64_t i = 0; i < tensor.numel(); ++i)
     data[i] = 2.0f * random_uniform(17, stream, static_cast<std::uint64_t>(i)) - 1.0f;
-  return tensor;
+  return tensor.to(device);
+}
+
+/// Waits for the work queued on `device` (a GPU's kernels run after the call that queues them
+/// returns; the host's have finished by then).
+void finish(Device device) {
+  if (!device.is_host()) cuda::synchronize();
 }
 
 /// A layer with its inputs, ready to run forward + backward repeatedly.
@@ -236,6 +255,10 @@ struct Bench {
   std::unique_ptr<SpatialTile> tile;
   Tensor output, grad_output;
   std::vector<Tensor> grads;
+  Device device;  ///< where the layer, its inputs and its results are
+  /// Waits for the device after forward and after backward (the timed parts); false: queues only.
+  bool wait = true;
+  Shape output_shape;  ///< the layer's output (from its setup)
 
   /// Seconds of one forward + backward.
   double run(DnnBackend& backend) {
@@ -250,13 +273,16 @@ struct Bench {
     grads.resize(inputs.size());
     std::vector<Tensor*> grad_in;
     for (std::size_t i = 0; i < inputs.size(); ++i) grad_in.push_back(needs_grad[i] ? &grads[i] : nullptr);
+    if (wait) finish(device);
     const auto start = Clock::now();
     layer->forward(in, output, ctx);
+    if (wait) finish(device);
     double seconds = seconds_since(start);
     // The first call makes the output gradient (outside the timed part; the warm-up call anyway).
-    if (!(grad_output.shape() == output.shape())) grad_output = random_tensor(output.shape(), 77);
+    if (!(grad_output.shape() == output.shape())) grad_output = random_tensor(output.shape(), 77, device);
     const auto again = Clock::now();
     layer->backward(in, output, grad_output, grad_in, ctx);
+    if (wait) finish(device);
     return seconds + seconds_since(again);
   }
 };
@@ -282,59 +308,77 @@ struct FlopsProbe {
   double rate() const { return flops / seconds; }
 };
 
-/// Times forward + backward of `layer` on a random `input`; `flops` gives the work of both from
-/// the output shape.
-FlopsProbe probe_layer(DnnBackend& backend, std::unique_ptr<Layer> layer, const Shape& input, std::uint64_t stream,
-                       std::string what, const std::function<double(const Shape&)>& flops, int repeats) {
-  const Shape output = layer->setup({input});
-  layer->init_parameters(3);
-  Bench bench;
-  bench.layer = std::move(layer);
-  bench.inputs.push_back(random_tensor(input, stream));
-  bench.needs_grad = {true};
-  FlopsProbe p;
-  p.what = std::move(what);
-  p.flops = flops(output);
-  p.seconds = time_bench(bench, backend, repeats);
-  return p;
-}
+/// Where and how the compute probes run: the backend, its device, the timed repeats, and the
+/// precision of the convolutions and matrix products (the model file's `precision`).
+struct Prober {
+  DnnBackend& backend;
+  Device device;
+  int repeats = 1;
+  Precision precision = Precision::F32;
 
-/// Forward + backward of a convolution or a linear layer: 3 x the forward multiply-adds x 2.
-FlopsProbe probe_conv(DnnBackend& backend, std::int64_t batch, std::int64_t channels, std::int64_t filters,
-                      std::vector<std::int64_t> size, std::int64_t kernel, int repeats) {
-  std::string extents;
-  for (auto s : size) extents += (extents.empty() ? "" : "x") + std::to_string(s);
-  double window = 1;
-  for (std::size_t i = 0; i < size.size(); ++i) window *= static_cast<double>(kernel);
-  return probe_layer(
-      backend,
-      simple_layer("conv", {{"filters", std::to_string(filters)},
-                            {"kernel", std::to_string(kernel)},
-                            {"padding", std::to_string(kernel / 2)}}),
-      Shape::image(batch, channels, size), 1,
-      fmt::format("conv {}-D {}->{} ch, {}, kernel {}, batch {}", size.size(), channels, filters, extents, kernel,
-                  batch),
-      [&](const Shape& output) {
-        return 3.0 * 2.0 * static_cast<double>(output.numel()) * static_cast<double>(channels) * window;
-      },
-      repeats);
-}
+  /// Times forward + backward of `layer` on a random `input`; `flops` gives the work of both
+  /// from the output shape.
+  FlopsProbe layer(std::unique_ptr<Layer> layer, const Shape& input, std::uint64_t stream, std::string what,
+                   const std::function<double(const Shape&)>& flops, int times) const {
+    Bench bench = bench_of(std::move(layer), input, stream);
+    FlopsProbe p;
+    p.what = std::move(what);
+    if (precision == Precision::BF16) p.what += " bf16";
+    p.flops = flops(bench.output_shape);
+    p.seconds = time_bench(bench, backend, times);
+    return p;
+  }
 
-FlopsProbe probe_linear(DnnBackend& backend, std::int64_t batch, std::int64_t in, std::int64_t out, int repeats) {
-  return probe_layer(
-      backend, simple_layer("linear", {{"out", std::to_string(out)}}),
-      Shape({batch, in}, {DimKind::Sample, DimKind::Feature}), 2, fmt::format("linear {}x{} -> {}", batch, in, out),
-      [&](const Shape&) {
-        return 3.0 * 2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out);
-      },
-      repeats);
-}
+  /// `layer` set up on a random `input` on the device.
+  Bench bench_of(std::unique_ptr<Layer> layer, const Shape& input, std::uint64_t stream) const {
+    Bench bench;
+    bench.output_shape = layer->setup({input});
+    layer->init_parameters(3);
+    layer->move_to(device);
+    bench.layer = std::move(layer);
+    bench.device = device;
+    bench.inputs.push_back(random_tensor(input, stream, device));
+    bench.needs_grad = {true};
+    return bench;
+  }
+
+  /// Forward + backward of a convolution or a linear layer: 3 x the forward multiply-adds x 2.
+  FlopsProbe conv(std::int64_t batch, std::int64_t channels, std::int64_t filters, std::vector<std::int64_t> size,
+                  std::int64_t kernel, int times = 0) const {
+    std::string extents;
+    for (auto s : size) extents += (extents.empty() ? "" : "x") + std::to_string(s);
+    double window = 1;
+    for (std::size_t i = 0; i < size.size(); ++i) window *= static_cast<double>(kernel);
+    return layer(
+        simple_layer("conv", {{"filters", std::to_string(filters)},
+                              {"kernel", std::to_string(kernel)},
+                              {"padding", std::to_string(kernel / 2)},
+                              {"precision", std::string(precision_name(precision))}}),
+        Shape::image(batch, channels, size), 1,
+        fmt::format("conv {}-D {}->{} ch, {}, kernel {}, batch {}", size.size(), channels, filters, extents, kernel,
+                    batch),
+        [&](const Shape& output) {
+          return 3.0 * 2.0 * static_cast<double>(output.numel()) * static_cast<double>(channels) * window;
+        },
+        times > 0 ? times : repeats);
+  }
+
+  FlopsProbe linear(std::int64_t batch, std::int64_t in, std::int64_t out) const {
+    return layer(
+        simple_layer("linear", {{"out", std::to_string(out)}, {"precision", std::string(precision_name(precision))}}),
+        Shape({batch, in}, {DimKind::Sample, DimKind::Feature}), 2, fmt::format("linear {}x{} -> {}", batch, in, out),
+        [&](const Shape&) {
+          return 3.0 * 2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out);
+        },
+        repeats);
+  }
+};
 
 /// Sets up a fresh copy of model node `w.layer` on the local workload `w` (see planner.hpp): its
 /// samples, its block of the channels under a filter/channel split, and under a spatial split
 /// a tile whose outputs have the workload's extents (the executor's SpatialTile, including the
 /// halo its window reads).
-Bench workload_bench(const Model& model, const PlannerGraph& graph, const Workload& w) {
+Bench workload_bench(const Model& model, const PlannerGraph& graph, const Workload& w, Device device) {
   const auto node = static_cast<std::size_t>(w.layer);
   const auto& info = graph.layers.at(node);
   const auto& model_node = model.nodes().at(node);
@@ -347,6 +391,7 @@ Bench workload_bench(const Model& model, const PlannerGraph& graph, const Worklo
     shapes.push_back(in == Model::kModelInput ? model.input_shape(w.samples)
                                               : model.nodes().at(static_cast<std::size_t>(in)).output.with(0, w.samples));
   const Shape output = layer.setup(shapes);
+  bench.output_shape = output;
   const int dims = output.spatial_dims();
   const bool tiled = dims > 0 && static_cast<int>(w.output_extent.size()) == dims &&
                      [&] {
@@ -359,6 +404,8 @@ Bench workload_bench(const Model& model, const PlannerGraph& graph, const Worklo
   const ModelSplit split{w.filter_parts, 0, w.channel_parts, 0};
   if (!split.none()) layer.set_model_split(split);
   layer.init_parameters(11);
+  layer.move_to(device);
+  bench.device = device;
   std::vector<std::int64_t> window;  // local input extents under a spatial split
   if (tiled) {
     bench.tile = std::make_unique<SpatialTile>();
@@ -384,7 +431,7 @@ Bench workload_bench(const Model& model, const PlannerGraph& graph, const Worklo
       local = local.with(1, block_extent(channels, parts, 0));
     }
     for (std::size_t j = 0; j < window.size(); ++j) local = local.with(static_cast<int>(j) + 2, window[j]);
-    bench.inputs.push_back(random_tensor(local, 100 + a));
+    bench.inputs.push_back(random_tensor(local, 100 + a, device));
     bench.needs_grad.push_back(model_node.inputs[a] != Model::kModelInput);
   }
   return bench;
@@ -439,6 +486,102 @@ double measure_triad(int threads, std::size_t bytes_per_array, int repeats) {
   }
   if (a[n / 2] != 2.0f) fail("calibrate: the triad computed a wrong value ({})", a[n / 2]);
   return best;
+}
+
+// --------------------------------------------------------------------------------------------
+// One GPU (--device cuda): its compute, memory and call overhead.
+
+/// Best device-to-device copy bandwidth (bytes/s, each byte read once and written once, as
+/// STREAM's copy counts it) over buffers of `bytes` bytes.
+double measure_device_copy(Device device, std::size_t bytes, int repeats) {
+  const auto n = static_cast<std::int64_t>(bytes / sizeof(float));
+  Tensor from(Shape({n}), device), to(Shape({n}), device);
+  from.fill(1.5f);
+  constexpr int kCopies = 8;
+  double best = 0;
+  for (int r = 0; r < repeats + 1; ++r) {
+    finish(device);
+    const auto start = Clock::now();
+    for (int k = 0; k < kCopies; ++k) cuda::copy_on_device(to.data(), from.data(), bytes);
+    finish(device);
+    const double seconds = seconds_since(start);
+    if (r > 0) best = std::max(best, 2.0 * static_cast<double>(bytes) * kCopies / seconds);
+  }
+  const float copied = to.slice(n / 2, n / 2 + 1).to(Device::host()).data()[0];
+  if (copied != 1.5f) fail("calibrate: the device copy gave a wrong value ({})", copied);
+  return best;
+}
+
+/// Seconds per layer call when calls are queued back to back (a GPU runs them while the host
+/// queues the next): a convolution too small to compute anything, forward + backward `calls`
+/// times, then one wait; half of that per call.
+double measure_call_overhead(const Prober& prober, int calls) {
+  Bench bench = prober.bench_of(simple_layer("conv", {{"filters", "1"}, {"kernel", "1"}}), Shape::image(1, 1, {4, 4}), 1);
+  bench.wait = false;
+  for (int k = 0; k < 3; ++k) bench.run(prober.backend);  // warm-up: algorithm choice, first allocations
+  finish(prober.device);
+  const auto start = Clock::now();
+  for (int k = 0; k < calls; ++k) bench.run(prober.backend);
+  finish(prober.device);
+  return seconds_since(start) / calls / 2;
+}
+
+/// Measures the GPU of `device` into `machine`: flops and bf16_flops (the median rate of
+/// convolutions and a matrix product, forward + backward, in strict fp32 and with bf16 operands
+/// as the executor runs them), memory_bandwidth, kernel_overhead and (unless given)
+/// memory_per_rank. Prints what it measured.
+void measure_gpu(Machine& machine, DnnBackend& backend, Device device, const CalibrateArgs& args) {
+  const bool quick = args.quick;
+  auto rates = [&](Precision precision) {
+    const Prober prober{backend, device, args.repeats, precision};
+    std::vector<FlopsProbe> probes;
+    if (quick) {
+      probes.push_back(prober.conv(2, 16, 32, {32, 32, 32}, 3));
+      probes.push_back(prober.conv(16, 64, 64, {28, 28}, 3));
+      probes.push_back(prober.linear(1024, 1024, 1024));
+    } else {
+      probes.push_back(prober.conv(4, 32, 64, {64, 64, 64}, 3));
+      probes.push_back(prober.conv(8, 128, 128, {32, 32, 32}, 3));
+      probes.push_back(prober.conv(32, 256, 256, {56, 56}, 3));
+      probes.push_back(prober.linear(8192, 4096, 4096));
+    }
+    return probes;
+  };
+  const std::vector<FlopsProbe> fp32 = rates(Precision::F32), bf16 = rates(Precision::BF16);
+  auto median_rate = [](const std::vector<FlopsProbe>& probes) {
+    std::vector<double> r;
+    for (const auto& p : probes) r.push_back(p.rate());
+    return median(r);
+  };
+  machine.device = "gpu";
+  machine.flops = median_rate(fp32);
+  machine.bf16_flops = median_rate(bf16);
+  machine.memory_bandwidth = measure_device_copy(device, quick ? (std::size_t{64} << 20) : (std::size_t{1} << 30),
+                                                 args.repeats);
+  machine.kernel_overhead = measure_call_overhead(Prober{backend, device, 1, Precision::F32}, quick ? 50 : 200);
+  const double memory = static_cast<double>(cuda::device_memory_bytes(device.index));
+  if (args.memory_per_rank == 0) machine.memory_per_rank = 0.9 * memory;
+  const std::string gpu = cuda::describe_device(device.index);
+  const std::string base_source = machine.source;
+  machine.source = fmt::format(
+      "measured by tessera calibrate --device cuda on {} ({}; {}): flops = median strict-fp32 rate and bf16_flops = "
+      "median rate with bf16 operands (convolutions on bf16 tensors) of conv/linear forward+backward (cuDNN, "
+      "cuBLAS); memory_bandwidth = device-to-device copy (read + write); kernel_overhead = half a tiny convolution's "
+      "forward+backward queued back to back; memory_per_rank = {}. Nodes, ranks per node and communication "
+      "(NCCL between GPUs is not measured yet) from {}: {}",
+      host_name(), today(), gpu,
+      args.memory_per_rank == 0 ? "90% of the GPU's memory" : "as given (--memory-per-rank)", args.base, base_source);
+  fmt::print("tessera calibrate: {} on {}{}\n", machine.name, gpu, quick ? " (quick)" : "");
+  fmt::print("  compute (forward + backward):\n");
+  for (const auto* probes : {&fp32, &bf16})
+    for (const auto& p : *probes)
+      fmt::print("    {:<52} {:8.3f} ms  {:8.2f} TFLOP/s\n", p.what, p.seconds * 1e3, p.rate() * 1e-12);
+  fmt::print("  flops            {:.4g} FLOP/s (median, strict fp32)\n", machine.flops);
+  fmt::print("  bf16_flops       {:.4g} FLOP/s (median, bf16 operands)\n", machine.bf16_flops);
+  fmt::print("  memory_bandwidth {:.4g} B/s (device-to-device copy)\n", machine.memory_bandwidth);
+  fmt::print("  kernel_overhead  {:.3g} us per call (queued back to back)\n", machine.kernel_overhead * 1e6);
+  fmt::print("  memory_per_rank  {:.4g} B (the GPU has {:.4g} B)\n", machine.memory_per_rank, memory);
+  std::fflush(stdout);
 }
 
 // --------------------------------------------------------------------------------------------
@@ -644,12 +787,25 @@ double measure_sync_wait(Communicator& world, const Machine& machine, int cores,
 
 void run_calibrate(Communicator& world, const CalibrateArgs& args) {
   const int size = world.size();
-  const bool measure = args.base.empty();
+  const bool gpu = args.device == "cuda";
+  const bool measure = args.base.empty();  // the node (host) from scratch
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   Machine machine;
   std::unique_ptr<Model> model;
   std::vector<int> rank_counts;
   collectively(world, [&] {
+    if (args.device != "host" && !gpu) fail_input("--device {}: expected host or cuda", args.device);
+    if (gpu) {
+      if (size != 1)
+        fail_input("tessera calibrate --device cuda measures one GPU at one rank (the job has {}): run it without "
+                   "mpirun or with -n 1; the communication between GPUs (NCCL) is not measured yet and comes from "
+                   "--base",
+                   size);
+      if (args.base.empty())
+        fail_input("tessera calibrate --device cuda needs --base FILE, a GPU machine file (such as "
+                   "machines/perlmutter_class.yaml) for the nodes, the ranks per node and the communication, which "
+                   "one GPU cannot measure; the GPU's compute, memory and kernel timings are measured");
+    }
     if (measure && size < 2)
       fail_input("tessera calibrate measures communication between ranks and needs at least 2 ranks "
                  "(run it as 'mpirun -n 2 --bind-to none tessera calibrate ...'); to add kernel timings to an "
@@ -674,7 +830,15 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
       machine.memory_per_rank = args.memory_per_rank > 0 ? args.memory_per_rank : 0.8 * physical / cores;
     } else {
       machine = Machine::load(args.base);
-      if (args.model.empty() && size < 2)
+      if (gpu && machine.device != "gpu")
+        fail_input("--base {}: its device is {}, and --device cuda measures a GPU: it needs a GPU machine file "
+                   "(device: gpu)",
+                   args.base, machine.device);
+      if (gpu && cuda::device_count() == 0)
+        fail_input("tessera calibrate --device cuda: {}", cuda::unavailable_reason());
+      if (!args.name.empty()) machine.name = args.name;
+      if (args.memory_per_rank > 0) machine.memory_per_rank = args.memory_per_rank;
+      if (args.model.empty() && size < 2 && !gpu)
         fail_input("--base {}: nothing to do at 1 rank without --model (with --base only kernel timings and, at 2 or "
                    "more ranks, the waiting at synchronisation points are measured)",
                    args.base);
@@ -694,10 +858,17 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
   const bool quick = args.quick;
   const int repeats = args.repeats;
   std::unique_ptr<DnnBackend> backend;
+  Device device = Device::host();
   int cpus_for_timing = 0;
   double busy = 0;
   on_rank0_alone(world, [&] {
     cpus_for_timing = widen_affinity(cores);
+    if (gpu) {
+      device = Device::cuda(cuda::select_device_for_local_rank(0));
+      backend = make_cuda_backend();
+      measure_gpu(machine, *backend, device, args);
+      return;
+    }
     backend = make_host_backend();
     busy = busy_cores(0.3);
     if (busy > 0.25)
@@ -711,22 +882,23 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
   if (measure) {
     on_rank0_alone(world, [&] {
       set_backend_threads(cores);
+      const Prober prober{*backend, device, repeats};
       if (quick) {
-        probes.push_back(probe_conv(*backend, 8, 16, 32, {28, 28}, 3, repeats));
-        probes.push_back(probe_conv(*backend, 2, 16, 16, {16, 16, 16}, 3, repeats));
-        probes.push_back(probe_linear(*backend, 256, 512, 512, repeats));
+        probes.push_back(prober.conv(8, 16, 32, {28, 28}, 3));
+        probes.push_back(prober.conv(2, 16, 16, {16, 16, 16}, 3));
+        probes.push_back(prober.linear(256, 512, 512));
       } else {
-        probes.push_back(probe_conv(*backend, 32, 64, 64, {28, 28}, 3, repeats));
-        probes.push_back(probe_conv(*backend, 64, 32, 64, {14, 14}, 3, repeats));
-        probes.push_back(probe_conv(*backend, 4, 32, 32, {32, 32, 32}, 3, repeats));
-        probes.push_back(probe_conv(*backend, 4, 16, 32, {64, 64, 64}, 3, std::max(1, repeats / 2)));
-        probes.push_back(probe_linear(*backend, 1024, 1024, 1024, repeats));
+        probes.push_back(prober.conv(32, 64, 64, {28, 28}, 3));
+        probes.push_back(prober.conv(64, 32, 64, {14, 14}, 3));
+        probes.push_back(prober.conv(4, 32, 32, {32, 32, 32}, 3));
+        probes.push_back(prober.conv(4, 16, 32, {64, 64, 64}, 3, std::max(1, repeats / 2)));
+        probes.push_back(prober.linear(1024, 1024, 1024));
       }
       std::vector<double> rates;
       for (const auto& p : probes) rates.push_back(p.rate());
       machine.flops = median(rates);
       // Dispatch cost of one layer call: a convolution too small to compute anything.
-      auto tiny = probe_conv(*backend, 1, 1, 1, {4, 4}, 1, std::max(repeats, 20));
+      auto tiny = Prober{*backend, device, std::max(repeats, 20)}.conv(1, 1, 1, {4, 4}, 1);
       machine.kernel_overhead = tiny.seconds / 2;
       triad = measure_triad(cores, quick ? (32u << 20) : (128u << 20), repeats);
       machine.memory_bandwidth = triad;
@@ -804,7 +976,7 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
       for (int round = 0; round < repeats; ++round)
         for (std::size_t k = 0; k < list.size(); ++k) {
           set_backend_threads(list[k].first.threads);
-          Bench bench = workload_bench(*model, graph, list[k].first);
+          Bench bench = workload_bench(*model, graph, list[k].first, device);
           if (barrier) MPI_Barrier(MPI_COMM_WORLD);
           times[k].push_back(time_once(bench, *backend));
         }
@@ -899,6 +1071,11 @@ std::function<void(Communicator&)> add_calibrate_command(CLI::App& app) {
                   "Most ranks the planner may put on this node (default: 4 x hardware threads; oversubscribed)");
   cmd->add_option("--memory-per-rank", args->memory_per_rank,
                   "Bytes one rank may use (default: 80% of the node's memory / hardware threads)");
+  cmd->add_option("--device", args->device,
+                  "host: measure this node's CPUs (needs 2+ ranks, or --base); cuda: measure one GPU at one rank "
+                  "(its compute, memory and kernel timings) on top of --base, a GPU machine file that gives the nodes "
+                  "and the communication")
+      ->capture_default_str();
   cmd->add_flag("--quick", args->quick, "Smaller, faster measurements (for tests; less accurate)");
   return [cmd, args](Communicator& world) {
     if (!cmd->parsed()) return;

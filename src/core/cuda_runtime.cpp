@@ -187,6 +187,12 @@ std::string describe_device(int device) {
                      runtime % 1000 / 10);
 }
 
+std::size_t device_memory_bytes(int device) {
+  cudaDeviceProp properties{};
+  check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+  return properties.totalGlobalMem;
+}
+
 std::string device_uuid(int device) {
   cudaDeviceProp properties{};
   check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");

@@ -14,6 +14,7 @@ bool built() { return false; }
 int device_count() { return 0; }
 std::string unavailable_reason() { return "this Tessera was built without CUDA (TESSERA_ENABLE_CUDA=OFF)"; }
 std::string describe_device(int) { not_built("describe a GPU"); }
+std::size_t device_memory_bytes(int) { not_built("query a GPU's memory"); }
 std::string device_uuid(int) { not_built("identify a GPU"); }
 void set_device(int) { not_built("select a GPU"); }
 int current_device() { not_built("query the current GPU"); }

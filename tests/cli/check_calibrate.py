@@ -2,7 +2,12 @@
 """`tessera calibrate` end to end: measures this machine (quickly) with kernel timings for a model,
 checks the machine file it writes (every field, a kernel timing for every layer), that
 `tessera plan` reads it and prices every layer of its plans from the calibrated timings, and that
-`--base` at one rank adds kernels to an existing file without measuring the node again."""
+`--base` at one rank adds kernels to an existing file without measuring the node again.
+
+With --gpu-base FILE: `tessera calibrate --device cuda` on top of that GPU machine file instead
+(one rank, this machine's first GPU): the GPU's rates in the written file, the base's nodes and
+communication kept, a kernel timing for every layer, and `tessera plan` pricing from them. Exits
+77 (Skipped) with the reason where there is no usable GPU."""
 import argparse
 import os
 import re
@@ -14,15 +19,21 @@ import yaml
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--tessera", required=True)
-parser.add_argument("--mpirun", required=True, help="the mpirun command line and its flags, one string")
+parser.add_argument("--mpirun", required=True,
+                    help="the mpirun command line and its flags, one string ('': one-rank runs start the program alone)")
 parser.add_argument("--model", required=True)
 parser.add_argument("--batch", type=int, default=8)
 parser.add_argument("--work", required=True, help="folder for the machine files (must exist or be creatable)")
+parser.add_argument("--gpu-base", help="check `tessera calibrate --device cuda` on top of this GPU machine file")
 args = parser.parse_args()
 
 os.makedirs(args.work, exist_ok=True)
 mpirun = shlex.split(args.mpirun)
 problems = []
+
+
+def one_rank():
+    return mpirun + ["-n", "1"] if mpirun else []
 
 
 def run(command, timeout=120):
@@ -35,8 +46,69 @@ def run(command, timeout=120):
     output = result.stdout.decode(errors="replace")
     print(output, flush=True)
     if result.returncode != 0:
+        if args.gpu_base and "calibrate --device cuda: " in output and (
+                "CUDA device" in output or "built without CUDA" in output):
+            print("SKIPPED: no usable GPU (the reason above)")
+            sys.exit(77)
         sys.exit(f"FAIL: exit code {result.returncode}")
     return output
+
+
+def plan_prices_from_timings(machine_file, rank_counts):
+    """`tessera plan` reads the file and prices every layer of its plans from a calibrated timing."""
+    for ranks in rank_counts:
+        out = run(one_rank() + [args.tessera, "plan", "--model", args.model, "--ranks", str(ranks), "--batch",
+                            str(args.batch), "--machine", machine_file])
+        rows = [line for line in out.splitlines() if re.match(r"^\S+\s+.*\d+\.\d{3}[mr]\s", line)]
+        if not rows:
+            problems.append(f"tessera plan at {ranks} ranks printed no cost table")
+        for row in rows:
+            if re.search(r"\d\.\d{3}r\s", row):
+                problems.append(f"tessera plan at {ranks} ranks priced a layer by the roofline, not a timing: {row}")
+
+
+def check_gpu():
+    with open(args.gpu_base) as f:
+        base = yaml.safe_load(f)
+    machine_file = os.path.join(args.work, "gpu.yaml")
+    run(one_rank() + [args.tessera, "calibrate", "--device", "cuda", "--base", args.gpu_base, "--name",
+                  "gpu-check", "--quick", "--repeats", "2", "--model", args.model, "--batch", str(args.batch),
+                  "--ranks", "1,4", "-o", machine_file], timeout=300)
+    with open(machine_file) as f:
+        machine = yaml.safe_load(f)
+    if machine.get("device") != "gpu" or machine.get("name") != "gpu-check":
+        problems.append(f"expected the gpu machine gpu-check, got {machine.get('device')} {machine.get('name')}")
+    for key, low, high in [("flops", 1e11, 1e16), ("bf16_flops", 1e11, 1e16), ("memory_bandwidth", 1e10, 1e14),
+                           ("kernel_overhead", 1e-7, 1e-2), ("memory_per_rank", 1e9, 1e12)]:
+        if not (low <= machine.get(key, 0) <= high):
+            problems.append(f"{key} = {machine.get(key)} is outside [{low}, {high}]")
+    for key in ["nodes", "ranks_per_node", "cores_per_node", "intra", "inter", "grad_overlap"]:
+        if machine.get(key) != base.get(key):
+            problems.append(f"'{key}' is not the base's: {base.get(key)} -> {machine.get(key)}")
+    if "--device cuda" not in machine.get("source", "") or args.gpu_base not in machine.get("source", ""):
+        problems.append("the source does not say it was measured on a GPU on top of the base")
+    with open(args.model) as f:
+        model = yaml.safe_load(f)
+    kernels = machine.get("kernels", {})
+    for layer in model["layers"]:
+        prefix = f"{model['name']}/{layer['name']}|"
+        for ranks in (1, 4):
+            samples = f"|n{args.batch // ranks}|" if ranks == 1 else ""
+            if not any(k.startswith(prefix) and "|t1|" in k and samples in k for k in kernels):
+                problems.append(f"no kernel timing for layer {layer['name']} at {ranks} rank(s) (1 thread: a GPU)")
+    if any(not (0 < s < 10) for s in kernels.values()):
+        problems.append("a kernel timing is outside (0, 10) s")
+    plan_prices_from_timings(machine_file, [1, 4])
+    if problems:
+        print("\n".join("FAIL: " + p for p in problems))
+        sys.exit(1)
+    print(f"OK: {len(kernels)} kernel timings on the GPU; flops {machine['flops']:.3g}, bf16_flops "
+          f"{machine['bf16_flops']:.3g}, bandwidth {machine['memory_bandwidth']:.3g}")
+    sys.exit(0)
+
+
+if args.gpu_base:
+    check_gpu()
 
 
 machine_file = os.path.join(args.work, "local.yaml")
@@ -81,20 +153,11 @@ for layer in model["layers"]:
 if any(not (0 < s < 10) for s in kernels.values()):
     problems.append("a kernel timing is outside (0, 10) s")
 
-# `tessera plan` reads the file and prices every layer of its plan from a calibrated timing.
-for ranks in [1, 2]:
-    out = run(mpirun + ["-n", "1", args.tessera, "plan", "--model", args.model, "--ranks", str(ranks), "--batch",
-                        str(args.batch), "--machine", machine_file])
-    rows = [line for line in out.splitlines() if re.match(r"^\S+\s+.*\d+\.\d{3}[mr]\s", line)]
-    if not rows:
-        problems.append(f"tessera plan at {ranks} ranks printed no cost table")
-    for row in rows:
-        if re.search(r"\d\.\d{3}r\s", row):
-            problems.append(f"tessera plan at {ranks} ranks priced a layer by the roofline, not a timing: {row}")
+plan_prices_from_timings(machine_file, [1, 2])
 
 # --base at one rank: the node's numbers stay, kernels are added (here: re-timed for 1 rank).
 again_file = os.path.join(args.work, "again.yaml")
-run(mpirun + ["-n", "1", args.tessera, "calibrate", "--base", machine_file, "--quick", "--repeats", "1",
+run(one_rank() + [args.tessera, "calibrate", "--base", machine_file, "--quick", "--repeats", "1",
               "--model", args.model, "--batch", str(args.batch), "--ranks", "1", "-o", again_file])
 with open(again_file) as f:
     again = yaml.safe_load(f)

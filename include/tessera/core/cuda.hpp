@@ -28,6 +28,9 @@ std::string unavailable_reason();
 /// "NVIDIA H200, compute capability 9.0, 139.8 GiB, driver 13.0, runtime 13.0" (throws without a device).
 std::string describe_device(int device);
 
+/// The device's memory in bytes (all of it, not what is free now; throws without a device).
+std::size_t device_memory_bytes(int device);
+
 /// The GPU's UUID as 32 hex digits: the same GPU gives the same UUID in every process, however
 /// CUDA_VISIBLE_DEVICES numbers it there.
 std::string device_uuid(int device);

@@ -214,6 +214,10 @@ class DnnBackend {
   /// One line per kernel built so far: what it computes and which implementation the library
   /// chose for it (for diagnostics and for tests that reject slow reference kernels).
   virtual std::vector<std::string> implementations() const = 0;
+  /// How convolutions with bf16 operands have run so far: "exact" (fp32 results; the host, and
+  /// Bf16Convolutions::Exact), "native" (bf16 tensors and results), or "native, N exact" when N
+  /// (shape, direction) pairs had no cuDNN algorithm on bf16 tensors and ran exact.
+  virtual std::string bf16_convolutions() const { return "exact"; }
 };
 
 /// How the host backend lays tensors out inside a convolution.

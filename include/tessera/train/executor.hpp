@@ -125,6 +125,8 @@ class Executor {
   std::pair<std::int64_t, std::int64_t> local_samples(std::int64_t batch_size) const;
   /// Where the layers run (ExecutorOptions::device).
   Device device() const { return options_.device; }
+  /// The kernels the layers run on (its implementations(), how bf16 convolutions ran).
+  const DnnBackend& backend() const { return *backend_; }
   /// Whether messages between this job's GPUs go over NCCL (ExecutorOptions::gpu_comm).
   bool uses_nccl() const { return gpu_exchange_comm_ != nullptr; }
   /// Per layer (model order), this rank's time in the training steps since the executor was made or
