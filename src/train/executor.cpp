@@ -877,22 +877,22 @@ std::int64_t Executor::current_bytes() const {
   return bytes;
 }
 
-std::vector<std::string> Executor::backward_overlapped_layers(std::int64_t batch_size) const {
+std::vector<std::string> Executor::layers_where(std::int64_t batch_size,
+                                               const std::function<bool(const Exchanges&, std::size_t)>& chosen) const {
   std::vector<std::string> names;
   auto it = exchanges_.find(batch_size);
   if (it == exchanges_.end()) return names;
-  for (std::size_t i = 0; i < it->second.split_backward.size(); ++i)
-    if (it->second.split_backward[i]) names.push_back(model_.nodes()[i].layer->name());
+  for (std::size_t i = 0; i < model_.nodes().size(); ++i)
+    if (chosen(it->second, i)) names.push_back(model_.nodes()[i].layer->name());
   return names;
 }
 
+std::vector<std::string> Executor::backward_overlapped_layers(std::int64_t batch_size) const {
+  return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.split_backward[i]; });
+}
+
 std::vector<std::string> Executor::overlapped_layers(std::int64_t batch_size) const {
-  std::vector<std::string> names;
-  auto it = exchanges_.find(batch_size);
-  if (it == exchanges_.end()) return names;
-  for (std::size_t i = 0; i < it->second.overlap.size(); ++i)
-    if (it->second.overlap[i].interior) names.push_back(model_.nodes()[i].layer->name());
-  return names;
+  return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.overlap[i].interior; });
 }
 
 std::int64_t Executor::exchange_elements_per_step(std::int64_t batch_size) {

@@ -31,6 +31,7 @@
 // channel coordinates.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -238,6 +239,10 @@ class Executor {
   void check_halos() const;
   std::int64_t current_bytes() const;
   Exchanges& exchanges(std::int64_t batch, const Tensor& targets);
+  /// The names of the layers `chosen` picks from the exchanges of a batch of `batch_size` (none
+  /// before its first step).
+  std::vector<std::string> layers_where(std::int64_t batch_size,
+                                        const std::function<bool(const Exchanges&, std::size_t)>& chosen) const;
   /// Whether halo overlap applies to `exchange` on this rank under the options (Automatic: a
   /// peer on another node). Exchanges::overlapping holds the answer every rank agreed on.
   bool overlaps(const TileExchange& exchange) const;
