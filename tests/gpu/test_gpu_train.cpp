@@ -64,24 +64,9 @@ layers:
 loss: softmax_cross_entropy
 )";
 
-const char* kCosmoStyle = R"(
-input: {shape: [1, 16, 16, 16]}
-layers:
-  - {name: conv1, type: conv, filters: 4, kernel: 3, padding: 1}
-  - {name: act1, type: leaky_relu, slope: 0.01}
-  - {name: pool1, type: maxpool, kernel: 2}
-  - {name: conv2, type: conv, filters: 8, kernel: 3, padding: 1}
-  - {name: act2, type: leaky_relu, slope: 0.01}
-  - {name: pool2, type: maxpool, kernel: 2}
-  - {name: flatten, type: flatten}
-  - {name: fc1, type: linear, out: 16}
-  - {name: act3, type: leaky_relu, slope: 0.01}
-  - {name: fc2, type: linear, out: 1}
-loss: mse
-)";
-
 
 using testing::adamw;
+using testing::kCosmoStyle;
 
 void expect_gpu_plan_equals_one_host_rank(const std::string& model, const std::string& plan, std::int64_t batch,
                                           const OptimizerConfig& optimizer, double lr, double tolerance = 1e-5) {

@@ -174,6 +174,24 @@ inline void expect_same_as_one_rank(const std::string& model_text, const std::st
 
 inline int ranks() { return MpiCommunicator::world()->size(); }
 
+/// A small CosmoFlow-style 3-D regression network (16^3, one channel): conv, leaky ReLU and
+/// max-pool blocks, then two linear layers and MSE.
+inline constexpr const char* kCosmoStyle = R"(
+input: {shape: [1, 16, 16, 16]}
+layers:
+  - {name: conv1, type: conv, filters: 4, kernel: 3, padding: 1}
+  - {name: act1, type: leaky_relu, slope: 0.01}
+  - {name: pool1, type: maxpool, kernel: 2}
+  - {name: conv2, type: conv, filters: 8, kernel: 3, padding: 1}
+  - {name: act2, type: leaky_relu, slope: 0.01}
+  - {name: pool2, type: maxpool, kernel: 2}
+  - {name: flatten, type: flatten}
+  - {name: fc1, type: linear, out: 16}
+  - {name: act3, type: leaky_relu, slope: 0.01}
+  - {name: fc2, type: linear, out: 1}
+loss: mse
+)";
+
 /// A plan for this job's ranks that splits the named layers with `split` and every other layer by sample.
 inline std::string plan_for(const std::vector<std::string>& layers, const std::string& split) {
   std::string text = fmt::format("ranks: {}\ndefault: {{sample: {}}}\nlayers:\n", ranks(), ranks());

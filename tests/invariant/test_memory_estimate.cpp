@@ -20,6 +20,7 @@
 namespace tessera {
 namespace {
 
+using testing::kCosmoStyle;
 using testing::plan_for;
 using testing::ranks;
 
@@ -36,21 +37,6 @@ layers:
   - {name: act3, type: relu}
   - {name: fc2, type: linear, out: 10}
 loss: softmax_cross_entropy
-)";
-
-const char* kCosmoStyle = R"(
-input: {shape: [1, 16, 16, 16]}
-layers:
-  - {name: conv1, type: conv, filters: 4, kernel: 3, padding: 1}
-  - {name: act1, type: leaky_relu, slope: 0.01}
-  - {name: pool1, type: maxpool, kernel: 2}
-  - {name: conv2, type: conv, filters: 8, kernel: 3, padding: 1}
-  - {name: act2, type: leaky_relu, slope: 0.01}
-  - {name: pool2, type: maxpool, kernel: 2}
-  - {name: flatten, type: flatten}
-  - {name: fc1, type: linear, out: 16}
-  - {name: fc2, type: linear, out: 1}
-loss: mse
 )";
 
 struct Case {
