@@ -189,8 +189,10 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
                    static_cast<double>(filter_block) * static_cast<double>(ceil_div(in_channels, split.channel))
              : 0.0;
 
-  // Compute: a calibrated timing of exactly this workload, else the roofline.
-  const auto found = machine_.kernels.find(w.key(graph_));
+  // Compute: a calibrated timing of exactly this workload, else the roofline. On GPUs a bf16
+  // convolution is timed as it runs by default, on bf16 tensors (tessera calibrate --device
+  // cuda): run exact (--bf16-convolutions exact), it takes the roofline at its own rate.
+  const auto found = exact_on_tf32(l) ? machine_.kernels.end() : machine_.kernels.find(w.key(graph_));
   if (found != machine_.kernels.end()) {
     e.compute = found->second;
     e.measured = true;

@@ -70,8 +70,19 @@ std::string yaml_quoted(const std::string& s) {
   return e.c_str();
 }
 
+/// `value` to 6 significant digits as YAML 1.1 readers (PyYAML) read a float: an exponent needs a
+/// mantissa with a point ("5.0e-06", not "5e-06", which they read as a string).
+std::string yaml_number(double value) {
+  std::string text = fmt::format("{:.6g}", value);
+  const auto e = text.find('e');
+  if (e != std::string::npos && text.find('.') == std::string::npos) text.insert(e, ".0");
+  return text;
+}
+
 std::string level_yaml(const CommLevel& l) {
-  auto ab = [](const AlphaBeta& x) { return fmt::format("{{alpha: {:.6g}, beta: {:.6g}}}", x.alpha, x.beta); };
+  auto ab = [](const AlphaBeta& x) {
+    return fmt::format("{{alpha: {}, beta: {}}}", yaml_number(x.alpha), yaml_number(x.beta));
+  };
   return fmt::format("{{p2p: {}, allreduce: {}, alltoall: {}}}", ab(l.p2p), ab(l.allreduce), ab(l.alltoall));
 }
 
@@ -156,18 +167,18 @@ std::string Machine::to_yaml() const {
   s += fmt::format("source: {}\n", yaml_quoted(source));
   s += fmt::format("device: {}\nnodes: {}\nranks_per_node: {}\ncores_per_node: {}\n", device, nodes, ranks_per_node,
                    cores_per_node);
-  s += fmt::format("flops: {:.6g}\nmemory_bandwidth: {:.6g}\nmemory_per_rank: {:.6g}\n", flops, memory_bandwidth,
-                   memory_per_rank);
-  if (bf16_flops > 0) s += fmt::format("bf16_flops: {:.6g}\n", bf16_flops);
-  s += fmt::format("kernel_overhead: {:.6g}\ngrad_overlap: {:.6g}\n", kernel_overhead, grad_overlap);
+  s += fmt::format("flops: {}\nmemory_bandwidth: {}\nmemory_per_rank: {}\n", yaml_number(flops),
+                   yaml_number(memory_bandwidth), yaml_number(memory_per_rank));
+  if (bf16_flops > 0) s += fmt::format("bf16_flops: {}\n", yaml_number(bf16_flops));
+  s += fmt::format("kernel_overhead: {}\ngrad_overlap: {}\n", yaml_number(kernel_overhead), yaml_number(grad_overlap));
   s += fmt::format("intra: {}\ninter: {}\n", level_yaml(intra), level_yaml(inter));
   if (!sync_wait.empty()) {
     s += "sync_wait:\n";
-    for (const auto& [ranks, seconds] : sync_wait) s += fmt::format("  {}: {:.6g}\n", ranks, seconds);
+    for (const auto& [ranks, seconds] : sync_wait) s += fmt::format("  {}: {}\n", ranks, yaml_number(seconds));
   }
   if (!kernels.empty()) {
     s += "kernels:\n";
-    for (const auto& [key, seconds] : kernels) s += fmt::format("  {}: {:.6g}\n", yaml_quoted(key), seconds);
+    for (const auto& [key, seconds] : kernels) s += fmt::format("  {}: {}\n", yaml_quoted(key), yaml_number(seconds));
   }
   return s;
 }

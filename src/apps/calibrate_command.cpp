@@ -555,18 +555,29 @@ void measure_gpu(Machine& machine, DnnBackend& backend, Device device, const Cal
   };
   machine.device = "gpu";
   machine.flops = median_rate(fp32);
-  machine.bf16_flops = median_rate(bf16);
+  // bf16_flops > 0 tells the planner that bf16 convolutions run on bf16 tensor cores; a GPU that
+  // runs them exact (before compute capability 8.0) has no faster bf16 path: 0, as `flops`.
+  const bool bf16_tensor_cores = backend.bf16_convolutions() != "exact";
+  machine.bf16_flops = bf16_tensor_cores ? median_rate(bf16) : 0;
   machine.memory_bandwidth = measure_device_copy(device, quick ? (std::size_t{64} << 20) : (std::size_t{1} << 30),
                                                  args.repeats);
   machine.kernel_overhead = measure_call_overhead(Prober{backend, device, 1, Precision::F32}, quick ? 50 : 200);
   const double memory = static_cast<double>(cuda::device_memory_bytes(device.index));
   if (args.memory_per_rank == 0) machine.memory_per_rank = 0.9 * memory;
   const std::string gpu = cuda::describe_device(device.index);
-  const std::string base_source = machine.source;
+  // The base's kernel timings stay only when they were measured on this kind of GPU.
+  const std::string measured_here = "tessera calibrate --device cuda on ";
+  const bool same_gpu = machine.source.find(measured_here) != std::string::npos &&
+                        machine.source.find(gpu) != std::string::npos;
+  const std::size_t dropped = same_gpu ? 0 : machine.kernels.size();
+  if (!same_gpu) machine.kernels.clear();
+  const std::string base_source = machine.source.find(measured_here) != std::string::npos
+                                      ? "itself measured by tessera calibrate --device cuda"
+                                      : machine.source;
   machine.source = fmt::format(
       "measured by tessera calibrate --device cuda on {} ({}; {}): flops = median strict-fp32 rate and bf16_flops = "
-      "median rate with bf16 operands (convolutions on bf16 tensors) of conv/linear forward+backward (cuDNN, "
-      "cuBLAS); memory_bandwidth = device-to-device copy (read + write); kernel_overhead = half a tiny convolution's "
+      "median rate with bf16 operands (convolutions on bf16 tensors; 0 where they run exact) of conv/linear "
+      "forward+backward (cuDNN, cuBLAS); kernels timed with bf16 convolutions on bf16 tensors; memory_bandwidth = device-to-device copy (read + write); kernel_overhead = half a tiny convolution's "
       "forward+backward queued back to back; memory_per_rank = {}. Nodes, ranks per node and communication "
       "(NCCL between GPUs is not measured yet) from {}: {}",
       host_name(), today(), gpu,
@@ -577,7 +588,12 @@ void measure_gpu(Machine& machine, DnnBackend& backend, Device device, const Cal
     for (const auto& p : *probes)
       fmt::print("    {:<52} {:8.3f} ms  {:8.2f} TFLOP/s\n", p.what, p.seconds * 1e3, p.rate() * 1e-12);
   fmt::print("  flops            {:.4g} FLOP/s (median, strict fp32)\n", machine.flops);
-  fmt::print("  bf16_flops       {:.4g} FLOP/s (median, bf16 operands)\n", machine.bf16_flops);
+  if (bf16_tensor_cores)
+    fmt::print("  bf16_flops       {:.4g} FLOP/s (median, bf16 operands)\n", machine.bf16_flops);
+  else
+    fmt::print("  bf16_flops       0: this GPU runs bf16 convolutions exact (no bf16 tensor cores), at the fp32 rate\n");
+  if (dropped > 0)
+    fmt::print("  dropped the {} kernel timings of --base {} (not measured on this GPU)\n", dropped, args.base);
   fmt::print("  memory_bandwidth {:.4g} B/s (device-to-device copy)\n", machine.memory_bandwidth);
   fmt::print("  kernel_overhead  {:.3g} us per call (queued back to back)\n", machine.kernel_overhead * 1e6);
   fmt::print("  memory_per_rank  {:.4g} B (the GPU has {:.4g} B)\n", machine.memory_per_rank, memory);

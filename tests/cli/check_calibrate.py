@@ -94,7 +94,8 @@ def check_gpu():
         prefix = f"{model['name']}/{layer['name']}|"
         for ranks in (1, 4):
             samples = f"|n{args.batch // ranks}|" if ranks == 1 else ""
-            if not any(k.startswith(prefix) and "|t1|" in k and samples in k for k in kernels):
+            suffix = f"|t1|r{min(ranks, base['ranks_per_node'])}"  # one thread (a GPU), ranks sharing the node
+            if not any(k.startswith(prefix) and k.endswith(suffix) and samples in k for k in kernels):
                 problems.append(f"no kernel timing for layer {layer['name']} at {ranks} rank(s) (1 thread: a GPU)")
     if any(not (0 < s < 10) for s in kernels.values()):
         problems.append("a kernel timing is outside (0, 10) s")

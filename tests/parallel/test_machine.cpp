@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,28 @@ TEST(Machine, RoundTripsAwkwardStrings) {
   const Machine again = Machine::parse(m.to_yaml(), "again.yaml");
   EXPECT_EQ(again.name, m.name);
   EXPECT_EQ(again.source, m.source);
+  EXPECT_EQ(again.kernels, m.kernels);
+}
+
+// Numbers with an exponent carry a point in the mantissa: YAML 1.1 readers (PyYAML, which the
+// scaling scripts and tests use) read "5e-06" as a string and "5.0e-06" as a float.
+TEST(Machine, WritesFloatsThatYaml11ReadsAsNumbers) {
+  Machine m = Machine::parse(kMinimal, "min.yaml");
+  m.flops = 3e13;
+  m.bf16_flops = 1.56e14;
+  m.memory_per_rank = 4e10;
+  m.intra.p2p = {5e-6, 4e-11};
+  m.sync_wait[2] = 1e-3;
+  m.kernels["model/layer|n1|t2"] = 2e-5;
+  const std::string text = m.to_yaml();
+  for (const char* expected : {"flops: 3.0e+13", "bf16_flops: 1.56e+14", "memory_per_rank: 4.0e+10",
+                               "p2p: {alpha: 5.0e-06, beta: 4.0e-11}", "2: 0.001", "|t2\": 2.0e-05"})
+    EXPECT_NE(text.find(expected), std::string::npos) << expected << " in\n" << text;
+  const std::regex bare_exponent(R"([:\s][-+]?[0-9]+[eE][-+]?[0-9])");
+  EXPECT_FALSE(std::regex_search(text, bare_exponent)) << text;
+  const Machine again = Machine::parse(text, "again.yaml");
+  EXPECT_DOUBLE_EQ(again.flops, m.flops);
+  EXPECT_DOUBLE_EQ(again.intra.p2p.alpha, m.intra.p2p.alpha);
   EXPECT_EQ(again.kernels, m.kernels);
 }
 

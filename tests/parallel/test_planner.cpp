@@ -269,6 +269,25 @@ TEST(CostModel, CalibratedTimingReplacesTheRoofline) {
   EXPECT_EQ(model.workload(4, s).key(g), "test/fc|n2|o-|f1c1|t1|r2");
 }
 
+TEST(CostModel, CalibratedBf16ConvolutionsOnGpusAreNativeOnes) {
+  // tessera calibrate --device cuda times bf16 convolutions as the executor runs them by default
+  // (on bf16 tensors); a job that runs them exact is priced by the roofline at its own rate.
+  PlannerGraph g = small_chain(4);
+  g.layers[2].precision = Precision::BF16;  // conv 4 -> 4 on 8 x 8
+  Machine m = round_machine();
+  m.device = "gpu";
+  m.bf16_flops = 2e9;
+  LayerSplit s;
+  s.sample = 2;
+  m.kernels[CostModel(g, m, {.ranks = 2}).workload(2, s).key(g)] = 0.25;
+  const LayerEstimate native = CostModel(g, m, {.ranks = 2}).layer_cost(2, s);
+  EXPECT_TRUE(native.measured);
+  EXPECT_DOUBLE_EQ(native.compute, 0.25);
+  const LayerEstimate exact = CostModel(g, m, {.ranks = 2, .exact_bf16_convolutions = true}).layer_cost(2, s);
+  EXPECT_FALSE(exact.measured);
+  EXPECT_NE(exact.compute, 0.25);
+}
+
 TEST(CostModel, CpuRanksShareTheirNode) {
   Machine m = round_machine();
   m.device = "cpu";
