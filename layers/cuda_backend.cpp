@@ -124,6 +124,17 @@ struct ConvolutionPlan {
   Chosen<cudnnConvolutionBwdFilterAlgo_t> filter;
 };
 
+/// CudaBackendOptions::workspace_limit, or (0) a sixteenth of the current GPU's memory, at least 1 GiB.
+std::size_t workspace_limit_of(const CudaBackendOptions& options) {
+  if (options.workspace_limit > 0) return options.workspace_limit;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    total_bytes = 0;
+  }
+  return std::max(std::size_t{1} << 30, total_bytes / 16);
+}
+
 /// cuDNN's three convolution directions on data stored as `storage` (CUDNN_DATA_FLOAT, or
 /// CUDNN_DATA_BFLOAT16: cuDNN's bf16 configuration, fp32 sums). Each call returns whether it ran:
 /// with `required` a geometry without a usable algorithm fails instead.
@@ -131,7 +142,11 @@ class CudnnConvolutionCore {
  public:
   CudnnConvolutionCore(cudnnHandle_t handle, const CudaBackendOptions& options, std::vector<std::string>& log,
                        cudnnDataType_t storage)
-      : handle_(handle), options_(options), log_(log), storage_(storage) {}
+      : handle_(handle),
+        options_(options),
+        log_(log),
+        storage_(storage),
+        workspace_limit_(workspace_limit_of(options)) {}
 
   bool forward(const ConvolutionGeometry& g, const void* input, const void* weights, void* output, bool required) {
     ConvolutionPlan& plan = plan_for(g);
@@ -271,8 +286,13 @@ class CudnnConvolutionCore {
       cudaGetLastError();
       free_bytes = 0;
     }
-    return std::min(options_.workspace_limit, free_bytes / 2);
+    return std::min(workspace_limit_, free_bytes / 2);
   }
+
+
+  /// How much slower than the fastest a deterministic algorithm on bf16 tensors may be and still
+  /// be chosen.
+  static constexpr float kDeterministicSlack = 1.1f;
 
   /// Tensor cores: where fp32 may use TF32 (allow_tf32), for bf16 operands in fp32 storage (TF32
   /// is exact on them), and for bf16 storage (bf16 tensor cores).
@@ -328,8 +348,9 @@ class CudnnConvolutionCore {
   /// Results come sorted by time; the first that ran, fits the workspace limit and, in strict
   /// fp32, does not run on tensor-op (TF32) math wins (bf16 operands may, with a GEMM-type
   /// algorithm: TF32 is exact on them in fp32 storage, bf16 tensor cores in bf16 storage). In bf16
-  /// storage deterministic algorithms come first (atomic accumulation would sum, and round, in
-  /// another order at every call). None: null, with the reason and what the search found in the
+  /// storage the fastest deterministic one wins when it takes at most kDeterministicSlack times
+  /// the fastest's time (atomic accumulation sums, and rounds, in another order at every call:
+  /// a run then does not repeat itself exactly). None: null, with the reason and what the search found in the
   /// log, or an Error when `required`. A search that fails is an Error, but for cuDNN's "not
   /// supported" where there is a fallback.
   template <typename Perf>
@@ -340,15 +361,20 @@ class CudnnConvolutionCore {
            bf16_storage() ? " on bf16 tensors" : "", cudnnGetErrorString(search));
     std::string found;
     if (search == CUDNN_STATUS_SUCCESS) {
-      for (const bool deterministic_only : {bf16_storage(), false}) {
-        for (int i = 0; i < returned; ++i) {
-          const Perf& candidate = perf[static_cast<std::size_t>(i)];
-          if (candidate.status != CUDNN_STATUS_SUCCESS || candidate.memory > options_.workspace_limit) continue;
-          if (!tensor_cores_allowed(g) && tensor_op(candidate.mathType)) continue;
-          if (g.precision == Precision::BF16 && !exact_on_bf16(candidate)) continue;
-          if (deterministic_only && candidate.determinism != CUDNN_DETERMINISTIC) continue;
-          return &candidate;
-        }
+      const Perf* fastest = nullptr;
+      const Perf* deterministic = nullptr;
+      for (int i = 0; i < returned; ++i) {
+        const Perf& candidate = perf[static_cast<std::size_t>(i)];
+        if (candidate.status != CUDNN_STATUS_SUCCESS || candidate.memory > workspace_limit_) continue;
+        if (!tensor_cores_allowed(g) && tensor_op(candidate.mathType)) continue;
+        if (g.precision == Precision::BF16 && !exact_on_bf16(candidate)) continue;
+        if (!fastest) fastest = &candidate;
+        if (!deterministic && candidate.determinism == CUDNN_DETERMINISTIC) deterministic = &candidate;
+      }
+      if (fastest) {
+        if (bf16_storage() && deterministic && deterministic->time <= kDeterministicSlack * fastest->time)
+          return deterministic;
+        return fastest;
       }
       for (int i = 0; i < returned; ++i) {
         const Perf& c = perf[static_cast<std::size_t>(i)];
@@ -405,6 +431,7 @@ class CudnnConvolutionCore {
   CudaBackendOptions options_;
   std::vector<std::string>& log_;
   cudnnDataType_t storage_;
+  std::size_t workspace_limit_;  ///< the largest workspace an algorithm may take
   std::map<ConvolutionGeometry, std::unique_ptr<ConvolutionPlan>> plans_;
 };
 
@@ -783,9 +810,11 @@ class CudaBackend final : public DnnBackend {
     convolution_ = native ? std::make_unique<NativeBf16Convolution>(cudnn_, options, log_, std::move(exact))
                           : std::move(exact);
     linear_ = with_bf16_operands(std::make_unique<CublasLinear>(cublas_), elementwise_, gpu);
-    log_.push_back(fmt::format("device {}: {}; cuDNN {}, cuBLAS; fp32: {}; bf16 convolutions: {}", device,
-                               cuda::describe_device(device), cudnnGetVersion(),
+    log_.push_back(fmt::format("device {}: {}; cuDNN {}, cuBLAS; fp32: {}; convolution workspace up to {} MiB; "
+                               "bf16 convolutions: {}",
+                               device, cuda::describe_device(device), cudnnGetVersion(),
                                options.allow_tf32 ? "TF32 allowed" : "strict",
+                               workspace_limit_of(options) >> 20,
                                native ? "native (bf16 tensors and results)"
                                : options.bf16_convolutions == Bf16Convolutions::Native
                                    ? "exact (fp32 results; native needs compute capability 8.0)"

@@ -21,6 +21,18 @@ void check_launch(const char* kernel) {
 }
 
 constexpr int kThreads = 256;
+/// Elements of one (sample, channel) plane a block of the per-plane kernels takes: 16 per thread.
+constexpr std::int64_t kPlaneChunk = kThreads * 16;
+
+/// Blocks of the per-plane kernels: one per chunk of each of `planes` planes of `inner` elements
+/// (at least one per plane); `chunks` is set to the chunks per plane.
+unsigned plane_blocks(std::int64_t planes, std::int64_t inner, std::int64_t& chunks) {
+  chunks = inner > 0 ? (inner + kPlaneChunk - 1) / kPlaneChunk : 1;
+  const std::int64_t blocks = planes * chunks;
+  if (blocks > 0x7fffffff) fail("CUDA: {} planes of {} elements need more blocks than one launch has", planes, inner);
+  return static_cast<unsigned>(blocks);
+}
+
 unsigned blocks_for(std::int64_t count) {
   const std::int64_t blocks = (count + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
@@ -241,27 +253,55 @@ __global__ void adam_update_kernel(float* p, const float* g, float* m, float* v,
 // batch x inner elements in double, then a fixed tree over the block (the order depends only on
 // the launch, so a run repeats itself exactly). With `dy` null: sums of x and x^2; else sums of dy
 // and dy * xhat, xhat = (x - mean[c]) * inverse_std[c].
-__global__ void from_bf16_add_bias_kernel(const std::uint16_t* x, const float* bias, float* y, std::int64_t count,
-                                          std::int64_t channels, std::int64_t inner) {
-  TESSERA_GRID_LOOP(i, count) {
-    y[i] = __fadd_rn(__uint_as_float(static_cast<std::uint32_t>(x[i]) << 16), bias[(i / inner) % channels]);
-  }
-}
+__device__ inline float widen_bf16(std::uint16_t bits) { return __uint_as_float(static_cast<std::uint32_t>(bits) << 16); }
 
-__global__ void bf16_channel_sums_kernel(const std::uint16_t* values, std::int64_t batch, std::int64_t channels,
-                                         std::int64_t inner, float* sums) {
-  const std::int64_t c = blockIdx.x;
-  double total = 0.0;
-  for (std::int64_t k = threadIdx.x; k < batch * inner; k += blockDim.x)
-    total += __uint_as_float(static_cast<std::uint32_t>(values[((k / inner) * channels + c) * inner + k % inner]) << 16);
+/// The sum of `value` over the block's kThreads threads, in a fixed tree (valid in thread 0).
+__device__ double block_sum(double value) {
   __shared__ double partial[kThreads];
-  partial[threadIdx.x] = total;
+  partial[threadIdx.x] = value;
   __syncthreads();
   for (int half = kThreads / 2; half > 0; half /= 2) {
     if (static_cast<int>(threadIdx.x) < half) partial[threadIdx.x] += partial[threadIdx.x + half];
     __syncthreads();
   }
-  if (threadIdx.x == 0) sums[c] = static_cast<float>(partial[0]);
+  return partial[0];
+}
+
+/// x (bf16) widened, plus the bias of its channel. One block per chunk of one (sample, channel)
+/// plane: contiguous loads, the bias read once, no index division per element.
+__global__ void from_bf16_add_bias_kernel(const std::uint16_t* x, const float* bias, float* y, std::int64_t channels,
+                                          std::int64_t inner, std::int64_t chunks) {
+  const std::int64_t plane = blockIdx.x / chunks;
+  const std::int64_t begin = (blockIdx.x % chunks) * kPlaneChunk;
+  const std::int64_t end = begin + kPlaneChunk < inner ? begin + kPlaneChunk : inner;
+  const float b = bias[plane % channels];
+  const std::uint16_t* in = x + plane * inner;
+  float* out = y + plane * inner;
+  for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) out[j] = __fadd_rn(widen_bf16(in[j]), b);
+}
+
+/// First pass of the channel sums: block k of channel c (k = sample * chunks + chunk) sums one
+/// chunk of the plane (sample, c) in double into partial[c * blocks per channel + k].
+__global__ void bf16_chunk_sums_kernel(const std::uint16_t* values, std::int64_t channels, std::int64_t inner,
+                                       std::int64_t chunks, std::int64_t per_channel, double* partial) {
+  const std::int64_t c = blockIdx.x / per_channel, k = blockIdx.x % per_channel;
+  const std::int64_t n = k / chunks;
+  const std::int64_t begin = (k % chunks) * kPlaneChunk;
+  const std::int64_t end = begin + kPlaneChunk < inner ? begin + kPlaneChunk : inner;
+  const std::uint16_t* plane = values + (n * channels + c) * inner;
+  double total = 0.0;
+  for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) total += widen_bf16(plane[j]);
+  total = block_sum(total);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+/// Second pass: row r of `partial` (count values) summed in a fixed order, rounded to float.
+__global__ void row_sums_kernel(const double* partial, std::int64_t count, float* sums) {
+  const double* row = partial + static_cast<std::int64_t>(blockIdx.x) * count;
+  double total = 0.0;
+  for (std::int64_t k = threadIdx.x; k < count; k += blockDim.x) total += row[k];
+  total = block_sum(total);
+  if (threadIdx.x == 0) sums[blockIdx.x] = static_cast<float>(total);
 }
 
 __global__ void channel_sums_kernel(const float* x, const float* dy, const double* mean, const double* inverse_std,
@@ -436,18 +476,33 @@ void adam_update(float* p, const float* g, float* m, float* v, std::int64_t coun
 
 void from_bf16_add_bias(const std::uint16_t* x, const float* bias, float* y, std::int64_t batch, std::int64_t channels,
                         std::int64_t inner) {
-  const std::int64_t count = batch * channels * inner;
-  if (count <= 0) return;
-  from_bf16_add_bias_kernel<<<blocks_for(count), kThreads, 0, current_stream()>>>(x, bias, y, count, channels, inner);
+  if (batch * channels * inner <= 0) return;
+  std::int64_t chunks = 0;
+  const unsigned blocks = plane_blocks(batch * channels, inner, chunks);
+  from_bf16_add_bias_kernel<<<blocks, kThreads, 0, current_stream()>>>(x, bias, y, channels, inner, chunks);
   check_launch("conversion from bf16 with the bias");
 }
 
 void bf16_channel_sums(const std::uint16_t* values, std::int64_t batch, std::int64_t channels, std::int64_t inner,
                        float* sums) {
   if (channels == 0) return;
-  bf16_channel_sums_kernel<<<static_cast<unsigned>(channels), kThreads, 0, current_stream()>>>(values, batch, channels,
-                                                                                              inner, sums);
-  check_launch("bf16 channel sums");
+  if (batch * inner == 0) {
+    cuda::fill(sums, channels, 0.0f);
+    return;
+  }
+  // Two passes in an order fixed by the shape (a run repeats itself exactly): chunk sums spread
+  // over the whole GPU (one block per channel would leave it mostly idle on large planes), then
+  // each channel's chunk sums.
+  std::int64_t chunks = 0;
+  const unsigned blocks = plane_blocks(channels * batch, inner, chunks);
+  const std::int64_t per_channel = batch * chunks;
+  auto* partial = static_cast<double*>(cuda::allocate(static_cast<std::size_t>(blocks) * sizeof(double)));
+  bf16_chunk_sums_kernel<<<blocks, kThreads, 0, current_stream()>>>(values, channels, inner, chunks, per_channel,
+                                                                    partial);
+  check_launch("bf16 channel sums (chunks)");
+  row_sums_kernel<<<static_cast<unsigned>(channels), kThreads, 0, current_stream()>>>(partial, per_channel, sums);
+  check_launch("bf16 channel sums (rows)");
+  cuda::release(partial);  // stream-ordered: later work on the stream runs after the kernels above
 }
 
 void channel_sums(const float* x, const float* dy, const double* mean, const double* inverse_std, std::int64_t batch,

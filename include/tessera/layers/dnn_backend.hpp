@@ -250,8 +250,8 @@ enum class Bf16Convolutions {
   /// cuDNN's bf16 configuration: bf16 tensors, fp32 sums, bf16 tensor cores (twice TF32's rate).
   /// cuDNN writes bf16 results, so outputs, input gradients and weight gradients are the host's
   /// fp32 results rounded to bf16 (as PyTorch's autocast keeps them; one bf16 step apart where
-  /// the two fp32 sums straddle a rounding boundary). GEMM-type algorithms only, deterministic
-  /// ones first. The bias is added in fp32, and its gradient is the sum of the rounded output
+  /// the two fp32 sums straddle a rounding boundary). GEMM-type algorithms only; a deterministic
+  /// one unless the fastest is more than 10 % faster. The bias is added in fp32, and its gradient is the sum of the rounded output
   /// gradient, as on the host. A direction cuDNN cannot run in bf16 (and GPUs before compute
   /// capability 8.0) runs as Exact, said in implementations().
   Native,
@@ -268,8 +268,9 @@ struct CudaBackendOptions {
   /// fp32, results within ~1e-6 of the host backend.
   bool allow_tf32 = false;
   Bf16Convolutions bf16_convolutions = Bf16Convolutions::Native;
-  /// The largest workspace a cuDNN algorithm may use.
-  std::size_t workspace_limit = std::size_t{1} << 30;
+  /// The largest workspace a cuDNN algorithm may use; 0: a sixteenth of the GPU's memory, at
+  /// least 1 GiB (an H200: 8.7 GiB; 3-D convolutions' fastest algorithms may need GiBs).
+  std::size_t workspace_limit = 0;
 };
 
 /// The cuDNN/cuBLAS backend on the current GPU (cuda::set_device); its kernels take device
