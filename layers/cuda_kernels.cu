@@ -255,9 +255,13 @@ __global__ void adam_update_kernel(float* p, const float* g, float* m, float* v,
 // and dy * xhat, xhat = (x - mean[c]) * inverse_std[c].
 __device__ inline float widen_bf16(std::uint16_t bits) { return __uint_as_float(static_cast<std::uint32_t>(bits) << 16); }
 
-/// The sum of `value` over the block's kThreads threads, in a fixed tree (valid in thread 0).
+/// The sum of `value` over the block's kThreads threads, in a fixed tree (every thread gets it).
+/// Every thread of the block must call it; it may be called again (it waits for the readers of
+/// the previous sum before writing).
 __device__ double block_sum(double value) {
+  static_assert((kThreads & (kThreads - 1)) == 0, "the tree below halves a power of two");
   __shared__ double partial[kThreads];
+  __syncthreads();
   partial[threadIdx.x] = value;
   __syncthreads();
   for (int half = kThreads / 2; half > 0; half /= 2) {
@@ -295,46 +299,49 @@ __global__ void bf16_chunk_sums_kernel(const std::uint16_t* values, std::int64_t
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
-/// Second pass: row r of `partial` (count values) summed in a fixed order, rounded to float.
-__global__ void row_sums_kernel(const double* partial, std::int64_t count, float* sums) {
+/// Second pass: row r of `partial` (count values) summed in a fixed order into sums[r].
+template <typename Out>
+__global__ void row_sums_kernel(const double* partial, std::int64_t count, Out* sums) {
   const double* row = partial + static_cast<std::int64_t>(blockIdx.x) * count;
   double total = 0.0;
   for (std::int64_t k = threadIdx.x; k < count; k += blockDim.x) total += row[k];
   total = block_sum(total);
-  if (threadIdx.x == 0) sums[blockIdx.x] = static_cast<float>(total);
+  if (threadIdx.x == 0) sums[blockIdx.x] = static_cast<Out>(total);
 }
 
-__global__ void channel_sums_kernel(const float* x, const float* dy, const double* mean, const double* inverse_std,
-                                    std::int64_t batch, std::int64_t channels, std::int64_t inner, double* sums) {
-  const std::int64_t c = blockIdx.x;
+/// Batch norm's sums, first pass (as bf16_chunk_sums_kernel): block k of channel c sums one chunk
+/// of the plane (sample, c): x and x^2, or (dy given) dy and dy * (x - mean[c]) * inverse_std[c],
+/// in double, into partial[blockIdx.x] and partial[gridDim.x + blockIdx.x].
+__global__ void channel_chunk_sums_kernel(const float* x, const float* dy, const double* mean, const double* inverse_std,
+                                          std::int64_t channels, std::int64_t inner, std::int64_t chunks,
+                                          std::int64_t per_channel, double* partial) {
+  const std::int64_t c = blockIdx.x / per_channel, k = blockIdx.x % per_channel;
+  const std::int64_t n = k / chunks;
+  const std::int64_t begin = (k % chunks) * kPlaneChunk;
+  const std::int64_t end = begin + kPlaneChunk < inner ? begin + kPlaneChunk : inner;
+  const std::int64_t base = (n * channels + c) * inner;
+  const float* xs = x + base;
   double first = 0.0, second = 0.0;
-  for (std::int64_t k = threadIdx.x; k < batch * inner; k += blockDim.x) {
-    const std::int64_t offset = ((k / inner) * channels + c) * inner + k % inner;
-    if (dy == nullptr) {
-      const double v = x[offset];
+  if (dy == nullptr) {
+    for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+      const double v = xs[j];
       first += v;
       second += v * v;
-    } else {
-      const double g = dy[offset];
+    }
+  } else {
+    const float* gs = dy + base;
+    const double m = mean[c], s = inverse_std[c];
+    for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+      const double g = gs[j];
       first += g;
-      second += g * ((x[offset] - mean[c]) * inverse_std[c]);
+      second += g * ((xs[j] - m) * s);
     }
   }
-  __shared__ double a[kThreads], b[kThreads];
-  a[threadIdx.x] = first;
-  b[threadIdx.x] = second;
-  __syncthreads();
-  static_assert((kThreads & (kThreads - 1)) == 0, "the tree below halves a power of two");
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (static_cast<int>(threadIdx.x) < half) {
-      a[threadIdx.x] += a[threadIdx.x + half];
-      b[threadIdx.x] += b[threadIdx.x + half];
-    }
-    __syncthreads();
-  }
+  first = block_sum(first);
+  second = block_sum(second);
   if (threadIdx.x == 0) {
-    sums[c] = a[0];
-    sums[channels + c] = b[0];
+    partial[blockIdx.x] = first;
+    partial[gridDim.x + blockIdx.x] = second;
   }
 }
 
@@ -500,7 +507,7 @@ void bf16_channel_sums(const std::uint16_t* values, std::int64_t batch, std::int
   bf16_chunk_sums_kernel<<<blocks, kThreads, 0, current_stream()>>>(values, channels, inner, chunks, per_channel,
                                                                     partial);
   check_launch("bf16 channel sums (chunks)");
-  row_sums_kernel<<<static_cast<unsigned>(channels), kThreads, 0, current_stream()>>>(partial, per_channel, sums);
+  row_sums_kernel<float><<<static_cast<unsigned>(channels), kThreads, 0, current_stream()>>>(partial, per_channel, sums);
   check_launch("bf16 channel sums (rows)");
   cuda::release(partial);  // stream-ordered: later work on the stream runs after the kernels above
 }
@@ -508,9 +515,25 @@ void bf16_channel_sums(const std::uint16_t* values, std::int64_t batch, std::int
 void channel_sums(const float* x, const float* dy, const double* mean, const double* inverse_std, std::int64_t batch,
                   std::int64_t channels, std::int64_t inner, double* sums) {
   if (channels == 0) return;
-  channel_sums_kernel<<<static_cast<unsigned>(channels), kThreads, 0, current_stream()>>>(x, dy, mean, inverse_std, batch,
-                                                                                         channels, inner, sums);
-  check_launch("batch norm sums");
+  if (batch * inner == 0) {
+    const cudaError_t status =
+        cudaMemsetAsync(sums, 0, static_cast<std::size_t>(2 * channels) * sizeof(double), current_stream());
+    if (status != cudaSuccess) fail("CUDA: zeroing the batch norm sums failed: {}", cudaGetErrorString(status));
+    return;
+  }
+  // Two passes in an order fixed by the shape, as bf16_channel_sums.
+  std::int64_t chunks = 0;
+  const unsigned blocks = plane_blocks(channels * batch, inner, chunks);
+  const std::int64_t per_channel = batch * chunks;
+  auto* partial = static_cast<double*>(cuda::allocate(2 * static_cast<std::size_t>(blocks) * sizeof(double)));
+  channel_chunk_sums_kernel<<<blocks, kThreads, 0, current_stream()>>>(x, dy, mean, inverse_std, channels, inner, chunks,
+                                                                       per_channel, partial);
+  check_launch("batch norm sums (chunks)");
+  for (int half = 0; half < 2; ++half)
+    row_sums_kernel<double><<<static_cast<unsigned>(channels), kThreads, 0, current_stream()>>>(
+        partial + half * static_cast<std::int64_t>(blocks), per_channel, sums + half * channels);
+  check_launch("batch norm sums (rows)");
+  cuda::release(partial);  // stream-ordered: later work on the stream runs after the kernels above
 }
 
 void batch_norm_normalize(const float* x, float* y, std::int64_t count, std::int64_t channels, std::int64_t inner,

@@ -78,7 +78,8 @@ void adam_update(float* p, const float* g, float* m, float* v, std::int64_t coun
 
 /// Batch norm (x: batch x channels x inner; every pointer device memory). Per channel c, in
 /// double: with `dy` null sums[c] = the sum of x, sums[channels + c] = the sum of x^2; else the
-/// sums of dy and of dy * (x - mean[c]) * inverse_std[c]. One block per channel.
+/// sums of dy and of dy * (x - mean[c]) * inverse_std[c]. Chunks of each (sample, channel) plane
+/// summed across the GPU, then each channel's chunk sums: an order fixed by the shape.
 void channel_sums(const float* x, const float* dy, const double* mean, const double* inverse_std, std::int64_t batch,
                   std::int64_t channels, std::int64_t inner, double* sums);
 /// y = scale[c] * x + shift[c] over `count` = batch x channels x inner elements.
