@@ -157,7 +157,11 @@ class CudnnConvolutionCore {
                                                     static_cast<int>(perf.size()), &returned, perf.data(),
                                                     search.get(), search.bytes());
     };
-    if (!algorithm_for(chosen, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, "forward", g, required, find)) return false;
+    const auto size = [&](cudnnConvolutionFwdAlgo_t algo, std::size_t& bytes) {
+      return cudnnGetConvolutionForwardWorkspaceSize(handle_, plan.input.get(), plan.weights.get(), chosen.conv.get(),
+                                                     plan.output.get(), algo, &bytes);
+    };
+    if (!algorithm_for(chosen, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, "forward", g, required, find, size)) return false;
     Workspace workspace(chosen.workspace);
     const float one = 1.0f, zero = 0.0f;
     check(cudnnConvolutionForward(handle_, &one, plan.input.get(), input, plan.weights.get(), weights, chosen.conv.get(),
@@ -176,7 +180,12 @@ class CudnnConvolutionCore {
                                                          static_cast<int>(perf.size()), &returned, perf.data(),
                                                          search.get(), search.bytes());
     };
-    if (!algorithm_for(chosen, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, "backward data", g, required, find)) return false;
+    const auto size = [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t& bytes) {
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(handle_, plan.weights.get(), plan.output.get(),
+                                                          chosen.conv.get(), plan.input.get(), algo, &bytes);
+    };
+    if (!algorithm_for(chosen, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, "backward data", g, required, find, size))
+      return false;
     Workspace workspace(chosen.workspace);
     const float one = 1.0f, zero = 0.0f;
     check(cudnnConvolutionBackwardData(handle_, &one, plan.weights.get(), weights, plan.output.get(), grad_output,
@@ -197,7 +206,11 @@ class CudnnConvolutionCore {
                                                            grad_weights, static_cast<int>(perf.size()), &returned,
                                                            perf.data(), search.get(), search.bytes());
     };
-    if (!algorithm_for(chosen, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, "backward weights", g, required, find))
+    const auto size = [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t& bytes) {
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle_, plan.input.get(), plan.output.get(),
+                                                            chosen.conv.get(), plan.weights.get(), algo, &bytes);
+    };
+    if (!algorithm_for(chosen, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, "backward weights", g, required, find, size))
       return false;
     Workspace workspace(chosen.workspace);
     const float one = 1.0f, zero = 0.0f;
@@ -324,12 +337,18 @@ class CudnnConvolutionCore {
   }
 
   /// The algorithm of one direction: searched on its first call (`find` runs cuDNN's Find on the
-  /// call's own buffers), then cached. False when none is usable (an Error when `required`).
-  template <typename Algo, typename Find>
+  /// call's own buffers, with a workspace as large as the most any algorithm asks for by `size`,
+  /// within the limit), then cached. False when none is usable (an Error when `required`).
+  template <typename Algo, typename Find, typename Size>
   bool algorithm_for(Chosen<Algo>& chosen, int candidates, const char* what, const ConvolutionGeometry& g,
-                     bool required, const Find& find) {
+                     bool required, const Find& find, const Size& size) {
     if (chosen.state == Search::NotYet) {
-      Workspace search(search_workspace());
+      std::size_t most = 0;
+      for (int a = 0; a < candidates; ++a) {
+        std::size_t bytes = 0;
+        if (size(static_cast<Algo>(a), bytes) == CUDNN_STATUS_SUCCESS) most = std::max(most, bytes);
+      }
+      Workspace search(std::min(most, search_workspace()));
       std::vector<typename PerfOf<Algo>::type> perf(static_cast<std::size_t>(candidates));
       int returned = 0;
       const cudnnStatus_t status = find(perf, returned, search);
@@ -339,7 +358,8 @@ class CudnnConvolutionCore {
         chosen.algorithm = best->algo;
         chosen.workspace = best->memory;
         use_math(chosen.conv, best->mathType, g);
-        record(what, g, static_cast<int>(best->algo), best->memory, best->time, math_of(chosen.conv));
+        record(what, g, static_cast<int>(best->algo), best->memory, best->time, math_of(chosen.conv),
+               best->determinism == CUDNN_DETERMINISTIC);
       }
     }
     return chosen.state == Search::Found;
@@ -350,7 +370,8 @@ class CudnnConvolutionCore {
   /// algorithm: TF32 is exact on them in fp32 storage, bf16 tensor cores in bf16 storage). In bf16
   /// storage the fastest deterministic one wins when it takes at most kDeterministicSlack times
   /// the fastest's time (atomic accumulation sums, and rounds, in another order at every call:
-  /// a run then does not repeat itself exactly). None: null, with the reason and what the search found in the
+  /// a run with a non-deterministic one does not repeat itself exactly; the log says which ran;
+  /// the choice rests on measured times, so it may differ between runs). None: null, with the reason and what the search found in the
   /// log, or an Error when `required`. A search that fails is an Error, but for cuDNN's "not
   /// supported" where there is a fallback.
   template <typename Perf>
@@ -421,10 +442,10 @@ class CudnnConvolutionCore {
   }
 
   void record(const char* what, const ConvolutionGeometry& g, int algorithm, std::size_t workspace, float ms,
-              cudnnMathType_t math) {
-    log_.push_back(fmt::format("convolution {} {}{}: cuDNN algorithm {} ({}), workspace {} KiB, {:.3f} ms", what,
+              cudnnMathType_t math, bool deterministic) {
+    log_.push_back(fmt::format("convolution {} {}{}: cuDNN algorithm {} ({}, {}), workspace {} KiB, {:.3f} ms", what,
                                g.to_string(), bf16_storage() ? " on bf16 tensors" : "", algorithm, math_name(math),
-                               workspace / 1024, ms));
+                               deterministic ? "deterministic" : "not deterministic", workspace / 1024, ms));
   }
 
   cudnnHandle_t handle_;

@@ -249,10 +249,6 @@ __global__ void adam_update_kernel(float* p, const float* g, float* m, float* v,
   }
 }
 
-// Batch norm: one block per channel, each thread summing a strided share of the channel's
-// batch x inner elements in double, then a fixed tree over the block (the order depends only on
-// the launch, so a run repeats itself exactly). With `dy` null: sums of x and x^2; else sums of dy
-// and dy * xhat, xhat = (x - mean[c]) * inverse_std[c].
 __device__ inline float widen_bf16(std::uint16_t bits) { return __uint_as_float(static_cast<std::uint32_t>(bits) << 16); }
 
 /// The sum of `value` over the block's kThreads threads, in a fixed tree (every thread gets it).

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/planner.hpp"
@@ -462,6 +463,121 @@ bool CostModel::copies_input(int producer, const LayerSplit& held, int consumer,
   return !(normalised(held) == normalised(split)) || e.halo || e.gathers;
 }
 
+double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int consumer,
+                                       const LayerSplit& split) const {
+  // The executor's conditions (Executor::exchanges): a convolution on spatial tiles, not split by
+  // channel, reading the tiles of a producer split as itself (its halo exchange) or the model's
+  // input, with all the channels it reads held (a producer split by filter holds a block).
+  const auto& c = graph_.layers.at(static_cast<std::size_t>(consumer));
+  if (options_.halo_overlap == HaloOverlap::Never || c.type != "conv" || split.spatial_product() <= 1 ||
+      split.channel > 1)
+    return 0;
+  if (producer >= 0 && (!(normalised(held) == normalised(split)) || split.filter > 1)) return 0;
+  const int P = options_.ranks;
+  const int dims = c.output.spatial_dims();
+  const auto grid = grid_of(split, dims);
+  const int rpn = machine_.ranks_on_node(P);
+  const std::int64_t samples = ceil_div(c.output[0], split.sample);
+  const std::int64_t in_channels = c.input[1];
+  const std::int64_t out_channels = ceil_div(c.output[1], split.filter);
+  // Per spatial dimension u and tile coordinate: the outputs that read below and above the
+  // input block the rank holds before its halos arrive (the global edges' padding is ready).
+  auto sides = [&](std::size_t u, int coord) {
+    const int j = static_cast<int>(u);
+    const Interval out = block(c.output[j + 2], grid[3 + u], coord);
+    const Interval ready = block(c.input[j + 2], grid[3 + u], coord);
+    const auto& win = c.windows.at(u);
+    const std::int64_t low = ready.begin == 0 ? std::numeric_limits<std::int64_t>::min() : ready.begin;
+    const std::int64_t high = ready.end == c.input[j + 2] ? std::numeric_limits<std::int64_t>::max() : ready.end;
+    std::int64_t lo = 0, hi = 0;
+    for (std::int64_t o = out.begin; o < out.end; ++o) {
+      const std::int64_t first = o * win.stride - win.pad;
+      if (first < low) ++lo;
+      else if (first + win.kernel > high) ++hi;
+    }
+    return std::pair{lo, hi};
+  };
+  // Ranks to look at: all of them, or (a large job) the first tile, taken to be on a node boundary.
+  const bool every_rank = P <= 4096;
+  double largest = 0;
+  std::vector<int> coords;
+  for (int r = 0; r < (every_rank ? P : 1); ++r) {
+    coords = grid_coords(grid, r);
+    if (!every_rank) std::fill(coords.begin(), coords.end(), 0);
+    // This tile's outputs, those that read below and above its ready block, and the interior.
+    std::vector<std::int64_t> extent(static_cast<std::size_t>(dims)), below(extent), above(extent), interior(extent);
+    bool any_boundary = false, has_interior = true;
+    double tile = 1, inner = 1;
+    for (int j = 0; j < dims; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      const auto [lo, hi] = sides(u, coords[3 + u]);
+      extent[u] = block(c.output[j + 2], grid[3 + u], coords[3 + u]).size();
+      below[u] = lo;
+      above[u] = hi;
+      interior[u] = extent[u] - lo - hi;
+      any_boundary = any_boundary || lo > 0 || hi > 0;
+      has_interior = has_interior && interior[u] > 0;
+      tile *= static_cast<double>(extent[u]);
+      inner *= static_cast<double>(std::max<std::int64_t>(0, interior[u]));
+    }
+    if (!any_boundary || !has_interior) continue;
+    if (options_.halo_overlap == HaloOverlap::Automatic) {
+      if (1.0 - inner / tile > kMaxRecomputedShare) continue;
+      // A peer on another node (TileExchange::peer_ranks): a neighbouring tile this one's window
+      // reaches into, or whose window reaches into this one.
+      bool off_node = !every_rank && P > rpn;
+      if (every_rank) {
+        const int me = r / rpn;
+        std::vector<int> offset(static_cast<std::size_t>(dims), -1);
+        while (!off_node) {
+          std::vector<int> q = coords;
+          bool moved = false, exists = true, incoming = true, outgoing = true;
+          for (int j = 0; j < dims && exists; ++j) {
+            const auto u = static_cast<std::size_t>(j);
+            const int o = offset[u];
+            if (o == 0) continue;
+            moved = true;
+            q[3 + u] += o;
+            if (q[3 + u] < 0 || q[3 + u] >= grid[3 + u]) {
+              exists = false;
+              break;
+            }
+            const auto [q_lo, q_hi] = sides(u, q[3 + u]);
+            incoming = incoming && (o < 0 ? below[u] > 0 : above[u] > 0);
+            outgoing = outgoing && (o < 0 ? q_hi > 0 : q_lo > 0);
+          }
+          if (moved && exists && (incoming || outgoing) && grid_rank(grid, q) / rpn != me) off_node = true;
+          int j = 0;
+          while (j < dims && ++offset[static_cast<std::size_t>(j)] > 1) offset[static_cast<std::size_t>(j++)] = -1;
+          if (j == dims) break;
+        }
+      }
+      if (!off_node) continue;
+    }
+    // The boundary boxes (split_at_halos): along dimension j the outputs below and above the
+    // interior, within the interior along the dimensions before j, any along those after. The
+    // copies grow to the largest box's input (its window) and output.
+    double region_in = 0, region_out = 0;
+    for (int j = 0; j < dims; ++j) {
+      for (const std::int64_t side : {below[static_cast<std::size_t>(j)], above[static_cast<std::size_t>(j)]}) {
+        if (side == 0) continue;
+        double in = static_cast<double>(samples * in_channels), out = static_cast<double>(samples * out_channels);
+        for (int i = 0; i < dims; ++i) {
+          const auto u = static_cast<std::size_t>(i);
+          const std::int64_t e = i < j ? interior[u] : i == j ? side : extent[u];
+          const auto& win = c.windows.at(u);
+          out *= static_cast<double>(e);
+          in *= static_cast<double>((e - 1) * win.stride + win.kernel);
+        }
+        region_in = std::max(region_in, in);
+        region_out = std::max(region_out, out);
+      }
+    }
+    largest = std::max(largest, kBytes * (region_in + region_out));
+  }
+  return largest;
+}
+
 double CostModel::activation_bytes(const PlanEstimate& estimate) const {
   // As the executor holds them. Each tensor once: a layer's output is kept for backward, unless
   // every consumer copies it (a window with halos, a redistribution to another split, a gather of
@@ -490,9 +606,16 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
     }
     bytes += l.output_bytes;  // its gradient
     // What the layer keeps for its backward besides its output: max pooling the position of each
-    // output's maximum (4 bytes), dropout its scales (its output's size).
+    // output's maximum (4 bytes), dropout its scales (its output's size), a convolution whose
+    // halos overlap its forward its boundary regions' copies.
     const std::string& type = graph_.layers[i].type;
     if (type == "maxpool" || type == "dropout") bytes += l.output_bytes;
+    const auto& inputs = graph_.layers[i].inputs;
+    if (inputs.size() == 1) {
+      const int j = inputs[0];
+      bytes += overlap_region_bytes(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
+                                    static_cast<int>(i), l.split);
+    }
     // In its backward: the gradients of its copies at once, and a channel-split layer's partial
     // sums' gradient beside them.
     transient = std::max(transient, copies + l.partial_bytes);

@@ -5,22 +5,6 @@
 
 namespace tessera {
 
-HaloOverlap parse_halo_overlap(const std::string& text) {
-  if (text == "auto") return HaloOverlap::Automatic;
-  if (text == "always") return HaloOverlap::Always;
-  if (text == "never") return HaloOverlap::Never;
-  throw InputError(fmt::format("halo overlap '{}': choose auto, always or never", text));
-}
-
-const char* to_string(HaloOverlap overlap) {
-  switch (overlap) {
-    case HaloOverlap::Automatic: return "auto";
-    case HaloOverlap::Always: return "always";
-    case HaloOverlap::Never: return "never";
-  }
-  return "?";
-}
-
 HaloSplit split_at_halos(const Layer& layer, const std::vector<std::int64_t>& ready_begin,
                          const std::vector<std::int64_t>& ready_end, const std::vector<std::int64_t>& output_begin,
                          const std::vector<std::int64_t>& output_extent) {

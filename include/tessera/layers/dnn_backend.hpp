@@ -251,7 +251,8 @@ enum class Bf16Convolutions {
   /// cuDNN writes bf16 results, so outputs, input gradients and weight gradients are the host's
   /// fp32 results rounded to bf16 (as PyTorch's autocast keeps them; one bf16 step apart where
   /// the two fp32 sums straddle a rounding boundary). GEMM-type algorithms only; a deterministic
-  /// one unless the fastest is more than 10 % faster. The bias is added in fp32, and its gradient is the sum of the rounded output
+  /// one unless the fastest is more than 10 % faster (then a run does not repeat itself exactly;
+  /// implementations() says which ran). The bias is added in fp32, and its gradient is the sum of the rounded output
   /// gradient, as on the host. A direction cuDNN cannot run in bf16 (and GPUs before compute
   /// capability 8.0) runs as Exact, said in implementations().
   Native,

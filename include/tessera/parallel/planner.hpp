@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "tessera/core/precision.hpp"
+#include "tessera/parallel/halo_overlap_mode.hpp"
 #include "tessera/parallel/machine.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/tensor/shape.hpp"
@@ -104,6 +105,9 @@ struct PlannerOptions {
   /// them: Native (false: bf16 buffers, 2 bytes an element of scratch, the bf16 rate) or Exact
   /// (true: rounded fp32 copies, 4 bytes, as the host; TF32 tensor cores, half the bf16 rate).
   bool exact_bf16_convolutions = false;
+  /// The job's --halo-overlap: a convolution whose halo exchange overlaps its forward keeps
+  /// copies of its largest boundary region's input and output (overlap_region_bytes).
+  HaloOverlap halo_overlap = HaloOverlap::Automatic;
   bool allow_spatial = true;
   bool allow_model = true;
   bool allow_sample = true;
@@ -169,6 +173,11 @@ class CostModel {
   /// Whether `consumer` under `split` (its estimate `e`) keeps a copy of what it reads from
   /// `producer` held under `held` (producer < 0: the model's input, read from the file): a window
   /// with halos, another split (a redistribution), a gather of channels.
+  /// Bytes of the copies a convolution `consumer` under `split` keeps when its halo exchange from
+  /// `producer` (held under `held`; < 0: the model's input) overlaps its forward on some rank, as
+  /// the executor decides under options.halo_overlap: its largest boundary region's input and
+  /// output (Layer::workspace_bytes); 0 where no rank overlaps.
+  double overlap_region_bytes(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
   bool copies_input(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
                     const LayerEstimate& e) const;
   /// The local workload of `layer` under `split`.
