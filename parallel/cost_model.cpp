@@ -473,6 +473,11 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
       split.channel > 1)
     return 0;
   if (producer >= 0 && (!(normalised(held) == normalised(split)) || split.filter > 1)) return 0;
+  std::vector<int> key{consumer, producer, split.sample, split.filter, split.channel};
+  for (int p : normalised(split).spatial) key.push_back(p);
+  // (held equals split where it matters: a producer's; the model's input has none)
+  const auto cached = overlap_cache_.find(key);
+  if (cached != overlap_cache_.end()) return cached->second;
   const int P = options_.ranks;
   const int dims = c.output.spatial_dims();
   const auto grid = grid_of(split, dims);
@@ -482,7 +487,7 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
   const std::int64_t out_channels = ceil_div(c.output[1], split.filter);
   // Per spatial dimension u and tile coordinate: the outputs that read below and above the
   // input block the rank holds before its halos arrive (the global edges' padding is ready).
-  auto sides = [&](std::size_t u, int coord) {
+  auto count_sides = [&](std::size_t u, int coord) {
     const int j = static_cast<int>(u);
     const Interval out = block(c.output[j + 2], grid[3 + u], coord);
     const Interval ready = block(c.input[j + 2], grid[3 + u], coord);
@@ -497,6 +502,10 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
     }
     return std::pair{lo, hi};
   };
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> side_table(static_cast<std::size_t>(dims));
+  for (std::size_t u = 0; u < side_table.size(); ++u)
+    for (int coord = 0; coord < grid[3 + u]; ++coord) side_table[u].push_back(count_sides(u, coord));
+  auto sides = [&](std::size_t u, int coord) { return side_table[u][static_cast<std::size_t>(coord)]; };
   // Ranks to look at: all of them, or (a large job) the first tile, taken to be on a node boundary.
   const bool every_rank = P <= 4096;
   double largest = 0;
@@ -575,6 +584,7 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
     }
     largest = std::max(largest, kBytes * (region_in + region_out));
   }
+  overlap_cache_.emplace(std::move(key), largest);
   return largest;
 }
 

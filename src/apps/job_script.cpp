@@ -232,11 +232,10 @@ ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd) {
     if (s.machine.empty())
       fail_input("--plan auto needs --machine FILE: a machine file written by 'tessera calibrate', or one of machines/");
     s.machine = absolute(s.machine, cwd);
-    std::string optimizer = "sgd";
-    if (const auto o = train_option(s.train_args, "--optimizer")) optimizer = *o;
     std::string report;
-    auto_plan(model, s.machine, s.ranks(), batch, optimizer, report,
-              train_option(s.train_args, "--bf16-convolutions") == std::optional<std::string>("exact"));
+    auto_plan(model, s.machine,
+              job_planner_options(s.ranks(), [&](const char* name) { return train_option(s.train_args, name); }),
+              batch, report);
   } else if (!s.machine.empty()) {
     fail_input("--machine is for --plan auto; this job has {}", s.plan.empty() ? "no --plan" : "a plan file");
   }

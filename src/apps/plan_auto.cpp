@@ -16,14 +16,21 @@ PlannerOptions planner_options(int ranks, const std::string& optimizer) {
   return options;
 }
 
-Plan auto_plan(const Model& model, const std::string& machine_file, int ranks, std::int64_t batch,
-               const std::string& optimizer, std::string& report, bool exact_bf16_convolutions) {
+PlannerOptions job_planner_options(int ranks,
+                                   const std::function<std::optional<std::string>(const char*)>& train_option) {
+  PlannerOptions options = planner_options(ranks, train_option("--optimizer").value_or("sgd"));
+  options.exact_bf16_convolutions = train_option("--bf16-convolutions") == std::optional<std::string>("exact");
+  if (const auto overlap = train_option("--halo-overlap")) options.halo_overlap = parse_halo_overlap(*overlap);
+  return options;
+}
+
+Plan auto_plan(const Model& model, const std::string& machine_file, const PlannerOptions& options, std::int64_t batch,
+               std::string& report) {
   if (machine_file.empty())
     fail_input("--plan auto needs --machine FILE: a machine file written by 'tessera calibrate', or one of machines/");
   const Machine machine = Machine::load(machine_file);
   const PlannerGraph graph = model.planner_graph(batch);
-  PlannerOptions options = planner_options(ranks, optimizer);
-  options.exact_bf16_convolutions = exact_bf16_convolutions;
+  const int ranks = options.ranks;
   const PlanResult result = choose_plan(graph, machine, options, kDefaultPlanMargin);
   report = fmt::format("planned for {} ranks on '{}' in {:.3f} s: predicted step {:.3f} ms, {:.1f} MiB per rank{}\n",
                        ranks, machine.name, result.search_seconds, 1e3 * result.estimate.step_seconds,

@@ -1,6 +1,8 @@
 #pragma once
 // The planner as the commands use it (plan_command.cpp): `tessera plan` and `tessera train --plan auto`.
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "tessera/parallel/planner.hpp"
@@ -14,11 +16,14 @@ constexpr double kDefaultPlanMargin = 0.10;
 
 /// Planner options for a job of `ranks` ranks training with `optimizer` (sgd, adam, adamw).
 PlannerOptions planner_options(int ranks, const std::string& optimizer);
-/// The planner's plan of `model` for `ranks` ranks on the machine of `machine_file`; `report`
-/// gets a summary and the plan's YAML. InputError when the machine file is missing or bad or no
-/// plan fits. `exact_bf16_convolutions`: the job runs bf16 convolutions as Bf16Convolutions::Exact
-/// on GPUs (`tessera train --bf16-convolutions exact`), whose scratch is twice Native's.
-Plan auto_plan(const Model& model, const std::string& machine_file, int ranks, std::int64_t batch,
-               const std::string& optimizer, std::string& report, bool exact_bf16_convolutions = false);
+/// The planner options of a `tessera train` job from its own options (train_option(name): the
+/// value given, if any): --optimizer, --bf16-convolutions (exact: Bf16Convolutions::Exact on GPUs,
+/// whose scratch is twice Native's), --halo-overlap (overlapping convolutions keep region copies).
+PlannerOptions job_planner_options(int ranks, const std::function<std::optional<std::string>(const char*)>& train_option);
+/// The planner's plan of `model` for `options.ranks` ranks on the machine of `machine_file`;
+/// `report` gets a summary and the plan's YAML. InputError when the machine file is missing or
+/// bad or no plan fits.
+Plan auto_plan(const Model& model, const std::string& machine_file, const PlannerOptions& options, std::int64_t batch,
+               std::string& report);
 
 }  // namespace tessera

@@ -25,6 +25,7 @@ struct PlanArgs {
   bool explain = false;
   bool no_spatial = false, no_model = false;
   std::string bf16_convolutions = "native";
+  std::string halo_overlap = "auto";
   std::int64_t max_states = 200000;
   double margin = kDefaultPlanMargin;
 };
@@ -40,6 +41,7 @@ void run_plan(Communicator& world, const PlanArgs& args) {
     options.allow_model = !args.no_model;
     options.max_states = args.max_states;
     options.exact_bf16_convolutions = args.bf16_convolutions == "exact";
+    options.halo_overlap = parse_halo_overlap(args.halo_overlap);
     const CostModel cost(graph, machine, options);
     const std::string header = fmt::format("model {} ({}), batch {}, {} ranks on machine '{}' ({})\n", model.name(),
                                            args.model, args.batch, args.ranks, machine.name, args.machine);
@@ -137,6 +139,11 @@ std::function<void(Communicator&)> add_plan_command(CLI::App& app) {
                   "(bf16 buffers, bf16 tensor cores) or exact (fp32 copies, TF32 tensor cores)")
       ->capture_default_str()
       ->check(CLI::IsMember({"native", "exact"}));
+  cmd->add_option("--halo-overlap", args->halo_overlap,
+                  "How the job overlaps halo exchanges (tessera train --halo-overlap: auto, always, never): an "
+                  "overlapping convolution keeps copies of its boundary regions")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "always", "never"}));
   cmd->add_flag("--no-spatial", args->no_spatial, "Do not split layers spatially");
   cmd->add_flag("--no-model", args->no_model, "Do not split layers by filter or channel");
   cmd->add_option("--max-states", args->max_states, "Bound of the search's states on DAGs (chains never reach it)")

@@ -90,15 +90,17 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     if (!args.bf16_convolutions.empty() && args.device != "cuda")
       fail_input("--bf16-convolutions {} is for training on GPUs: add --device cuda (on the host bf16 convolutions "
                  "always give fp32 results)", args.bf16_convolutions);
+    args.executor.halo_overlap = parse_halo_overlap(args.halo_overlap);  // the planner prices it too
     ModelOptions model_options;
     if (!args.precision.empty()) model_options.precision = parse_precision(args.precision, "--precision");
     model = std::make_unique<Model>(Model::load(args.model, model_options));
     if (args.plan.empty()) plan = std::make_unique<Plan>(Plan::sample_parallel(world->size()));
     else if (args.plan == "auto") {
       std::string report;
-      plan = std::make_unique<Plan>(auto_plan(*model, args.machine, world->size(), args.trainer.global_batch,
-                                              args.trainer.optimizer.type, report,
-                                              args.bf16_convolutions == "exact"));
+      PlannerOptions options = planner_options(world->size(), args.trainer.optimizer.type);
+      options.exact_bf16_convolutions = args.bf16_convolutions == "exact";
+      options.halo_overlap = args.executor.halo_overlap;
+      plan = std::make_unique<Plan>(auto_plan(*model, args.machine, options, args.trainer.global_batch, report));
       if (world->rank() == 0) {
         fmt::print("{}", report);
         std::fflush(stdout);
@@ -112,7 +114,6 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   });
   args.executor.global_batch = args.trainer.global_batch;
   args.executor.seed = args.trainer.seed;
-  args.executor.halo_overlap = parse_halo_overlap(args.halo_overlap);
   // One GPU per rank: the node-local rank's among those the rank sees (with Slurm's
   // --gpus-per-task 1 each rank sees its own).
   args.executor.device = args.device == "cuda" ? Device::cuda(ExecutorOptions::kNodeLocalGpu) : Device::host();

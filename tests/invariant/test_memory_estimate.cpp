@@ -60,37 +60,39 @@ TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
       {kCosmoStyle, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, d_split), 2},
       {kCosmoStyle, plan_for({"conv2", "act2", "pool2"}, d_split), 2},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.plan);
-    const Plan plan = Plan::parse(c.plan, "memory_plan");
-    // Two steps: from the second on every gradient buffer exists (the steady state).
-    // Halos not overlapped: overlapping keeps a convolution's region copies (Layer::
-    // workspace_bytes), which the planner does not count (whether a job overlaps is decided when
-    // it runs).
-    const testing::TrainingRun run =
-        testing::train(c.model, plan, world, c.batch, 2, testing::sgd_momentum(), 0.05, HaloOverlap::Never);
-    // Weights and their gradients by element count (a gradient is a view into its bucket, whose
-    // allocation would count the whole bucket for each).
-    double weights = 0;
-    for (const Tensor& w : run.weights) weights += static_cast<double>(w.numel()) * sizeof(float);
-    const double held =
-        static_cast<double>(run.training_activation_bytes + run.optimizer_bytes + run.scratch_bytes) + 2 * weights;
-    const double most = world->allreduce_value(held, ReduceOp::Max);
-    const Model model = Model::parse(c.model, "memory_model");
-    Machine machine;
-    machine.ranks_per_node = machine.cores_per_node = world->size();
-    PlannerOptions options;
-    options.ranks = world->size();
-    options.optimizer_state = 1;  // SGD with momentum
-    const PlanEstimate estimate = CostModel(model.planner_graph(c.batch), machine, options).estimate(plan);
-    // Measured here at 1-4 ranks: 0.992 to 1.000 of the largest rank's bytes, exact in 26 of the
-    // 28 cases (the others: blocks of uneven spatial splits whose windows shift).
-    if (world->rank() == 0)
-      std::printf("memory per rank at %d ranks: measured %.0f B, estimated %.0f B (%.3f)\n", world->size(), most,
-                  estimate.memory_bytes, estimate.memory_bytes / most);
-    EXPECT_GE(estimate.memory_bytes, 0.98 * most) << "the planner would let a plan that does not fit run";
-    EXPECT_LE(estimate.memory_bytes, 1.02 * most) << "the planner would refuse plans that fit";
-  }
+  // Halos overlapped everywhere they can be (a convolution then keeps copies of its boundary
+  // regions, Layer::workspace_bytes) and nowhere; the planner prices the job's choice.
+  for (const HaloOverlap overlap : {HaloOverlap::Never, HaloOverlap::Always})
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.plan);
+      SCOPED_TRACE(to_string(overlap));
+      const Plan plan = Plan::parse(c.plan, "memory_plan");
+      // Two steps: from the second on every gradient buffer exists (the steady state).
+      const testing::TrainingRun run =
+          testing::train(c.model, plan, world, c.batch, 2, testing::sgd_momentum(), 0.05, overlap);
+      // Weights and their gradients by element count (a gradient is a view into its bucket, whose
+      // allocation would count the whole bucket for each).
+      double weights = 0;
+      for (const Tensor& w : run.weights) weights += static_cast<double>(w.numel()) * sizeof(float);
+      const double held =
+          static_cast<double>(run.training_activation_bytes + run.optimizer_bytes + run.scratch_bytes) + 2 * weights;
+      const double most = world->allreduce_value(held, ReduceOp::Max);
+      const Model model = Model::parse(c.model, "memory_model");
+      Machine machine;
+      machine.ranks_per_node = machine.cores_per_node = world->size();
+      PlannerOptions options;
+      options.ranks = world->size();
+      options.optimizer_state = 1;  // SGD with momentum
+      options.halo_overlap = overlap;
+      const PlanEstimate estimate = CostModel(model.planner_graph(c.batch), machine, options).estimate(plan);
+      // Measured here at 1-4 ranks: 0.992 to 1.000 of the largest rank's bytes, exact in 26 of the
+      // 28 cases without overlap (the others: blocks of uneven spatial splits whose windows shift).
+      if (world->rank() == 0)
+        std::printf("memory per rank at %d ranks, halo overlap %s: measured %.0f B, estimated %.0f B (%.3f)\n",
+                    world->size(), to_string(overlap), most, estimate.memory_bytes, estimate.memory_bytes / most);
+      EXPECT_GE(estimate.memory_bytes, 0.98 * most) << "the planner would let a plan that does not fit run";
+      EXPECT_LE(estimate.memory_bytes, 1.02 * most) << "the planner would refuse plans that fit";
+    }
 }
 
 }  // namespace

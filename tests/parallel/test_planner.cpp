@@ -269,6 +269,64 @@ TEST(CostModel, CalibratedTimingReplacesTheRoofline) {
   EXPECT_EQ(model.workload(4, s).key(g), "test/fc|n2|o-|f1c1|t1|r2");
 }
 
+TEST(CostModel, OverlappedHalosKeepTheLargestBoundaryRegion) {
+  // A convolution whose halo exchange overlaps its forward recomputes its boundary region by
+  // region and keeps copies of the largest one's window and outputs (the executor's Layer::
+  // workspace_bytes; test_memory_estimate measures them). 3 x 3, padding 1, 64 x 64, 2 samples,
+  // 1 -> 4 channels, cut into 4 slabs of 16 rows: a slab's boundary region is one row of 64
+  // outputs reading 3 rows of 66 inputs (padding included).
+  PlannerGraph g;
+  g.model = "overlap";
+  g.batch = 2;
+  g.layers.push_back(conv("c1", -1, 2, 1, 4, 64));
+  g.layers.push_back(pointwise("r1", {0}, Shape::image(2, 4, {64, 64})));
+  g.layers.push_back(conv("c2", 1, 2, 4, 4, 64));
+  g.output = 2;
+  LayerSplit slabs;
+  slabs.spatial = {4, 1};
+  const double region = 4.0 * (2 * 1 * 3 * 66 + 2 * 4 * 1 * 64);
+  auto bytes = [&](HaloOverlap overlap, int ranks_per_node, int producer, const LayerSplit& held, int layer,
+                   const LayerSplit& split, const PlannerGraph& graph) {
+    return CostModel(graph, round_machine(ranks_per_node), {.ranks = 4, .halo_overlap = overlap})
+        .overlap_region_bytes(producer, held, layer, split);
+  };
+  EXPECT_DOUBLE_EQ(bytes(HaloOverlap::Always, 8, -1, {}, 0, slabs, g), region);
+  EXPECT_DOUBLE_EQ(bytes(HaloOverlap::Always, 8, 1, slabs, 2, slabs, g), 4.0 * (2 * 4 * 3 * 66 + 2 * 4 * 1 * 64));
+  EXPECT_EQ(bytes(HaloOverlap::Never, 1, -1, {}, 0, slabs, g), 0.0);
+  // Automatic: where a peer is on another node and the boundary is at most 1/8 of the slab (2 of
+  // 16 rows in the middle slabs).
+  EXPECT_EQ(bytes(HaloOverlap::Automatic, 8, -1, {}, 0, slabs, g), 0.0) << "one node";
+  EXPECT_DOUBLE_EQ(bytes(HaloOverlap::Automatic, 2, -1, {}, 0, slabs, g), region) << "slabs 1 and 2 on two nodes";
+  LayerSplit hybrid;
+  hybrid.sample = 2;
+  hybrid.spatial = {2, 1};
+  EXPECT_EQ(bytes(HaloOverlap::Automatic, 2, -1, {}, 0, hybrid, g), 0.0) << "each sample's two slabs on one node";
+  EXPECT_GT(bytes(HaloOverlap::Automatic, 1, -1, {}, 0, hybrid, g), 0.0) << "every rank its own node";
+  // Only a halo exchange overlaps: not a redistribution from another split, not a convolution
+  // that reads all channels of a producer split by filter, not a channel split.
+  LayerSplit whole;
+  EXPECT_EQ(bytes(HaloOverlap::Always, 8, 1, whole, 2, slabs, g), 0.0);
+  LayerSplit filter_slabs = slabs;
+  filter_slabs.filter = 2;
+  filter_slabs.spatial = {2, 1};
+  EXPECT_EQ(bytes(HaloOverlap::Always, 8, 1, filter_slabs, 2, filter_slabs, g), 0.0);
+  EXPECT_GT(bytes(HaloOverlap::Always, 8, -1, {}, 0, filter_slabs, g), 0.0) << "every rank reads all input channels";
+  LayerSplit channel_slabs = filter_slabs;
+  channel_slabs.filter = 1;
+  channel_slabs.channel = 2;
+  EXPECT_EQ(bytes(HaloOverlap::Always, 8, 1, channel_slabs, 2, channel_slabs, g), 0.0);
+  // Thin slabs: 16 rows in 4 slabs of 4, a boundary of 1/4 or 1/2; Automatic does not overlap them.
+  PlannerGraph thin = g;
+  thin.layers[0] = conv("c1", -1, 2, 1, 4, 16);
+  EXPECT_EQ(bytes(HaloOverlap::Automatic, 1, -1, {}, 0, slabs, thin), 0.0);
+  EXPECT_DOUBLE_EQ(bytes(HaloOverlap::Always, 1, -1, {}, 0, slabs, thin), 4.0 * (2 * 1 * 3 * 18 + 2 * 4 * 1 * 16));
+  // In the plan's memory: the estimate with overlap exceeds the one without by the region.
+  const Plan plan = Plan::parse("ranks: 4\ndefault: {sample: 4}\nlayers:\n  c1: {sample: 1, spatial: [4, 1]}\n", "p");
+  const double with = CostModel(g, round_machine(8), {.ranks = 4, .halo_overlap = HaloOverlap::Always}).estimate(plan).memory_bytes;
+  const double without = CostModel(g, round_machine(8), {.ranks = 4, .halo_overlap = HaloOverlap::Never}).estimate(plan).memory_bytes;
+  EXPECT_DOUBLE_EQ(with - without, region);
+}
+
 TEST(CostModel, CalibratedBf16ConvolutionsOnGpusAreNativeOnes) {
   // tessera calibrate --device cuda times bf16 convolutions as the executor runs them by default
   // (on bf16 tensors); a job that runs them exact is priced by the roofline at its own rate.

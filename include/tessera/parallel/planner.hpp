@@ -27,6 +27,7 @@
 // which case the cheapest are kept (the result says so). The memory limit is met by a
 // Lagrangian penalty on memory raised until the plan fits.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -202,6 +203,9 @@ class CostModel {
   const PlannerGraph& graph_;
   const Machine& machine_;
   PlannerOptions options_;
+  /// overlap_region_bytes by (consumer, producer, split, held split): it looks at every rank,
+  /// and the memory descents ask again and again.
+  mutable std::map<std::vector<int>, double> overlap_cache_;
 };
 
 struct PlanResult {
