@@ -66,7 +66,7 @@ loss: softmax_cross_entropy
 
 
 using testing::adamw;
-using testing::kCosmoStyle;
+using testing::cosmo_style_model;
 
 void expect_gpu_plan_equals_one_host_rank(const std::string& model, const std::string& plan, std::int64_t batch,
                                           const OptimizerConfig& optimizer, double lr, double tolerance = 1e-5) {
@@ -106,20 +106,20 @@ loss: softmax_cross_entropy
 }
 
 TEST(GpuTrain, CosmoFlowStyle3dCnnSampleParallelAdamW) {
-  expect_gpu_plan_equals_one_host_rank(kCosmoStyle, plan_for({}, ""), 4, adamw(), 1e-3);
+  expect_gpu_plan_equals_one_host_rank(cosmo_style_model(), plan_for({}, ""), 4, adamw(), 1e-3);
 }
 
 TEST(GpuTrain, CosmoFlowStyle3dCnnConvBlocksSplitAlongD) {
   const std::string split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
   expect_gpu_plan_equals_one_host_rank(
-      kCosmoStyle, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, split), 4, adamw(), 1e-3);
+      cosmo_style_model(), plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, split), 4, adamw(), 1e-3);
 }
 
 TEST(GpuTrain, CosmoFlowStyle3dCnnSplitAlongDWithHaloOverlap) {
   // Halo overlap on the GPU: interiors computed while the halos travel (packed on the GPU), the
   // boundary outputs recomputed, the input gradient's halos sent back during the weight gradients.
   const std::string split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
-  testing::expect_same_as_one_rank(kCosmoStyle, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, split),
+  testing::expect_same_as_one_rank(cosmo_style_model(), plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, split),
                                    4, 4, adamw(), 1e-3, HaloOverlap::Always, kGpu, 1e-5, kGpuComm);
 }
 
@@ -131,7 +131,7 @@ TEST(GpuTrain, Bf16CosmoFlowStyle3dCnnSampleParallelAndSplitAlongD) {
   // the next layer's operand (2^-8 relative), so the runs agree within bf16's bound, 1e-2 (SGD:
   // AdamW's sign-like first step would turn a flipped near-zero gradient into a whole
   // learning-rate step).
-  const std::string model = std::string("precision: bf16\n") + kCosmoStyle;
+  const std::string model = "precision: bf16\n" + cosmo_style_model();
   expect_gpu_plan_equals_one_host_rank(model, plan_for({}, ""), 4, testing::sgd_momentum(), 1e-3, 1e-2);
   const std::string split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
   expect_gpu_plan_equals_one_host_rank(model, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, split), 4,
@@ -172,7 +172,7 @@ loss: mse
 #if !defined(TESSERA_GPU_TRAIN_ON_HOST) && !defined(TESSERA_GPU_TRAIN_NCCL)
 TEST(GpuTrain, NcclIsRefusedClearlyWhereRanksShareAGpuAndUsedWhereEachHasItsOwn) {
   auto world = MpiCommunicator::world();
-  Model model = Model::parse(kCosmoStyle, "m");
+  Model model = Model::parse(cosmo_style_model(), "m");
   ExecutorOptions options;
   options.global_batch = 4;
   options.device = kGpu;

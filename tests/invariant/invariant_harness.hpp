@@ -174,9 +174,10 @@ inline void expect_same_as_one_rank(const std::string& model_text, const std::st
 
 inline int ranks() { return MpiCommunicator::world()->size(); }
 
-/// A small CosmoFlow-style 3-D regression network (16^3, one channel): conv, leaky ReLU and
-/// max-pool blocks, then two linear layers and MSE.
-inline constexpr const char* kCosmoStyle = R"(
+/// A small CosmoFlow-style 3-D network (16^3, one channel): conv, leaky ReLU and max-pool
+/// blocks, then two linear layers, the last with `outputs` outputs, and `loss`.
+inline std::string cosmo_style_model(int outputs = 1, const std::string& loss = "mse") {
+  return R"(
 input: {shape: [1, 16, 16, 16]}
 layers:
   - {name: conv1, type: conv, filters: 4, kernel: 3, padding: 1}
@@ -188,9 +189,9 @@ layers:
   - {name: flatten, type: flatten}
   - {name: fc1, type: linear, out: 16}
   - {name: act3, type: leaky_relu, slope: 0.01}
-  - {name: fc2, type: linear, out: 1}
-loss: mse
-)";
+  - {name: fc2, type: linear, out: )" +
+         std::to_string(outputs) + "}\nloss: " + loss + "\n";
+}
 
 /// A plan for this job's ranks that splits the named layers with `split` and every other layer by sample.
 inline std::string plan_for(const std::vector<std::string>& layers, const std::string& split) {

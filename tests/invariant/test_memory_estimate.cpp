@@ -20,7 +20,6 @@
 namespace tessera {
 namespace {
 
-using testing::kCosmoStyle;
 using testing::plan_for;
 using testing::ranks;
 
@@ -40,12 +39,13 @@ loss: softmax_cross_entropy
 )";
 
 struct Case {
-  const char* model;
+  std::string model;
   std::string plan;
   std::int64_t batch;
 };
 
 TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
+  const std::string cosmo = testing::cosmo_style_model();
   auto world = MpiCommunicator::world();
   const std::string d_split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
   const std::string h_split = fmt::format("{{sample: 1, spatial: [{}, 1]}}", ranks());
@@ -56,9 +56,9 @@ TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
       {kCnn, plan_for({"conv1", "act1", "conv2", "act2", "pool"}, h_split), 4},
       {kCnn, plan_for({"conv2", "fc1"}, filters), 4},
       {kCnn, plan_for({"conv2", "fc1"}, channels), 4},
-      {kCosmoStyle, plan_for({}, ""), 4},
-      {kCosmoStyle, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, d_split), 2},
-      {kCosmoStyle, plan_for({"conv2", "act2", "pool2"}, d_split), 2},
+      {cosmo, plan_for({}, ""), 4},
+      {cosmo, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, d_split), 2},
+      {cosmo, plan_for({"conv2", "act2", "pool2"}, d_split), 2},
   };
   // Halos overlapped everywhere they can be (a convolution then keeps copies of its boundary
   // regions, Layer::workspace_bytes) and nowhere; the planner prices the job's choice.

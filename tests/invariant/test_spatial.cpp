@@ -195,23 +195,7 @@ loss: softmax_cross_entropy
   expect_same_as_one_rank(model, plan, 4);
 }
 
-std::string cosmoflow_style_model() {
-  return R"(
-input: {shape: [1, 16, 16, 16]}
-layers:
-  - {name: conv1, type: conv, filters: 4, kernel: 3, padding: 1}
-  - {name: act1, type: leaky_relu, slope: 0.01}
-  - {name: pool1, type: maxpool, kernel: 2}
-  - {name: conv2, type: conv, filters: 8, kernel: 3, padding: 1}
-  - {name: act2, type: leaky_relu, slope: 0.01}
-  - {name: pool2, type: maxpool, kernel: 2}
-  - {name: flatten, type: flatten}
-  - {name: fc1, type: linear, out: 16}
-  - {name: act3, type: leaky_relu, slope: 0.01}
-  - {name: fc2, type: linear, out: 10}
-loss: softmax_cross_entropy
-)";
-}
+std::string cosmoflow_style_model() { return testing::cosmo_style_model(10, "softmax_cross_entropy"); }
 
 TEST(SpatialInvariant, CosmoFlowStyleModelOverSeveralSteps) {
   expect_same_as_one_rank(cosmoflow_style_model(),
