@@ -485,96 +485,58 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
   const std::int64_t samples = ceil_div(c.output[0], split.sample);
   const std::int64_t in_channels = c.input[1];
   const std::int64_t out_channels = ceil_div(c.output[1], split.filter);
-  // Per spatial dimension u and tile coordinate: the outputs that read below and above the
-  // input block the rank holds before its halos arrive (the global edges' padding is ready).
-  auto count_sides = [&](std::size_t u, int coord) {
-    const int j = static_cast<int>(u);
-    const Interval out = block(c.output[j + 2], grid[3 + u], coord);
-    const Interval ready = block(c.input[j + 2], grid[3 + u], coord);
-    const auto& win = c.windows.at(u);
-    const std::int64_t low = ready.begin == 0 ? std::numeric_limits<std::int64_t>::min() : ready.begin;
-    const std::int64_t high = ready.end == c.input[j + 2] ? std::numeric_limits<std::int64_t>::max() : ready.end;
-    std::int64_t lo = 0, hi = 0;
-    for (std::int64_t o = out.begin; o < out.end; ++o) {
-      const std::int64_t first = o * win.stride - win.pad;
-      if (first < low) ++lo;
-      else if (first + win.kernel > high) ++hi;
-    }
-    return std::pair{lo, hi};
+  // Per spatial dimension u and tile coordinate: the tile's outputs, and those that read below
+  // and above the input block the rank holds before its halos arrive (the global edges' padding
+  // is ready).
+  struct Row {
+    std::int64_t extent = 0, below = 0, above = 0;
+    bool operator==(const Row&) const = default;
   };
-  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> side_table(static_cast<std::size_t>(dims));
-  for (std::size_t u = 0; u < side_table.size(); ++u)
-    for (int coord = 0; coord < grid[3 + u]; ++coord) side_table[u].push_back(count_sides(u, coord));
-  auto sides = [&](std::size_t u, int coord) { return side_table[u][static_cast<std::size_t>(coord)]; };
-  // Ranks to look at: all of them, or (a large job) the first tile, taken to be on a node boundary.
-  const bool every_rank = P <= 4096;
-  double largest = 0;
-  std::vector<int> coords;
-  for (int r = 0; r < (every_rank ? P : 1); ++r) {
-    coords = grid_coords(grid, r);
-    if (!every_rank) std::fill(coords.begin(), coords.end(), 0);
-    // This tile's outputs, those that read below and above its ready block, and the interior.
-    std::vector<std::int64_t> extent(static_cast<std::size_t>(dims)), below(extent), above(extent), interior(extent);
-    bool any_boundary = false, has_interior = true;
-    double tile = 1, inner = 1;
-    for (int j = 0; j < dims; ++j) {
-      const auto u = static_cast<std::size_t>(j);
-      const auto [lo, hi] = sides(u, coords[3 + u]);
-      extent[u] = block(c.output[j + 2], grid[3 + u], coords[3 + u]).size();
-      below[u] = lo;
-      above[u] = hi;
-      interior[u] = extent[u] - lo - hi;
-      any_boundary = any_boundary || lo > 0 || hi > 0;
-      has_interior = has_interior && interior[u] > 0;
-      tile *= static_cast<double>(extent[u]);
-      inner *= static_cast<double>(std::max<std::int64_t>(0, interior[u]));
-    }
-    if (!any_boundary || !has_interior) continue;
-    if (options_.halo_overlap == HaloOverlap::Automatic) {
-      if (1.0 - inner / tile > kMaxRecomputedShare) continue;
-      // A peer on another node (TileExchange::peer_ranks): a neighbouring tile this one's window
-      // reaches into, or whose window reaches into this one.
-      bool off_node = !every_rank && P > rpn;
-      if (every_rank) {
-        const int me = r / rpn;
-        std::vector<int> offset(static_cast<std::size_t>(dims), -1);
-        while (!off_node) {
-          std::vector<int> q = coords;
-          bool moved = false, exists = true, incoming = true, outgoing = true;
-          for (int j = 0; j < dims && exists; ++j) {
-            const auto u = static_cast<std::size_t>(j);
-            const int o = offset[u];
-            if (o == 0) continue;
-            moved = true;
-            q[3 + u] += o;
-            if (q[3 + u] < 0 || q[3 + u] >= grid[3 + u]) {
-              exists = false;
-              break;
-            }
-            const auto [q_lo, q_hi] = sides(u, q[3 + u]);
-            incoming = incoming && (o < 0 ? below[u] > 0 : above[u] > 0);
-            outgoing = outgoing && (o < 0 ? q_hi > 0 : q_lo > 0);
-          }
-          if (moved && exists && (incoming || outgoing) && grid_rank(grid, q) / rpn != me) off_node = true;
-          int j = 0;
-          while (j < dims && ++offset[static_cast<std::size_t>(j)] > 1) offset[static_cast<std::size_t>(j++)] = -1;
-          if (j == dims) break;
-        }
+  std::vector<std::vector<Row>> rows(static_cast<std::size_t>(dims));
+  for (std::size_t u = 0; u < rows.size(); ++u) {
+    const int j = static_cast<int>(u);
+    const auto& win = c.windows.at(u);
+    for (int coord = 0; coord < grid[3 + u]; ++coord) {
+      const Interval out = block(c.output[j + 2], grid[3 + u], coord);
+      const Interval ready = block(c.input[j + 2], grid[3 + u], coord);
+      const std::int64_t low = ready.begin == 0 ? std::numeric_limits<std::int64_t>::min() : ready.begin;
+      const std::int64_t high = ready.end == c.input[j + 2] ? std::numeric_limits<std::int64_t>::max() : ready.end;
+      Row row{out.size(), 0, 0};
+      for (std::int64_t o = out.begin; o < out.end; ++o) {
+        const std::int64_t first = o * win.stride - win.pad;
+        if (first < low) ++row.below;
+        else if (first + win.kernel > high) ++row.above;
       }
-      if (!off_node) continue;
+      rows[u].push_back(row);
     }
-    // The boundary boxes (split_at_halos): along dimension j the outputs below and above the
-    // interior, within the interior along the dimensions before j, any along those after. The
-    // copies grow to the largest box's input (its window) and output.
+  }
+  // The copies of a tile (one row per dimension) that overlaps: the boundary boxes of
+  // split_at_halos (along dimension j the outputs below and above the interior, within the
+  // interior along the dimensions before j, any along those after); the copies grow to the
+  // largest box's input (its window) and output. 0 where the tile has no interior or no boundary,
+  // or (Automatic) a boundary above kMaxRecomputedShare of it.
+  auto tile_region = [&](const std::vector<Row>& tile) {
+    double outputs = 1, inner = 1;
+    bool boundary = false;
+    for (const Row& r : tile) {
+      const std::int64_t interior = r.extent - r.below - r.above;
+      if (interior <= 0) return 0.0;
+      boundary = boundary || r.below > 0 || r.above > 0;
+      outputs *= static_cast<double>(r.extent);
+      inner *= static_cast<double>(interior);
+    }
+    if (!boundary) return 0.0;
+    if (options_.halo_overlap == HaloOverlap::Automatic && 1.0 - inner / outputs > kMaxRecomputedShare) return 0.0;
     double region_in = 0, region_out = 0;
     for (int j = 0; j < dims; ++j) {
-      for (const std::int64_t side : {below[static_cast<std::size_t>(j)], above[static_cast<std::size_t>(j)]}) {
+      const Row& along = tile[static_cast<std::size_t>(j)];
+      for (const std::int64_t side : {along.below, along.above}) {
         if (side == 0) continue;
         double in = static_cast<double>(samples * in_channels), out = static_cast<double>(samples * out_channels);
         for (int i = 0; i < dims; ++i) {
-          const auto u = static_cast<std::size_t>(i);
-          const std::int64_t e = i < j ? interior[u] : i == j ? side : extent[u];
-          const auto& win = c.windows.at(u);
+          const Row& r = tile[static_cast<std::size_t>(i)];
+          const std::int64_t e = i < j ? r.extent - r.below - r.above : i == j ? side : r.extent;
+          const auto& win = c.windows.at(static_cast<std::size_t>(i));
           out *= static_cast<double>(e);
           in *= static_cast<double>((e - 1) * win.stride + win.kernel);
         }
@@ -582,7 +544,73 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
         region_out = std::max(region_out, out);
       }
     }
-    largest = std::max(largest, kBytes * (region_in + region_out));
+    return kBytes * (region_in + region_out);
+  };
+  // Whether rank r (grid coordinates `coords`) has a peer on another node (TileExchange::
+  // peer_ranks): a rank of a neighbouring tile this tile's window reaches into, or whose window
+  // reaches into this tile. Read from the model's input under a filter split, every filter rank
+  // of a tile holds it and the exchange spreads the receivers over them: any of them may be the
+  // peer.
+  const bool any_filter_rank = producer < 0 && split.filter > 1;
+  auto off_node_peer = [&](int r, const std::vector<int>& coords) {
+    const int me = r / rpn;
+    std::vector<int> offset(static_cast<std::size_t>(dims), -1);
+    while (true) {
+      std::vector<int> q = coords;
+      bool moved = false, exists = true, incoming = true, outgoing = true;
+      for (std::size_t u = 0; u < offset.size() && exists; ++u) {
+        const int o = offset[u];
+        if (o == 0) continue;
+        moved = true;
+        q[3 + u] += o;
+        if (q[3 + u] < 0 || q[3 + u] >= grid[3 + u]) {
+          exists = false;
+          break;
+        }
+        const Row& mine = rows[u][static_cast<std::size_t>(coords[3 + u])];
+        const Row& theirs = rows[u][static_cast<std::size_t>(q[3 + u])];
+        incoming = incoming && (o < 0 ? mine.below > 0 : mine.above > 0);
+        outgoing = outgoing && (o < 0 ? theirs.above > 0 : theirs.below > 0);
+      }
+      if (moved && exists && (incoming || outgoing)) {
+        for (int f = any_filter_rank ? 0 : q[1]; f < (any_filter_rank ? split.filter : q[1] + 1); ++f) {
+          q[1] = f;
+          if (grid_rank(grid, q) / rpn != me) return true;
+        }
+      }
+      std::size_t u = 0;
+      while (u < offset.size() && ++offset[u] > 1) offset[u++] = -1;
+      if (u == offset.size()) return false;
+    }
+  };
+  double largest = 0;
+  if (P <= 4096) {
+    // Every rank.
+    for (int r = 0; r < P; ++r) {
+      const std::vector<int> coords = grid_coords(grid, r);
+      std::vector<Row> tile;
+      for (std::size_t u = 0; u < rows.size(); ++u) tile.push_back(rows[u][static_cast<std::size_t>(coords[3 + u])]);
+      const double region = tile_region(tile);
+      if (region > largest && (options_.halo_overlap == HaloOverlap::Always || off_node_peer(r, coords)))
+        largest = region;
+    }
+  } else {
+    // A large job: every combination of the dimensions' distinct rows (a handful each), each tile
+    // taken to have a peer on another node where the job spans nodes.
+    if (options_.halo_overlap == HaloOverlap::Automatic && P <= rpn) return 0;
+    std::vector<std::vector<Row>> distinct(rows.size());
+    for (std::size_t u = 0; u < rows.size(); ++u)
+      for (const Row& r : rows[u])
+        if (std::find(distinct[u].begin(), distinct[u].end(), r) == distinct[u].end()) distinct[u].push_back(r);
+    std::vector<std::size_t> pick(rows.size(), 0);
+    while (true) {
+      std::vector<Row> tile;
+      for (std::size_t u = 0; u < rows.size(); ++u) tile.push_back(distinct[u][pick[u]]);
+      largest = std::max(largest, tile_region(tile));
+      std::size_t u = 0;
+      while (u < pick.size() && ++pick[u] == distinct[u].size()) pick[u++] = 0;
+      if (u == pick.size()) break;
+    }
   }
   overlap_cache_.emplace(std::move(key), largest);
   return largest;

@@ -273,10 +273,13 @@ SearchOutcome run_dp(const CostModel& model, const std::vector<std::vector<Layer
       const LayerSplit held = u >= 0 ? cands[static_cast<std::size_t>(u)][static_cast<std::size_t>(producer_choice)] : LayerSplit{};
       // The exchange, and the memory of the copy it makes (if it makes one).
       const LayerEstimate& consumer = estimates[v][k];
-      const double c = model.exchange_cost(u, held, static_cast<int>(v), cv[k]) +
-                       (penalty > 0 && model.copies_input(u, held, static_cast<int>(v), cv[k], consumer)
-                            ? penalty * consumer.input_bytes
-                            : 0.0);
+      // And, where its halo exchange overlaps its forward, the region copies a convolution keeps.
+      const double c =
+          model.exchange_cost(u, held, static_cast<int>(v), cv[k]) +
+          (penalty > 0 && model.copies_input(u, held, static_cast<int>(v), cv[k], consumer) ? penalty * consumer.input_bytes
+                                                                                           : 0.0) +
+          (penalty > 0 && l.inputs.size() == 1 ? penalty * model.overlap_region_bytes(u, held, static_cast<int>(v), cv[k])
+                                               : 0.0);
       cache.emplace(key, c);
       return c;
     };

@@ -88,10 +88,11 @@ inline OptimizerConfig adamw() {
 /// The tests overlap every halo exchange a layer can (HaloOverlap::Always), so the overlapped
 /// path is what the invariant covers; tests that name HaloOverlap::Never cover the other. The
 /// layers run on `device` (the GPU tests); gradients and weights come back on the host.
+/// `ranks_per_node` > 0: blocks of that many ranks are taken for nodes (ExecutorOptions).
 inline TrainingRun train(const std::string& model_text, const Plan& plan, std::shared_ptr<Communicator> comm, std::int64_t batch,
                   int steps, const OptimizerConfig& optimizer_config = sgd_momentum(), double lr = 0.05,
                   HaloOverlap overlap = HaloOverlap::Always, Device device = Device::host(),
-                  ExecutorOptions::GpuComm gpu_comm = ExecutorOptions::GpuComm::Automatic) {
+                  ExecutorOptions::GpuComm gpu_comm = ExecutorOptions::GpuComm::Automatic, int ranks_per_node = 0) {
   Model model = Model::parse(model_text, "invariant_test_model");
   model.init_parameters(11);
   ExecutorOptions options;
@@ -99,6 +100,7 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
   options.halo_overlap = overlap;
   options.device = device;
   options.gpu_comm = gpu_comm;
+  options.ranks_per_node = ranks_per_node;
   options.seed = 11;
   options.reducer.bucket_bytes = 4 << 10;  // several buckets
   Executor executor(model, plan, comm, options);

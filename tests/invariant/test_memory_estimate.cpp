@@ -4,8 +4,9 @@
 // layers' own buffers: max pooling's maxima, as CostModel::activation_bytes counts them) is
 // within 2 % of the largest rank's measured bytes in the steady state (from the second training
 // step), so that the memory-limited search neither runs plans that do not fit nor refuses plans
-// that do. Not counted on either side: the exchanges' message buffers and the data batch; on
-// neither here: the region copies of convolutions that overlap their halos (HaloOverlap::Never).
+// that do. Not counted on either side: the exchanges' message buffers and the data batch. With
+// halos overlapped nowhere, everywhere, and as Automatic decides with every rank its own node
+// (then a convolution whose boundary is at most 1/8 of its tile keeps its regions' copies).
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -60,16 +61,20 @@ TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
       {cosmo, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, d_split), 2},
       {cosmo, plan_for({"conv2", "act2", "pool2"}, d_split), 2},
   };
-  // Halos overlapped everywhere they can be (a convolution then keeps copies of its boundary
-  // regions, Layer::workspace_bytes) and nowhere; the planner prices the job's choice.
-  for (const HaloOverlap overlap : {HaloOverlap::Never, HaloOverlap::Always})
+  // Halos overlapped nowhere, everywhere they can be (a convolution then keeps copies of its
+  // boundary regions, Layer::workspace_bytes), and as Automatic decides with every rank its own
+  // node (ranks_per_node 1 for the executor and the machine); the planner prices the job's choice.
+  const std::pair<HaloOverlap, int> overlaps[] = {
+      {HaloOverlap::Never, 0}, {HaloOverlap::Always, 0}, {HaloOverlap::Automatic, 1}};
+  for (const auto& [overlap, ranks_per_node] : overlaps)
     for (const Case& c : cases) {
       SCOPED_TRACE(c.plan);
       SCOPED_TRACE(to_string(overlap));
       const Plan plan = Plan::parse(c.plan, "memory_plan");
       // Two steps: from the second on every gradient buffer exists (the steady state).
       const testing::TrainingRun run =
-          testing::train(c.model, plan, world, c.batch, 2, testing::sgd_momentum(), 0.05, overlap);
+          testing::train(c.model, plan, world, c.batch, 2, testing::sgd_momentum(), 0.05, overlap, Device::host(),
+                         ExecutorOptions::GpuComm::Automatic, ranks_per_node);
       // Weights and their gradients by element count (a gradient is a view into its bucket, whose
       // allocation would count the whole bucket for each).
       double weights = 0;
@@ -79,7 +84,8 @@ TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
       const double most = world->allreduce_value(held, ReduceOp::Max);
       const Model model = Model::parse(c.model, "memory_model");
       Machine machine;
-      machine.ranks_per_node = machine.cores_per_node = world->size();
+      machine.ranks_per_node = machine.cores_per_node = ranks_per_node > 0 ? ranks_per_node : world->size();
+      machine.nodes = world->size();
       PlannerOptions options;
       options.ranks = world->size();
       options.optimizer_state = 1;  // SGD with momentum

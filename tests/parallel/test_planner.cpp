@@ -320,6 +320,42 @@ TEST(CostModel, OverlappedHalosKeepTheLargestBoundaryRegion) {
   thin.layers[0] = conv("c1", -1, 2, 1, 4, 16);
   EXPECT_EQ(bytes(HaloOverlap::Automatic, 1, -1, {}, 0, slabs, thin), 0.0);
   EXPECT_DOUBLE_EQ(bytes(HaloOverlap::Always, 1, -1, {}, 0, slabs, thin), 4.0 * (2 * 1 * 3 * 18 + 2 * 4 * 1 * 16));
+  // Read from the model's input under a filter split, any filter rank of a neighbouring tile may
+  // be the peer (the exchange spreads the receivers over them): 8 ranks, 2 filter x 4 slabs, 4 a
+  // node; the same filter rank's neighbours share its node, the other's do not.
+  PlannerGraph wide = g;
+  wide.layers[0] = conv("c1", -1, 2, 1, 4, 128);
+  LayerSplit filter_slabs4 = slabs;
+  filter_slabs4.filter = 2;
+  EXPECT_GT(CostModel(wide, round_machine(4), {.ranks = 8, .halo_overlap = HaloOverlap::Automatic})
+                .overlap_region_bytes(-1, {}, 0, filter_slabs4),
+            0.0);
+  // Above 4 096 ranks every kind of tile is looked at, not only the first: a stride-2
+  // convolution's first slab reads no halo, the others one row below.
+  PlannerLayer down = conv("down", -1, 4096, 1, 4, 64);
+  down.output = Shape::image(4096, 4, {32, 64});
+  down.windows = {{3, 2, 1}, {3, 1, 1}};
+  PlannerGraph strided;
+  strided.model = "strided";
+  strided.batch = 4096;
+  strided.layers = {down};
+  strided.output = 0;
+  LayerSplit many = slabs;
+  many.sample = 2048;  // 8 192 ranks
+  Machine large = round_machine(8);
+  large.nodes = 1024;
+  const double at_scale = CostModel(strided, large, {.ranks = 8192, .halo_overlap = HaloOverlap::Automatic})
+                              .overlap_region_bytes(-1, {}, 0, many);
+  // The same tiles at 8 ranks (2 samples each, as above), every rank its own node.
+  strided.layers[0].output = Shape::image(4, 4, {32, 64});
+  strided.layers[0].input = Shape::image(4, 1, {64, 64});
+  strided.batch = 4;
+  LayerSplit few = slabs;
+  few.sample = 2;
+  const double at_8 = CostModel(strided, round_machine(1), {.ranks = 8, .halo_overlap = HaloOverlap::Automatic})
+                          .overlap_region_bytes(-1, {}, 0, few);
+  EXPECT_GT(at_8, 0.0);
+  EXPECT_DOUBLE_EQ(at_scale, at_8);
   // In the plan's memory: the estimate with overlap exceeds the one without by the region.
   const Plan plan = Plan::parse("ranks: 4\ndefault: {sample: 4}\nlayers:\n  c1: {sample: 1, spatial: [4, 1]}\n", "p");
   const double with = CostModel(g, round_machine(8), {.ranks = 4, .halo_overlap = HaloOverlap::Always}).estimate(plan).memory_bytes;
