@@ -54,8 +54,8 @@ class ConvolutionLayer final : public Layer {
 
     std::vector<std::int64_t> weight_dims{filters_, geometry_.in_channels};
     weight_dims.insert(weight_dims.end(), geometry_.kernel.begin(), geometry_.kernel.end());
-    weights_ = {name() + ".weight", Tensor(Shape(weight_dims)), Tensor(Shape(weight_dims)), true};
-    if (bias_) bias_parameter_ = {name() + ".bias", Tensor(Shape{filters_}), Tensor(Shape{filters_}), false};
+    weights_ = whole_parameter(*this, "weight", weight_dims, true);
+    if (bias_) bias_parameter_ = whole_parameter(*this, "bias", {filters_}, false);
     return Shape::image(input[0], filters_, geometry_.output_size);
   }
 

@@ -134,6 +134,23 @@ void he_uniform_init(Parameter& parameter, std::uint64_t seed, int layer_id, int
   }
 }
 
+Parameter whole_parameter(const Layer& layer, const std::string& what, const std::vector<std::int64_t>& dims,
+                          bool decay) {
+  std::int64_t elements = 1;
+  double wanted = 1;
+  bool too_many = false;
+  for (auto d : dims) {
+    wanted *= static_cast<double>(d);
+    too_many = too_many || __builtin_mul_overflow(elements, d, &elements) || elements > kLargestLayerWeights;
+  }
+  if (too_many)
+    fail_layer(layer, "its {} would have {:.4g} elements, more than the {} ({} MiB of fp32) a layer may have: every rank "
+               "builds a layer's whole weights and their gradient before a filter or channel split keeps its block, "
+               "so larger layers are not supported yet",
+               what, wanted, kLargestLayerWeights, (kLargestLayerWeights * 4) >> 20);
+  return {layer.name() + "." + what, Tensor(Shape(dims)), Tensor(Shape(dims)), decay};
+}
+
 void shard_parameter(Parameter& parameter, const Box& box) {
   TESSERA_CHECK(!parameter.sharded(), "parameter '{}' is sharded twice", parameter.name);
   const std::vector<std::int64_t> global = parameter.value.shape().dims();

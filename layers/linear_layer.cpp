@@ -25,9 +25,8 @@ class LinearLayer final : public Layer {
     geometry_.in_features = input[1];
     geometry_.out_features = out_features_;
     geometry_.bias = bias_;
-    const Shape weight_shape{out_features_, geometry_.in_features};
-    weights_ = {name() + ".weight", Tensor(weight_shape), Tensor(weight_shape), true};
-    if (bias_) bias_parameter_ = {name() + ".bias", Tensor(Shape{out_features_}), Tensor(Shape{out_features_}), false};
+    weights_ = whole_parameter(*this, "weight", {out_features_, geometry_.in_features}, true);
+    if (bias_) bias_parameter_ = whole_parameter(*this, "bias", {out_features_}, false);
     return Shape::flat(input[0], out_features_);
   }
 

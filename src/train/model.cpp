@@ -118,6 +118,7 @@ Model Model::parse_unchecked(const std::string& yaml_text, const std::string& so
   }
   Model model;
   model.source_ = source;
+  std::int64_t weights = 0;  // whole parameter elements of the layers so far
   if (root["precision"]) {
     if (!root["precision"].IsScalar())
       fail_input("model file '{}': 'precision' must be fp32 or bf16, not {}", source, describe(root["precision"]));
@@ -176,6 +177,12 @@ Model Model::parse_unchecked(const std::string& yaml_text, const std::string& so
     for (int in : node.inputs)
       shapes.push_back(in == kModelInput ? with_batch(model.sample_shape_, 1) : model.nodes_[static_cast<std::size_t>(in)].output);
     node.output = node.layer->setup(shapes);
+    for (const Parameter* p : node.layer->parameters()) weights += p->value.numel();
+    if (weights > model_options.largest_weights)
+      fail_input("model file '{}': its layers up to '{}' have {} weight elements, more than the {} ({} MiB of fp32) a "
+                 "model may have: every rank builds every layer's whole weights and their gradients before the plan's "
+                 "filter and channel splits keep blocks of them, so larger models are not supported yet",
+                 source, name, weights, model_options.largest_weights, (model_options.largest_weights * 4) >> 20);
     for (int in : node.inputs)
       if (in != kModelInput) model.nodes_[static_cast<std::size_t>(in)].consumers.push_back(static_cast<int>(i));
     index_of[name] = static_cast<int>(i);

@@ -56,6 +56,36 @@ TEST(ModelParse, SizesBeyondWhatTesseraAcceptsAreInputErrors) {
                      "an input sample of more than 2147483647 elements");
 }
 
+// Found by fuzzing: a linear layer of 2^31 weights (the flatten of a 512^3 volume without its
+// pooling) allocated 8 GiB when its file was parsed. Every rank builds whole weights before a
+// split keeps its block, so a layer's and a model's weights have limits, refused before the
+// layer allocates anything.
+TEST(ModelParse, WeightsBeyondWhatARankBuildsAreInputErrors) {
+  expect_input_error("input: {shape: [16777216]}\nlayers:\n  - {name: fc, type: linear, out: 128}\n"
+                     "loss: softmax_cross_entropy\n",
+                     "layer 'fc' (linear): its weight would have 2.147e+09 elements, more than the 134217728 (512 MiB "
+                     "of fp32) a layer may have");
+  expect_input_error("input: {shape: [1, 8, 8, 8]}\nlayers:\n  - {name: c, type: conv, filters: 8388608, kernel: 3, "
+                     "padding: 1, bias: false}\n  - {name: f, type: flatten}\n  - {name: l, type: linear, out: 1}\n"
+                     "loss: mse\n",
+                     "layer 'c' (conv): its weight would have 2.265e+08 elements");
+  // A model's total, checked layer by layer (here with a limit of 1000 elements).
+  ModelOptions small;
+  small.largest_weights = 1000;
+  const std::string text = "input: {shape: [20]}\nlayers:\n  - {name: a, type: linear, out: 20}\n"
+                           "  - {name: b, type: linear, out: 20}\n  - {name: c, type: linear, out: 20}\n"
+                           "loss: softmax_cross_entropy\n";
+  try {
+    (void)Model::parse(text, "m.yaml", small);
+    ADD_FAILURE() << "parsed";
+  } catch (const InputError& e) {
+    EXPECT_NE(e.message().find("its layers up to 'c' have 1260 weight elements, more than the 1000"),
+              std::string::npos)
+        << e.message();
+  }
+  EXPECT_EQ(Model::parse(text, "m.yaml").parameter_count(), 1260);
+}
+
 /// Which layers of `text` (parsed with `options`) compute with bf16 operands: each layer is fed the
 /// activations of the all-fp32 model of the same text and weights, and one whose output differs
 /// from the fp32 layer's on the same input rounds its operands.

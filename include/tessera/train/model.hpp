@@ -38,6 +38,11 @@ struct ModelNode {
 struct ModelOptions {
   /// Replaces the file's model-wide `precision` (layers that name their own keep it).
   std::optional<Precision> precision;
+  /// The most parameter elements the whole model may have: 2^28 (1 GiB of fp32). Every rank
+  /// builds every layer's whole weights and their gradients before the plan's filter and channel
+  /// splits keep blocks of them (each layer at most 2^27 elements, layers/layer_common.hpp);
+  /// larger models need weights built block by block, which is not built yet.
+  std::int64_t largest_weights = std::int64_t{1} << 28;
 };
 
 class Model {
