@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <map>
 #include <memory>
-#include <string_view>
 #include <vector>
 
 #include "layers/bf16_operands.hpp"
@@ -33,10 +32,6 @@
 
 namespace tessera {
 namespace {
-
-/// How the log says that a convolution direction with bf16 operands runs exact (no cuDNN
-/// algorithm on bf16 tensors): counted by CudaBackend::bf16_convolutions().
-constexpr std::string_view kRunsExact = "; it runs as Bf16Convolutions::Exact";
 
 void check(cudnnStatus_t status, const char* what) {
   if (status != CUDNN_STATUS_SUCCESS) fail("cuDNN: {} failed: {}", what, cudnnGetErrorString(status));
@@ -124,17 +119,6 @@ struct ConvolutionPlan {
   Chosen<cudnnConvolutionBwdFilterAlgo_t> filter;
 };
 
-/// CudaBackendOptions::workspace_limit, or (0) a sixteenth of the current GPU's memory, at least 1 GiB.
-std::size_t workspace_limit_of(const CudaBackendOptions& options) {
-  if (options.workspace_limit > 0) return options.workspace_limit;
-  std::size_t free_bytes = 0, total_bytes = 0;
-  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
-    cudaGetLastError();
-    total_bytes = 0;
-  }
-  return std::max(std::size_t{1} << 30, total_bytes / 16);
-}
-
 /// cuDNN's three convolution directions on data stored as `storage` (CUDNN_DATA_FLOAT, or
 /// CUDNN_DATA_BFLOAT16: cuDNN's bf16 configuration, fp32 sums). Each call returns whether it ran:
 /// with `required` a geometry without a usable algorithm fails instead.
@@ -145,8 +129,7 @@ class CudnnConvolutionCore {
       : handle_(handle),
         options_(options),
         log_(log),
-        storage_(storage),
-        workspace_limit_(workspace_limit_of(options)) {}
+        storage_(storage) {}
 
   bool forward(const ConvolutionGeometry& g, const void* input, const void* weights, void* output, bool required) {
     ConvolutionPlan& plan = plan_for(g);
@@ -222,6 +205,8 @@ class CudnnConvolutionCore {
   }
 
   enum class Direction { Forward, Data, Filter };
+  /// The (geometry, direction) searches that found no usable algorithm so far.
+  int none_usable() const { return none_usable_; }
   /// False once the search found nothing usable for that direction of `g` (then every call of it
   /// returns false at once).
   bool may_run(const ConvolutionGeometry& g, Direction direction) {
@@ -299,7 +284,7 @@ class CudnnConvolutionCore {
       cudaGetLastError();
       free_bytes = 0;
     }
-    return std::min(workspace_limit_, free_bytes / 2);
+    return std::min(options_.workspace_limit, free_bytes / 2);
   }
 
 
@@ -386,7 +371,7 @@ class CudnnConvolutionCore {
       const Perf* deterministic = nullptr;
       for (int i = 0; i < returned; ++i) {
         const Perf& candidate = perf[static_cast<std::size_t>(i)];
-        if (candidate.status != CUDNN_STATUS_SUCCESS || candidate.memory > workspace_limit_) continue;
+        if (candidate.status != CUDNN_STATUS_SUCCESS || candidate.memory > options_.workspace_limit) continue;
         if (!tensor_cores_allowed(g) && tensor_op(candidate.mathType)) continue;
         if (g.precision == Precision::BF16 && !exact_on_bf16(candidate)) continue;
         if (!fastest) fastest = &candidate;
@@ -414,7 +399,8 @@ class CudnnConvolutionCore {
                                          : " in strict fp32",
         found);
     if (required) fail("{}", problem);
-    log_.push_back(problem + std::string(kRunsExact));
+    log_.push_back(problem + "; it runs as Bf16Convolutions::Exact");
+    ++none_usable_;
     return nullptr;
   }
 
@@ -452,7 +438,7 @@ class CudnnConvolutionCore {
   CudaBackendOptions options_;
   std::vector<std::string>& log_;
   cudnnDataType_t storage_;
-  std::size_t workspace_limit_;  ///< the largest workspace an algorithm may take
+  int none_usable_ = 0;  ///< (geometry, direction) searches that found nothing usable
   std::map<ConvolutionGeometry, std::unique_ptr<ConvolutionPlan>> plans_;
 };
 
@@ -572,6 +558,8 @@ class NativeBf16Convolution final : public ConvolutionKernels {
   std::int64_t scratch_bytes() const override {
     return static_cast<std::int64_t>(input_.bytes() + output_.bytes() + weights_.bytes()) + exact_->scratch_bytes();
   }
+  /// The (geometry, direction) pairs cuDNN could not run on bf16 tensors: they run exact.
+  int exact_directions() const { return core_.none_usable(); }
   void release_scratch() override {
     input_.release();
     output_.release();
@@ -826,16 +814,25 @@ class CudaBackend final : public DnnBackend {
       major = 0;
     }
     const bool native = options.bf16_convolutions == Bf16Convolutions::Native && major >= 8;
-    native_ = native;
-    auto exact = with_bf16_operands(std::make_unique<CudnnConvolution>(cudnn_, options, log_), elementwise_, gpu);
-    convolution_ = native ? std::make_unique<NativeBf16Convolution>(cudnn_, options, log_, std::move(exact))
-                          : std::move(exact);
+    // 0: a sixteenth of the GPU's memory, at least 1 GiB (3-D convolutions' fastest algorithms may
+    // need GiBs).
+    CudaBackendOptions chosen = options;
+    if (chosen.workspace_limit == 0)
+      chosen.workspace_limit = std::max(std::size_t{1} << 30, cuda::device_memory_bytes(device) / 16);
+    auto exact = with_bf16_operands(std::make_unique<CudnnConvolution>(cudnn_, chosen, log_), elementwise_, gpu);
+    if (native) {
+      auto on_bf16 = std::make_unique<NativeBf16Convolution>(cudnn_, chosen, log_, std::move(exact));
+      native_ = on_bf16.get();
+      convolution_ = std::move(on_bf16);
+    } else {
+      convolution_ = std::move(exact);
+    }
     linear_ = with_bf16_operands(std::make_unique<CublasLinear>(cublas_), elementwise_, gpu);
     log_.push_back(fmt::format("device {}: {}; cuDNN {}, cuBLAS; fp32: {}; convolution workspace up to {} MiB; "
                                "bf16 convolutions: {}",
                                device, cuda::describe_device(device), cudnnGetVersion(),
                                options.allow_tf32 ? "TF32 allowed" : "strict",
-                               workspace_limit_of(options) >> 20,
+                               chosen.workspace_limit >> 20,
                                native ? "native (bf16 tensors and results)"
                                : options.bf16_convolutions == Bf16Convolutions::Native
                                    ? "exact (fp32 results; native needs compute capability 8.0)"
@@ -856,16 +853,16 @@ class CudaBackend final : public DnnBackend {
   std::vector<std::string> implementations() const override { return log_; }
   std::string bf16_convolutions() const override {
     if (!native_) return "exact";
-    const auto exact = std::count_if(log_.begin(), log_.end(), [](const std::string& line) {
-      return line.ends_with(kRunsExact);
-    });
+    const int exact = native_->exact_directions();
     return exact == 0 ? "native" : fmt::format("native, {} exact", exact);
   }
 
  private:
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  bool native_ = false;  ///< bf16 convolutions on bf16 tensors (Bf16Convolutions::Native, compute capability 8+)
+  /// The convolutions when they run bf16 on bf16 tensors (Bf16Convolutions::Native, compute
+  /// capability 8.0 and newer); null when exact.
+  const NativeBf16Convolution* native_ = nullptr;
   std::vector<std::string> log_;
   CudaElementwise elementwise_;  // before the kernels that round with it
   std::unique_ptr<ConvolutionKernels> convolution_;

@@ -136,14 +136,9 @@ void he_uniform_init(Parameter& parameter, std::uint64_t seed, int layer_id, int
 
 Parameter whole_parameter(const Layer& layer, const std::string& what, const std::vector<std::int64_t>& dims,
                           bool decay) {
-  std::int64_t elements = 1;
-  double wanted = 1;
-  bool too_many = false;
-  for (auto d : dims) {
-    wanted *= static_cast<double>(d);
-    too_many = too_many || __builtin_mul_overflow(elements, d, &elements) || elements > kLargestLayerWeights;
-  }
-  if (too_many)
+  double wanted = 1;  // exact far beyond the limit, and no overflow
+  for (auto d : dims) wanted *= static_cast<double>(d);
+  if (wanted > static_cast<double>(kLargestLayerWeights))
     fail_layer(layer, "its {} would have {:.4g} elements, more than the {} ({} MiB of fp32) a layer may have: every rank "
                "builds a layer's whole weights and their gradient before a filter or channel split keeps its block, "
                "so larger layers are not supported yet",

@@ -258,7 +258,7 @@ struct Bench {
   Device device;  ///< where the layer, its inputs and its results are
   /// Waits for the device after forward and after backward (the timed parts); false: queues only.
   bool wait = true;
-  Shape output_shape;  ///< the layer's output (from its setup)
+  Shape output_shape;  ///< the layer's output (from its setup; Prober::bench_of)
 
   /// Seconds of one forward + backward.
   double run(DnnBackend& backend) {
@@ -391,7 +391,6 @@ Bench workload_bench(const Model& model, const PlannerGraph& graph, const Worklo
     shapes.push_back(in == Model::kModelInput ? model.input_shape(w.samples)
                                               : model.nodes().at(static_cast<std::size_t>(in)).output.with(0, w.samples));
   const Shape output = layer.setup(shapes);
-  bench.output_shape = output;
   const int dims = output.spatial_dims();
   const bool tiled = dims > 0 && static_cast<int>(w.output_extent.size()) == dims &&
                      [&] {
@@ -547,7 +546,11 @@ void measure_gpu(Machine& machine, DnnBackend& backend, Device device, const Cal
     }
     return probes;
   };
-  const std::vector<FlopsProbe> fp32 = rates(Precision::F32), bf16 = rates(Precision::BF16);
+  // bf16_flops > 0 tells the planner that bf16 convolutions run on bf16 tensor cores; a GPU that
+  // runs them exact (before compute capability 8.0) has no faster bf16 path: 0, as `flops`.
+  const bool bf16_tensor_cores = backend.bf16_convolutions() != "exact";
+  const std::vector<FlopsProbe> fp32 = rates(Precision::F32);
+  const std::vector<FlopsProbe> bf16 = bf16_tensor_cores ? rates(Precision::BF16) : std::vector<FlopsProbe>{};
   auto median_rate = [](const std::vector<FlopsProbe>& probes) {
     std::vector<double> r;
     for (const auto& p : probes) r.push_back(p.rate());
@@ -555,9 +558,6 @@ void measure_gpu(Machine& machine, DnnBackend& backend, Device device, const Cal
   };
   machine.device = "gpu";
   machine.flops = median_rate(fp32);
-  // bf16_flops > 0 tells the planner that bf16 convolutions run on bf16 tensor cores; a GPU that
-  // runs them exact (before compute capability 8.0) has no faster bf16 path: 0, as `flops`.
-  const bool bf16_tensor_cores = backend.bf16_convolutions() != "exact";
   machine.bf16_flops = bf16_tensor_cores ? median_rate(bf16) : 0;
   machine.memory_bandwidth = measure_device_copy(device, quick ? (std::size_t{64} << 20) : (std::size_t{1} << 30),
                                                  args.repeats);

@@ -171,14 +171,14 @@ class CostModel {
   /// layer's output, or its consumers' copies where every consumer copies it), every layer's
   /// output gradient, and the largest input copy's gradient in flight.
   double activation_bytes(const PlanEstimate& estimate) const;
-  /// Whether `consumer` under `split` (its estimate `e`) keeps a copy of what it reads from
-  /// `producer` held under `held` (producer < 0: the model's input, read from the file): a window
-  /// with halos, another split (a redistribution), a gather of channels.
   /// Bytes of the copies a convolution `consumer` under `split` keeps when its halo exchange from
   /// `producer` (held under `held`; < 0: the model's input) overlaps its forward on some rank, as
   /// the executor decides under options.halo_overlap: its largest boundary region's input and
   /// output (Layer::workspace_bytes); 0 where no rank overlaps.
   double overlap_region_bytes(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
+  /// Whether `consumer` under `split` (its estimate `e`) keeps a copy of what it reads from
+  /// `producer` held under `held` (producer < 0: the model's input, read from the file): a window
+  /// with halos, another split (a redistribution), a gather of channels.
   bool copies_input(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
                     const LayerEstimate& e) const;
   /// The local workload of `layer` under `split`.
