@@ -1,4 +1,6 @@
-// "relu" and "leaky_relu" (slope for negative inputs; relu is slope 0).
+// "relu" and "leaky_relu" (slope for negative inputs; relu is slope 0). Both run in place
+// (Layer::runs_in_place) when the slope is >= 0: the kernels read and write element by element,
+// so the input and output (and the output and input gradients) may be the same tensor.
 #include "layers/layer_common.hpp"
 
 namespace tessera {
@@ -12,6 +14,8 @@ class LeakyReluLayer final : public Layer {
   std::string_view type() const override { return type_; }
   bool spatially_splittable() const override { return true; }
   bool filter_splittable() const override { return true; }
+  // The output has the input's sign (a slope >= 0), and backward only reads the sign (x > 0).
+  bool runs_in_place() const override { return slope_ >= 0.0f; }
 
   void set_model_split(const ModelSplit& split) override {
     if (split == model_split_) return;

@@ -89,6 +89,14 @@ CostModel::CostModel(const PlannerGraph& graph, const Machine& machine, PlannerO
   if (options_.ranks > capacity)
     fail_input("machine '{}' has {} nodes x {} ranks per node = {} ranks; cannot plan for {}", machine_.name,
                machine_.nodes, machine_.ranks_per_node, capacity, options_.ranks);
+  std::vector<int> readers(graph_.layers.size(), 0);
+  for (const PlannerLayer& layer : graph_.layers)
+    for (int j : layer.inputs)
+      if (j >= 0) ++readers.at(static_cast<std::size_t>(j));
+  for (const PlannerLayer& layer : graph_.layers)
+    may_run_in_place_.push_back(layer.in_place && layer.inputs.size() == 1 && layer.inputs[0] >= 0 &&
+                                readers[static_cast<std::size_t>(layer.inputs[0])] == 1 &&
+                                layer.inputs[0] != graph_.output);
 }
 
 Workload CostModel::workload(int layer, const LayerSplit& split) const {
@@ -154,13 +162,15 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   }
   const auto parts = spatial_parts(split, static_cast<int>(w.output_extent.size()));
   // Uneven blocks: a block's window is cut by its outputs, its producer's block by its inputs,
-  // and the two part ways (a pooling layer's input blocks no longer line up).
+  // and the two part ways (a pooling layer's input blocks no longer line up) unless each output
+  // reads its own position only (a point-wise layer's blocks are its producer's).
   bool uneven = false;
   for (std::size_t j = 0; j < w.output_extent.size(); ++j) {
     const int d = static_cast<int>(j) + 2;
     if (l.input.rank() <= d) continue;
     block *= static_cast<double>(ceil_div(l.input[d], parts[j]));
-    if (parts[j] > 1 && l.input[d] % parts[j] != 0) uneven = true;
+    const bool point_wise = j < l.windows.size() && l.windows[j] == SpatialWindow{};
+    if (parts[j] > 1 && l.input[d] % parts[j] != 0 && !point_wise) uneven = true;
   }
   const bool tiled = split.spatial_product() > 1;
   // What the layer reads, and what a copy of its input holds when it makes one: a spatially split
@@ -622,9 +632,10 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
   // channels): then the copies are kept and the output is let go. Every layer's output gradient
   // (the executor keeps these buffers from step to step); the layers' own buffers (max pooling's
   // maxima, dropout's scales); in flight, the largest layer's gradients of its input copies and of
-  // its partial sums (channel splits).
+  // its partial sums (channel splits). A layer that runs in place (the only reader of its input,
+  // read as produced: Executor::in_place_layers) shares its input's output and gradient.
   const std::size_t n = estimate.layers.size();
-  std::vector<bool> consumed(n, false), every_consumer_copies(n, true);
+  std::vector<bool> consumed(n, false), every_consumer_copies(n, true), in_place(n, false);
   double bytes = 0, transient = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const LayerEstimate& l = estimate.layers[i];
@@ -633,6 +644,7 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
       const bool copied =
           copies_input(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
                        static_cast<int>(i), l.split, l);
+      in_place[i] = may_run_in_place(static_cast<int>(i)) && !copied;
       if (copied) {
         bytes += l.input_bytes;
         if (j >= 0) copies += l.input_bytes;
@@ -642,7 +654,7 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
         every_consumer_copies[static_cast<std::size_t>(j)] = every_consumer_copies[static_cast<std::size_t>(j)] && copied;
       }
     }
-    bytes += l.output_bytes;  // its gradient
+    if (!in_place[i]) bytes += l.output_bytes;  // its gradient
     // What the layer keeps for its backward besides its output: max pooling the position of each
     // output's maximum (4 bytes), dropout its scales (its output's size), a convolution whose
     // halos overlap its forward its boundary regions' copies.
@@ -659,7 +671,7 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
     transient = std::max(transient, copies + l.partial_bytes);
   }
   for (std::size_t j = 0; j < n; ++j)
-    if (!consumed[j] || !every_consumer_copies[j] || static_cast<int>(j) == graph_.output)
+    if ((!consumed[j] || !every_consumer_copies[j] || static_cast<int>(j) == graph_.output) && !in_place[j])
       bytes += estimate.layers[j].output_bytes;
   return bytes + transient;
 }

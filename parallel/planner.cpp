@@ -271,12 +271,15 @@ SearchOutcome run_dp(const CostModel& model, const std::vector<std::vector<Layer
       const auto it = cache.find(key);
       if (it != cache.end()) return it->second;
       const LayerSplit held = u >= 0 ? cands[static_cast<std::size_t>(u)][static_cast<std::size_t>(producer_choice)] : LayerSplit{};
-      // The exchange, and the memory of the copy it makes (if it makes one).
+      // The exchange, and the memory of the copy it makes (if it makes one; a layer that may run
+      // in place then keeps an output and its gradient of its own too).
       const LayerEstimate& consumer = estimates[v][k];
+      const double copy_bytes =
+          consumer.input_bytes + (model.may_run_in_place(static_cast<int>(v)) ? 2.0 * consumer.output_bytes : 0.0);
       // And, where its halo exchange overlaps its forward, the region copies a convolution keeps.
       const double c =
           model.exchange_cost(u, held, static_cast<int>(v), cv[k]) +
-          (penalty > 0 && model.copies_input(u, held, static_cast<int>(v), cv[k], consumer) ? penalty * consumer.input_bytes
+          (penalty > 0 && model.copies_input(u, held, static_cast<int>(v), cv[k], consumer) ? penalty * copy_bytes
                                                                                            : 0.0) +
           (penalty > 0 && l.inputs.size() == 1 ? penalty * model.overlap_region_bytes(u, held, static_cast<int>(v), cv[k])
                                                : 0.0);
@@ -420,8 +423,11 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
       // The bf16 operands' scratch too: a plan's is the largest layer's of each kind, not the sum;
       // counted per layer, the price still steers the search towards smaller rounded operands.
       const std::string& type = graph.layers[v].type;
+      // A layer that may run in place has no output or gradient of its own unless it copies its
+      // input: those go on the edge too.
       const double own_buffers = type == "maxpool" || type == "dropout" ? e.output_bytes : 0.0;
-      memory[v].push_back(e.memory - e.input_bytes + e.output_bytes + own_buffers + e.scratch_input +
+      const double own_output = model.may_run_in_place(static_cast<int>(v)) ? -e.output_bytes : e.output_bytes;
+      memory[v].push_back(e.memory - e.input_bytes + own_output + own_buffers + e.scratch_input +
                           e.scratch_output + e.scratch_weights);
       estimates[v].push_back(e);
     }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <unordered_set>
 
 #include <unistd.h>
 
@@ -124,6 +125,8 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
   const std::size_t n = nodes.size();
   outputs_.resize(n);
   grads_.resize(n);
+  output_shared_.assign(n, false);
+  grad_shared_.assign(n, false);
   partials_.resize(n);
   partial_grads_.resize(n);
   windows_.resize(n);
@@ -504,6 +507,19 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
     }
   for (std::size_t j = 0; j < nodes.size(); ++j)
     if (!copied_by_all[j] || j == output) ex.release[j] = kKeep;
+  // Layers that run in place: the only reader of their input, which they read as produced.
+  std::vector<int> readers(nodes.size(), 0);
+  for (const auto& node : nodes)
+    for (int j : node.inputs)
+      if (j != Model::kModelInput) ++readers[static_cast<std::size_t>(j)];
+  ex.in_place.assign(nodes.size(), false);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (!options_.in_place || !nodes[i].layer->runs_in_place() || nodes[i].inputs.size() != 1 || ex.inputs[i][0] ||
+        ex.reduce[i])
+      continue;
+    const int j = nodes[i].inputs[0];
+    ex.in_place[i] = j != Model::kModelInput && readers[static_cast<std::size_t>(j)] == 1 && static_cast<std::size_t>(j) != output;
+  }
   // Targets: read with the input layer's samples, needed with the output layer's.
   const auto out = static_cast<std::size_t>(model_.output_node());
   Shape target_shape = targets.shape().with(0, batch);
@@ -624,6 +640,14 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
       const int j = nodes[i].inputs[a];
       if (j != Model::kModelInput && ex.release[static_cast<std::size_t>(j)] == i) outputs_[static_cast<std::size_t>(j)] = Tensor();
     }
+    if (ex.in_place[i]) {
+      // Its output is its input, overwritten (Layer::runs_in_place).
+      outputs_[i] = outputs_[static_cast<std::size_t>(nodes[i].inputs[0])];
+      output_shared_[i] = true;
+    } else if (output_shared_[i]) {
+      outputs_[i] = Tensor();  // not in place at this batch size: an output of its own
+      output_shared_[i] = false;
+    }
     LayerContext ctx = context(i, batch_size, step, training);
     if (TileExchange* reduce = ex.reduce[i].get()) {
       // A partial sum over this rank's input channels: summed over the channel group into the
@@ -730,6 +754,18 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
     extra.assign(node.inputs.size(), Tensor());
     for (std::size_t a = 0; a < node.inputs.size(); ++a) {
       const int j = node.inputs[a];
+      if (j != Model::kModelInput && !has_grad[static_cast<std::size_t>(j)]) {
+        // The first writer of the input's gradient: in place, the output gradient itself
+        // (Layer::runs_in_place); else one of its own.
+        const auto uj = static_cast<std::size_t>(j);
+        if (ex.in_place[k]) {
+          grads_[uj] = grads_[k];
+          grad_shared_[uj] = true;
+        } else if (grad_shared_[uj]) {
+          grads_[uj] = Tensor();
+          grad_shared_[uj] = false;
+        }
+      }
       const bool exchanged = ex.inputs[k][a] != nullptr;
       in.push_back(exchanged ? &windows_[k][a] : j == Model::kModelInput ? &inputs : &outputs_[static_cast<std::size_t>(j)]);
       if (j == Model::kModelInput) {
@@ -864,15 +900,20 @@ std::int64_t Executor::scratch_bytes() const {
 }
 
 std::int64_t Executor::current_bytes() const {
+  // Each buffer once: a layer running in place shares its input's output and gradient.
   std::int64_t bytes = 0;
-  for (const auto& t : outputs_) bytes += t.allocated_bytes();
-  for (const auto& t : grads_) bytes += t.allocated_bytes();
-  for (const auto& t : partials_) bytes += t.allocated_bytes();
-  for (const auto& t : partial_grads_) bytes += t.allocated_bytes();
+  std::unordered_set<const void*> counted;
+  const auto count = [&](const Tensor& t) {
+    if (counted.insert(t.buffer_id()).second) bytes += t.allocated_bytes();
+  };
+  for (const auto& t : outputs_) count(t);
+  for (const auto& t : grads_) count(t);
+  for (const auto& t : partials_) count(t);
+  for (const auto& t : partial_grads_) count(t);
   for (const auto& node : windows_)
-    for (const auto& t : node) bytes += t.allocated_bytes();
+    for (const auto& t : node) count(t);
   for (const auto& node : window_grads_)
-    for (const auto& t : node) bytes += t.allocated_bytes();
+    for (const auto& t : node) count(t);
   for (const auto& node : model_.nodes()) bytes += node.layer->workspace_bytes();
   return bytes;
 }
@@ -885,6 +926,10 @@ std::vector<std::string> Executor::layers_where(std::int64_t batch_size,
   for (std::size_t i = 0; i < model_.nodes().size(); ++i)
     if (chosen(it->second, i)) names.push_back(model_.nodes()[i].layer->name());
   return names;
+}
+
+std::vector<std::string> Executor::in_place_layers(std::int64_t batch_size) const {
+  return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.in_place[i]; });
 }
 
 std::vector<std::string> Executor::backward_overlapped_layers(std::int64_t batch_size) const {

@@ -23,6 +23,7 @@ PlannerGraph Model::planner_graph(std::int64_t global_batch) const {
     l.model_splittable = info[i].model_splittable;
     l.filter_splittable = info[i].filter_splittable;
     l.batch_norm = l.type == "batchnorm";
+    l.in_place = layer.runs_in_place();
     l.precision = layer.precision();
     l.signature = name_ + "/" + l.name + (l.precision == Precision::BF16 ? "@bf16" : "");
     for (Parameter* p : layer.parameters()) {

@@ -70,6 +70,7 @@ struct TrainingRun {
   std::int64_t activation_bytes = 0;    ///< peak of the training steps and the evaluation
   std::int64_t training_activation_bytes = 0;  ///< peak of the training steps alone
   std::int64_t scratch_bytes = 0;       ///< the kernels' scratch (bf16's rounded operands)
+  std::vector<std::string> in_place_layers;  ///< Executor::in_place_layers of the training batch
 };
 
 inline OptimizerConfig sgd_momentum() {
@@ -89,10 +90,12 @@ inline OptimizerConfig adamw() {
 /// path is what the invariant covers; tests that name HaloOverlap::Never cover the other. The
 /// layers run on `device` (the GPU tests); gradients and weights come back on the host.
 /// `ranks_per_node` > 0: blocks of that many ranks are taken for nodes (ExecutorOptions).
+/// `in_place`: ExecutorOptions::in_place.
 inline TrainingRun train(const std::string& model_text, const Plan& plan, std::shared_ptr<Communicator> comm, std::int64_t batch,
                   int steps, const OptimizerConfig& optimizer_config = sgd_momentum(), double lr = 0.05,
                   HaloOverlap overlap = HaloOverlap::Always, Device device = Device::host(),
-                  ExecutorOptions::GpuComm gpu_comm = ExecutorOptions::GpuComm::Automatic, int ranks_per_node = 0) {
+                  ExecutorOptions::GpuComm gpu_comm = ExecutorOptions::GpuComm::Automatic, int ranks_per_node = 0,
+                  bool in_place = true) {
   Model model = Model::parse(model_text, "invariant_test_model");
   model.init_parameters(11);
   ExecutorOptions options;
@@ -101,6 +104,7 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
   options.device = device;
   options.gpu_comm = gpu_comm;
   options.ranks_per_node = ranks_per_node;
+  options.in_place = in_place;
   options.seed = 11;
   options.reducer.bucket_bytes = 4 << 10;  // several buckets
   Executor executor(model, plan, comm, options);
@@ -122,6 +126,7 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
   }
   run.scratch_bytes = executor.scratch_bytes();  // the training steps' (evaluate lets its own go)
   run.training_activation_bytes = executor.activation_bytes();
+  run.in_place_layers = executor.in_place_layers(batch);
   synthetic_batch(model.sample_shape(), batch, steps, inputs, labels);
   const auto [begin, end] = executor.local_samples(batch);
   run.evaluation_loss = executor

@@ -141,6 +141,13 @@ class Layer {
 
   /// Non-trainable state that evaluation and checkpoints need (batch-norm running statistics).
   virtual std::vector<Tensor*> buffers() { return {}; }
+  /// Whether the layer can run in place: forward may write its output over its input (the same
+  /// tensor passed as both), and backward, given that tensor (its output) where it would read its
+  /// input, writes the same input gradient, possibly over its output gradient (the same tensor
+  /// passed as both). The executor runs a layer so where its input has no other reader
+  /// (Executor::in_place_layers): relu and leaky_relu with a slope >= 0, whose output has the sign
+  /// of its input. Saves a copy of the activation and of its gradient.
+  virtual bool runs_in_place() const { return false; }
   /// Bytes of what the layer keeps from its forward for its backward besides its output, on the
   /// tensors' device (max pooling's positions of the maxima, dropout's scales, a convolution's
   /// region copies when halos overlap its compute); grown as needed, kept between steps.

@@ -68,6 +68,9 @@ struct PlannerLayer {
   bool filter_splittable = false;
   /// Batch norm: two allreduces of 2 x channels values per step (forward and backward).
   bool batch_norm = false;
+  /// Runs in place where it is its input's only reader and reads it as produced (relu and
+  /// leaky_relu with a slope >= 0, Layer::runs_in_place): no output or gradient of its own.
+  bool in_place = false;
   /// conv and linear: fp32, or bf16 operands (priced at the machine's bf16_flops, plus the passes
   /// that round the operands).
   Precision precision = Precision::F32;
@@ -181,6 +184,10 @@ class CostModel {
   /// with halos, another split (a redistribution), a gather of channels.
   bool copies_input(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
                     const LayerEstimate& e) const;
+  /// Whether `layer` runs in place (no output or gradient of its own) wherever it reads its input
+  /// as produced (copies_input false): it can (PlannerLayer::in_place) and is the only reader of
+  /// its one input, another layer's output that the loss does not read (Executor::in_place_layers).
+  bool may_run_in_place(int layer) const { return may_run_in_place_.at(static_cast<std::size_t>(layer)); }
   /// The local workload of `layer` under `split`.
   Workload workload(int layer, const LayerSplit& split) const;
   /// The step-level terms given the per-layer ones (gradient overlap, loss, optimizer).
@@ -203,6 +210,7 @@ class CostModel {
   const PlannerGraph& graph_;
   const Machine& machine_;
   PlannerOptions options_;
+  std::vector<bool> may_run_in_place_;
   /// overlap_region_bytes by (consumer, producer, split, held split): it looks at every rank,
   /// and the memory descents ask again and again.
   mutable std::map<std::vector<int>, double> overlap_cache_;

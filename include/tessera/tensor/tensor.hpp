@@ -29,6 +29,8 @@ class Tensor {
 
   float* data() { return buffer_ ? buffer_.get() + offset_ : nullptr; }
   const float* data() const { return buffer_ ? buffer_.get() + offset_ : nullptr; }
+  /// Identifies the buffer (shared by views and copies of this tensor; null when none).
+  const void* buffer_id() const { return buffer_.get(); }
   /// Bytes this tensor's buffer holds (whole buffer, shared by views).
   std::int64_t allocated_bytes() const { return capacity_ * static_cast<std::int64_t>(sizeof(float)); }
 

@@ -78,6 +78,10 @@ struct ExecutorOptions {
   /// The CUDA backend's options (device on a GPU): TF32 for fp32, how bf16 convolutions run
   /// (Bf16Convolutions::Native by default: bf16 tensor cores, bf16 results), the workspace limit.
   CudaBackendOptions cuda;
+  /// Layers run in place where they can (Layer::runs_in_place, Executor::in_place_layers), as the
+  /// planner prices them. False: every layer keeps an output and a gradient of its own (to check
+  /// that running in place changes nothing but memory).
+  bool in_place = true;
   /// Time every layer of every training step (Executor::layer_profile). Costs a clock read per
   /// layer on the host; on a GPU it also waits for each layer's kernels, which slows the step.
   bool profile = false;
@@ -170,6 +174,10 @@ class Executor {
   /// The layers whose halo exchange overlaps their forward on this rank (halo_overlap.hpp), for
   /// a batch of `batch_size` (empty before its first step).
   std::vector<std::string> overlapped_layers(std::int64_t batch_size) const;
+  /// The layers that run in place over their input (Layer::runs_in_place: the input has no other
+  /// reader and is read as produced) for a batch of `batch_size` (empty before its first step):
+  /// each shares its output with its input and its input gradient with its output gradient.
+  std::vector<std::string> in_place_layers(std::int64_t batch_size) const;
   /// The layers whose input exchange's reverse overlaps their parameter gradients in backward,
   /// for a batch of `batch_size` (empty before its first step): the same on every rank.
   std::vector<std::string> backward_overlapped_layers(std::int64_t batch_size) const;
@@ -219,6 +227,10 @@ class Executor {
     /// Per node: the exchange whose reverse runs while the layer's parameter gradients are
     /// computed (see split_backward), or null.
     std::vector<TileExchange*> split_backward;
+    /// Per node: it runs in place (Layer::runs_in_place) over its one input, the output of a
+    /// layer that it alone reads, read as produced (no exchange): its output is that tensor, and
+    /// its producer's output gradient is its own.
+    std::vector<bool> in_place;
   };
 
   /// The tile of node `node`'s output that `rank` computes, for a batch of `batch`.
@@ -283,6 +295,9 @@ class Executor {
   std::map<std::int64_t, Exchanges> exchanges_;
   std::vector<Tensor> outputs_;
   std::vector<Tensor> grads_;
+  /// Per node: outputs_[i] (grads_[i]) is another node's tensor, shared by a layer running in
+  /// place (Exchanges::in_place); dropped before the node writes one of its own.
+  std::vector<bool> output_shared_, grad_shared_;
   /// Per node split by channel: its partial output and that output's gradient (transient).
   std::vector<Tensor> partials_, partial_grads_;
   std::unique_ptr<Communicator> self_comm_;
