@@ -89,6 +89,16 @@ int main(int argc, char** argv) {
     app.add_flag("--profile", profile,
                  "Also print, per layer, forward, backward and exposed exchange ms per step (the most of any rank) "
                  "to stderr");
+    std::string in_place = "on";
+    app.add_option("--in-place", in_place,
+                   "on: relu and leaky_relu run in place where they can (the default, as tessera train); off: every "
+                   "layer keeps its own output and gradient (to measure what running in place saves)")
+        ->check(CLI::IsMember({"on", "off"}));
+    std::string fuse = "on";
+    app.add_option("--fuse", fuse,
+                   "on: a convolution applies the leaky ReLU running in place over its output in its own pass (the "
+                   "default, as tessera train); off: the activation runs its own pass")
+        ->check(CLI::IsMember({"on", "off"}));
     double lr = 0.01, momentum = 0.9;
     app.add_option("--momentum", momentum, "SGD momentum (0: plain SGD)");
     app.add_option("--lr", lr, "SGD learning rate (momentum 0.9); lower it for models that diverge on random data");
@@ -117,6 +127,8 @@ int main(int argc, char** argv) {
       throw tessera::InputError("--bf16-convolutions " + bf16_convolutions + " is for --device cuda");
     options.cuda.bf16_convolutions = tessera::parse_bf16_convolutions(bf16_convolutions);
     options.profile = profile;
+    options.in_place = in_place == "on";
+    options.fuse = fuse == "on";
     const tessera::Plan plan =
         plan_file.empty() ? tessera::Plan::sample_parallel(world->size()) : tessera::Plan::load(plan_file);
     tessera::Executor executor(model, plan, world, options);

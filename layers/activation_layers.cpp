@@ -16,6 +16,9 @@ class LeakyReluLayer final : public Layer {
   bool filter_splittable() const override { return true; }
   // The output has the input's sign (a slope >= 0), and backward only reads the sign (x > 0).
   bool runs_in_place() const override { return slope_ >= 0.0f; }
+  std::optional<float> leaky_relu_slope() const override {
+    return runs_in_place() ? std::optional<float>(slope_) : std::nullopt;
+  }
 
   void set_model_split(const ModelSplit& split) override {
     if (split == model_split_) return;

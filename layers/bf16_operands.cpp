@@ -43,6 +43,8 @@ class Bf16OperandConvolution final : public ConvolutionKernels {
   Bf16OperandConvolution(std::unique_ptr<ConvolutionKernels> inner, ElementwiseKernels& kernels, Device device)
       : inner_(std::move(inner)), round_(kernels, device) {}
 
+  bool fuses_leaky_relu(float slope) const override { return inner_->fuses_leaky_relu(slope); }
+
   void forward(const ConvolutionGeometry& g, const float* input, const float* weights, const float* bias,
                float* output) override {
     if (g.precision == Precision::F32) return inner_->forward(g, input, weights, bias, output);

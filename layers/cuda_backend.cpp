@@ -442,6 +442,13 @@ class CudnnConvolutionCore {
   std::map<ConvolutionGeometry, std::unique_ptr<ConvolutionPlan>> plans_;
 };
 
+/// The output's elements per sample and channel.
+std::int64_t output_inner(const ConvolutionGeometry& g) {
+  std::int64_t inner = 1;
+  for (auto e : g.output_size) inner *= e;
+  return inner;
+}
+
 /// Convolutions on fp32 tensors: fp32, and bf16 operands already rounded (with_bf16_operands:
 /// Bf16Convolutions::Exact).
 class CudnnConvolution final : public ConvolutionKernels {
@@ -449,10 +456,18 @@ class CudnnConvolution final : public ConvolutionKernels {
   CudnnConvolution(cudnnHandle_t handle, const CudaBackendOptions& options, std::vector<std::string>& log)
       : core_(handle, options, log, CUDNN_DATA_FLOAT) {}
 
+  // The bias-and-activation pass (cuda_kernels::finish_output) computes it as the layer does.
+  bool fuses_leaky_relu(float) const override { return true; }
+
   void forward(const ConvolutionGeometry& g, const float* input, const float* weights, const float* bias,
                float* output) override {
-    core_.forward(g, input, weights, output, true);
-    if (g.bias) core_.add_bias(g, bias, output);
+    const ConvolutionGeometry plain = g.without_activation();  // plans are the convolution's
+    core_.forward(plain, input, weights, output, true);
+    if (g.leaky_relu)
+      cuda_kernels::finish_output(output, g.bias ? bias : nullptr, g.batch, g.out_channels, output_inner(g), true,
+                                  g.leaky_slope);
+    else if (g.bias)
+      core_.add_bias(plain, bias, output);
   }
   void backward_data(const ConvolutionGeometry& g, const float* grad_output, const float* weights,
                      float* grad_input) override {
@@ -516,15 +531,19 @@ class NativeBf16Convolution final : public ConvolutionKernels {
                         std::unique_ptr<ConvolutionKernels> exact)
       : core_(handle, options, log, CUDNN_DATA_BFLOAT16), exact_(std::move(exact)) {}
 
+  bool fuses_leaky_relu(float) const override { return true; }
+
   void forward(const ConvolutionGeometry& g, const float* input, const float* weights, const float* bias,
                float* output) override {
-    if (!on_bf16(g, Direction::Forward)) return exact_->forward(g, input, weights, bias, output);
+    const ConvolutionGeometry plain = g.without_activation();  // plans are the convolution's
+    if (!on_bf16(plain, Direction::Forward)) return exact_->forward(g, input, weights, bias, output);
     const std::uint16_t* x = input_.round(input, g.input_elements());
     const std::uint16_t* w = weights_.round(weights, g.weight_elements());
     std::uint16_t* y = output_.get(g.output_elements());
-    if (!core_.forward(g, x, w, y, false)) return exact_->forward(g, input, weights, bias, output);
-    if (g.bias)
-      cuda_kernels::from_bf16_add_bias(y, bias, output, g.batch, g.out_channels, output_inner(g));
+    if (!core_.forward(plain, x, w, y, false)) return exact_->forward(g, input, weights, bias, output);
+    if (g.bias || g.leaky_relu)
+      cuda_kernels::from_bf16_finish(y, g.bias ? bias : nullptr, output, g.batch, g.out_channels, output_inner(g),
+                                     g.leaky_relu, g.leaky_slope);
     else
       cuda_kernels::from_bf16(y, output, g.output_elements());
   }
@@ -597,12 +616,6 @@ class NativeBf16Convolution final : public ConvolutionKernels {
     return true;
   }
 
-  /// The output's elements per sample and channel.
-  static std::int64_t output_inner(const ConvolutionGeometry& g) {
-    std::int64_t inner = 1;
-    for (auto e : g.output_size) inner *= e;
-    return inner;
-  }
 
   CudnnConvolutionCore core_;
   std::unique_ptr<ConvolutionKernels> exact_;

@@ -140,8 +140,11 @@ __global__ void row_bias_gradient_kernel(const float* grad, float* bias_grad, st
   }
 }
 
+/// The leaky ReLU of one value as the host computes it, NaNs kept (fmaxf/fminf would drop them).
+__device__ float leaky_relu(float v, float slope) { return v > 0.0f ? v : slope * v; }
+
 __global__ void leaky_relu_forward_kernel(const float* x, float* y, std::int64_t count, float slope) {
-  TESSERA_GRID_LOOP(i, count) { y[i] = fmaxf(x[i], 0.0f) + slope * fminf(x[i], 0.0f); }
+  TESSERA_GRID_LOOP(i, count) { y[i] = leaky_relu(x[i], slope); }
 }
 
 __global__ void leaky_relu_backward_kernel(const float* x, const float* dy, float* dx, std::int64_t count,
@@ -267,17 +270,38 @@ __device__ double block_sum(double value) {
   return partial[0];
 }
 
-/// x (bf16) widened, plus the bias of its channel. One block per chunk of one (sample, channel)
-/// plane: contiguous loads, the bias read once, no index division per element.
-__global__ void from_bf16_add_bias_kernel(const std::uint16_t* x, const float* bias, float* y, std::int64_t channels,
-                                          std::int64_t inner, std::int64_t chunks) {
+/// A convolution's output value finished: plus the bias of its channel (when there is one), then
+/// the fused leaky ReLU (when `leaky`), as leaky_relu_forward_kernel computes it.
+__device__ float finish_output(float v, const float* bias, float b, bool leaky, float slope) {
+  if (bias) v = __fadd_rn(v, b);
+  return leaky ? leaky_relu(v, slope) : v;
+}
+
+/// x (bf16) widened, plus the bias of its channel, then the fused leaky ReLU (finish_output). One
+/// block per chunk of one (sample, channel) plane: contiguous loads, the bias read once, no index
+/// division per element.
+__global__ void from_bf16_finish_kernel(const std::uint16_t* x, const float* bias, float* y, std::int64_t channels,
+                                        std::int64_t inner, std::int64_t chunks, bool leaky, float slope) {
   const std::int64_t plane = blockIdx.x / chunks;
   const std::int64_t begin = (blockIdx.x % chunks) * kPlaneChunk;
   const std::int64_t end = begin + kPlaneChunk < inner ? begin + kPlaneChunk : inner;
-  const float b = bias[plane % channels];
+  const float b = bias ? bias[plane % channels] : 0.0f;
   const std::uint16_t* in = x + plane * inner;
   float* out = y + plane * inner;
-  for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) out[j] = __fadd_rn(widen_bf16(in[j]), b);
+  for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x)
+    out[j] = finish_output(widen_bf16(in[j]), bias, b, leaky, slope);
+}
+
+/// y (fp32) finished in place (finish_output), planes as above.
+__global__ void finish_kernel(float* y, const float* bias, std::int64_t channels, std::int64_t inner,
+                              std::int64_t chunks, bool leaky, float slope) {
+  const std::int64_t plane = blockIdx.x / chunks;
+  const std::int64_t begin = (blockIdx.x % chunks) * kPlaneChunk;
+  const std::int64_t end = begin + kPlaneChunk < inner ? begin + kPlaneChunk : inner;
+  const float b = bias ? bias[plane % channels] : 0.0f;
+  float* out = y + plane * inner;
+  for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x)
+    out[j] = finish_output(out[j], bias, b, leaky, slope);
 }
 
 /// First pass of the channel sums: block k of channel c (k = sample * chunks + chunk) sums one
@@ -477,13 +501,22 @@ void adam_update(float* p, const float* g, float* m, float* v, std::int64_t coun
   check_launch("adam update");
 }
 
-void from_bf16_add_bias(const std::uint16_t* x, const float* bias, float* y, std::int64_t batch, std::int64_t channels,
-                        std::int64_t inner) {
+void from_bf16_finish(const std::uint16_t* x, const float* bias, float* y, std::int64_t batch, std::int64_t channels,
+                      std::int64_t inner, bool leaky, float slope) {
   if (batch * channels * inner <= 0) return;
   std::int64_t chunks = 0;
   const unsigned blocks = plane_blocks(batch * channels, inner, chunks);
-  from_bf16_add_bias_kernel<<<blocks, kThreads, 0, current_stream()>>>(x, bias, y, channels, inner, chunks);
-  check_launch("conversion from bf16 with the bias");
+  from_bf16_finish_kernel<<<blocks, kThreads, 0, current_stream()>>>(x, bias, y, channels, inner, chunks, leaky, slope);
+  check_launch("conversion from bf16 with the bias and activation");
+}
+
+void finish_output(float* y, const float* bias, std::int64_t batch, std::int64_t channels, std::int64_t inner,
+                   bool leaky, float slope) {
+  if (batch * channels * inner <= 0) return;
+  std::int64_t chunks = 0;
+  const unsigned blocks = plane_blocks(batch * channels, inner, chunks);
+  finish_kernel<<<blocks, kThreads, 0, current_stream()>>>(y, bias, channels, inner, chunks, leaky, slope);
+  check_launch("bias and activation");
 }
 
 void bf16_channel_sums(const std::uint16_t* values, std::int64_t batch, std::int64_t channels, std::int64_t inner,

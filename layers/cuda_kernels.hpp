@@ -53,10 +53,15 @@ void round_to_bf16(const float* x, float* y, std::int64_t count);
 void to_bf16(const float* x, std::uint16_t* y, std::int64_t count);
 /// y = the fp32 value of bf16 x (exact).
 void from_bf16(const std::uint16_t* x, float* y, std::int64_t count);
-/// y = the fp32 value of bf16 x plus the bias of its channel (x, y: batch x channels x inner),
-/// in one pass (a convolution's output widened with its bias added).
-void from_bf16_add_bias(const std::uint16_t* x, const float* bias, float* y, std::int64_t batch, std::int64_t channels,
-                        std::int64_t inner);
+/// y = the fp32 value of bf16 x plus the bias of its channel (x, y: batch x channels x inner;
+/// bias null: none), then, when `leaky`, the leaky ReLU of that slope (as leaky_relu_forward), in
+/// one pass: a convolution's output widened with its bias and fused activation.
+void from_bf16_finish(const std::uint16_t* x, const float* bias, float* y, std::int64_t batch, std::int64_t channels,
+                      std::int64_t inner, bool leaky, float slope);
+/// y (fp32, batch x channels x inner) += the bias of its channel (null: none), then, when
+/// `leaky`, the leaky ReLU of that slope, in place in one pass (a convolution's fused activation).
+void finish_output(float* y, const float* bias, std::int64_t batch, std::int64_t channels, std::int64_t inner,
+                   bool leaky, float slope);
 /// sums[c] = the sum over batch and inner of bf16 `values` (batch x channels x inner), summed in
 /// double and rounded to fp32 once: a convolution's bias gradient from its rounded output gradient.
 void bf16_channel_sums(const std::uint16_t* values, std::int64_t batch, std::int64_t channels, std::int64_t inner,

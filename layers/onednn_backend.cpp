@@ -9,9 +9,10 @@
 namespace tessera {
 
 std::string ConvolutionGeometry::to_string() const {
-  return fmt::format("N={} C={} F={} input={} kernel={} stride={} padding={} dilation={} output={}{}{}", batch,
+  return fmt::format("N={} C={} F={} input={} kernel={} stride={} padding={} dilation={} output={}{}{}{}", batch,
                      in_channels, out_channels, input_size, kernel, stride, padding, dilation, output_size,
-                     bias ? " +bias" : "", precision == Precision::BF16 ? " bf16" : "");
+                     bias ? " +bias" : "", precision == Precision::BF16 ? " bf16" : "",
+                     leaky_relu ? fmt::format(" +leaky_relu({})", leaky_slope) : std::string());
 }
 
 std::int64_t ConvolutionGeometry::input_elements() const {

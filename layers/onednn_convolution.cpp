@@ -155,6 +155,10 @@ class OneDnnConvolution final : public ConvolutionKernels {
     stream.wait();
   }
 
+  // oneDNN's relu post-op: with a slope, s > 0 ? s : slope * s; with none (relu), a maximum with
+  // 0 that turns NaNs into 0 (which the layer lets through): not fused.
+  bool fuses_leaky_relu(float slope) const override { return slope > 0.0f; }
+
   void backward_data(const ConvolutionGeometry& geometry, const float* grad_output, const float* weights,
                      float* grad_input) override {
     ConvolutionPlan& plan = backward_plan_for(geometry);
@@ -265,7 +269,14 @@ class OneDnnConvolution final : public ConvolutionKernels {
         : dnnl::convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, input_desc,
                                           weights_desc, output_desc, plan->strides, plan->dilations,
                                           plan->padding_left, plan->padding_right);
-    plan->forward_descriptor = dnnl::convolution_forward::primitive_desc(descriptor, context_.engine);
+    // A fused leaky ReLU (relu: slope 0) after the bias: oneDNN's relu post-op with that slope.
+    dnnl::primitive_attr attributes;
+    if (g.leaky_relu) {
+      dnnl::post_ops ops;
+      ops.append_eltwise(1.0f, algorithm::eltwise_relu, g.leaky_slope, 0.0f);
+      attributes.set_post_ops(ops);
+    }
+    plan->forward_descriptor = dnnl::convolution_forward::primitive_desc(descriptor, attributes, context_.engine);
     const auto& pd = plan->forward_descriptor;
     plan->forward = dnnl::convolution_forward(pd);
     plan->input = Operand(plan->user_input, pd.src_desc(), context_.engine, true);

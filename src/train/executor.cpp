@@ -520,6 +520,17 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
     const int j = nodes[i].inputs[0];
     ex.in_place[i] = j != Model::kModelInput && readers[static_cast<std::size_t>(j)] == 1 && static_cast<std::size_t>(j) != output;
   }
+  // Of those, the leaky ReLUs whose producer applies them in its own forward.
+  ex.fused.assign(nodes.size(), false);
+  ex.leaky_relu_after.assign(nodes.size(), std::nullopt);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (!options_.fuse || !ex.in_place[i]) continue;
+    const auto j = static_cast<std::size_t>(nodes[i].inputs[0]);
+    const std::optional<float> slope = nodes[i].layer->leaky_relu_slope();
+    if (!slope || !nodes[j].layer->fuses_leaky_relu(*slope, *backend_) || ex.reduce[j]) continue;
+    ex.fused[i] = true;
+    ex.leaky_relu_after[j] = slope;
+  }
   // Targets: read with the input layer's samples, needed with the output layer's.
   const auto out = static_cast<std::size_t>(model_.output_node());
   Shape target_shape = targets.shape().with(0, batch);
@@ -648,7 +659,9 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
       outputs_[i] = Tensor();  // not in place at this batch size: an output of its own
       output_shared_[i] = false;
     }
+    if (ex.fused[i]) continue;  // its producer computed its output
     LayerContext ctx = context(i, batch_size, step, training);
+    ctx.leaky_relu_after = ex.leaky_relu_after[i];
     if (TileExchange* reduce = ex.reduce[i].get()) {
       // A partial sum over this rank's input channels: summed over the channel group into the
       // output tiles (backward never reads a layer's output, so the partial sum goes).
@@ -930,6 +943,10 @@ std::vector<std::string> Executor::layers_where(std::int64_t batch_size,
 
 std::vector<std::string> Executor::in_place_layers(std::int64_t batch_size) const {
   return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.in_place[i]; });
+}
+
+std::vector<std::string> Executor::fused_layers(std::int64_t batch_size) const {
+  return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.fused[i]; });
 }
 
 std::vector<std::string> Executor::backward_overlapped_layers(std::int64_t batch_size) const {

@@ -8,11 +8,15 @@
 // tensor cores over the rounded operands, the host's fp32 kernels over the same): within 1e-4
 // (both multiply the same bf16 values exactly and sum in fp32), and nearer the host's bf16 result
 // than its fp32 one. Native bf16 convolutions (bf16 results): within one bf16 step of the largest
-// value here; element by element in test_gpu_kernels.cpp.
+// value here; element by element in test_gpu_kernels.cpp. Convolutions with a fused leaky ReLU
+// (LayerContext::leaky_relu_after: the host's oneDNN post-op, the GPU's bias-and-activation
+// pass) in fp32, bf16 exact and bf16 native; a fused relu leaves no negative output.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
 
 #include "layers/layer_test_utils.hpp"
 #include "gpu/gpu_test_util.hpp"
@@ -36,6 +40,7 @@ struct Case {
   std::vector<Shape> inputs;
   double tolerance = kTolerance;
   Bf16Convolutions bf16_convolutions = Bf16Convolutions::Exact;
+  std::optional<float> leaky_relu_after = std::nullopt;  ///< a fused activation (conv)
 };
 
 constexpr double kBf16Tolerance = 1e-4;
@@ -101,6 +106,7 @@ TEST_P(GpuLayers, MatchTheHost) {
   }
   LayerContext host_ctx = context(*host_backend, c.inputs[0][0]);
   LayerContext gpu_ctx = context(*gpu_backend, c.inputs[0][0]);
+  host_ctx.leaky_relu_after = gpu_ctx.leaky_relu_after = c.leaky_relu_after;
   Tensor y, gy;
   host->forward(in, y, host_ctx);
   host->backward(in, y, dy, grad_in, host_ctx);
@@ -113,6 +119,10 @@ TEST_P(GpuLayers, MatchTheHost) {
     for (std::size_t k = 0; k < n; ++k) {
       ASSERT_EQ(gdx[k].device(), kGpu);
       EXPECT_LT(gpu_difference(dx[k], gdx[k]), c.tolerance) << "gradient of input " << k << ", call " << call;
+    }
+    if (c.leaky_relu_after == 0.0f) {
+      const Tensor back = gy.to(Device::host());
+      EXPECT_GE(*std::min_element(back.data(), back.data() + back.numel()), 0.0f) << "the fused relu did not run";
     }
     const auto host_parameters = host->parameters(), gpu_parameters = gpu->parameters();
     for (std::size_t p = 0; p < host_parameters.size(); ++p)
@@ -160,7 +170,18 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"conv", {{"filters", {"8"}}, {"kernel", {"3"}}, {"padding", {"1"}}, {"precision", {"bf16"}}},
              {Shape::image(2, 8, {9, 8})}, kNativeBf16Tolerance, Bf16Convolutions::Native},
         Case{"conv", {{"filters", {"16"}}, {"kernel", {"3"}}, {"padding", {"1"}}, {"precision", {"bf16"}}},
-             {Shape::image(2, 4, {8, 8, 8})}, kNativeBf16Tolerance, Bf16Convolutions::Native}),
+             {Shape::image(2, 4, {8, 8, 8})}, kNativeBf16Tolerance, Bf16Convolutions::Native},
+        // Fused activations: fp32 with and without bias, bf16 exact, bf16 native with and without bias.
+        Case{"conv", {{"filters", {"4"}}, {"kernel", {"3"}}, {"padding", {"1"}}}, {Shape::image(2, 2, {9, 8, 7})},
+             kTolerance, Bf16Convolutions::Exact, 0.01f},
+        Case{"conv", {{"filters", {"6"}}, {"kernel", {"3"}}, {"bias", {"false"}}}, {Shape::image(2, 3, {9, 8})},
+             kTolerance, Bf16Convolutions::Exact, 0.0f},
+        Case{"conv", {{"filters", {"8"}}, {"kernel", {"3"}}, {"padding", {"1"}}, {"precision", {"bf16"}}},
+             {Shape::image(2, 8, {9, 8})}, kBf16Tolerance, Bf16Convolutions::Exact, 0.2f},
+        Case{"conv", {{"filters", {"16"}}, {"kernel", {"3"}}, {"padding", {"1"}}, {"precision", {"bf16"}}},
+             {Shape::image(2, 4, {8, 8, 8})}, kNativeBf16Tolerance, Bf16Convolutions::Native, 0.01f},
+        Case{"conv", {{"filters", {"8"}}, {"kernel", {"3"}}, {"bias", {"false"}}, {"precision", {"bf16"}}},
+             {Shape::image(2, 8, {9, 8})}, kNativeBf16Tolerance, Bf16Convolutions::Native, 0.0f}),
     [](const ::testing::TestParamInfo<Case>& param) { return param.param.type + std::to_string(param.index); });
 
 TEST(GpuLoss, MeanSquaredErrorMatchesTheHost) {
@@ -179,6 +200,57 @@ TEST(GpuLoss, MeanSquaredErrorMatchesTheHost) {
   EXPECT_NEAR(gpu_loss, host_loss, 1e-9 * host_loss);
   EXPECT_EQ(ggrad.device(), kGpu);
   EXPECT_LT(gpu_difference(grad, ggrad), kTolerance);
+}
+
+// NaNs go through leaky ReLUs on the GPU as on the host (a NaN in the data must reach the loss):
+// the layer, and a convolution with the activation fused (fp32, bf16 native), for relu and a slope.
+TEST(GpuLayers, NansGoThroughLeakyRelusAsOnTheHost) {
+  auto host_backend = make_host_backend();
+  for (const Bf16Convolutions way : {Bf16Convolutions::Exact, Bf16Convolutions::Native})
+    for (const char* precision : {"fp32", "bf16"})
+      for (const float slope : {0.0f, 0.1f}) {
+        SCOPED_TRACE(std::string(precision) + " slope " + std::to_string(slope));
+        CudaBackendOptions options;
+        options.bf16_convolutions = way;
+        auto gpu_backend = make_cuda_backend(options);
+        const Shape shape = Shape::image(2, 3, {6, 7});
+        auto host_conv = testing::make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}, {"precision", {precision}}});
+        auto gpu_conv = testing::make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}, {"precision", {precision}}});
+        auto act = testing::make_layer("leaky_relu", {{"slope", {std::to_string(slope)}}}, 4);
+        const Shape out_shape = host_conv->setup({shape});
+        gpu_conv->setup({shape});
+        act->setup({out_shape});
+        host_conv->init_parameters(2);
+        gpu_conv->init_parameters(2);
+        gpu_conv->move_to(kGpu);
+        Tensor x = testing::random_tensor(shape, 9);
+        x.data()[10] = std::numeric_limits<float>::quiet_NaN();
+        const Tensor gx = x.to(kGpu);
+        LayerContext host_ctx, gpu_ctx;
+        host_ctx.backend = host_backend.get();
+        gpu_ctx.backend = gpu_backend.get();
+        host_ctx.global_batch = gpu_ctx.global_batch = 2;
+        const Tensor* in[] = {&x};
+        const Tensor* gin[] = {&gx};
+        Tensor conv_out, y, gconv_out, gy, gfused;
+        host_conv->forward(in, conv_out, host_ctx);
+        const Tensor* act_in[] = {&conv_out};
+        act->forward(act_in, y, host_ctx);
+        gpu_conv->forward(gin, gconv_out, gpu_ctx);
+        const Tensor* gact_in[] = {&gconv_out};
+        act->forward(gact_in, gy, gpu_ctx);
+        ASSERT_TRUE(gpu_conv->fuses_leaky_relu(slope, *gpu_backend));
+        gpu_ctx.leaky_relu_after = slope;
+        gpu_conv->forward(gin, gfused, gpu_ctx);
+        const Tensor layer = gy.to(Device::host()), fused = gfused.to(Device::host());
+        std::int64_t nans = 0;
+        for (std::int64_t i = 0; i < y.numel(); ++i) {
+          nans += std::isnan(y.data()[i]);
+          EXPECT_EQ(std::isnan(layer.data()[i]), std::isnan(y.data()[i])) << "the layer, element " << i;
+          EXPECT_EQ(std::isnan(fused.data()[i]), std::isnan(y.data()[i])) << "fused, element " << i;
+        }
+        EXPECT_GT(nans, 0);
+      }
 }
 
 TEST(GpuLayers, BatchNormInEvaluationModeMatchesTheHost) {

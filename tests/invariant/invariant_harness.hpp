@@ -71,6 +71,7 @@ struct TrainingRun {
   std::int64_t training_activation_bytes = 0;  ///< peak of the training steps alone
   std::int64_t scratch_bytes = 0;       ///< the kernels' scratch (bf16's rounded operands)
   std::vector<std::string> in_place_layers;  ///< Executor::in_place_layers of the training batch
+  std::vector<std::string> fused_layers;     ///< Executor::fused_layers of the training batch
 };
 
 inline OptimizerConfig sgd_momentum() {
@@ -127,6 +128,7 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
   run.scratch_bytes = executor.scratch_bytes();  // the training steps' (evaluate lets its own go)
   run.training_activation_bytes = executor.activation_bytes();
   run.in_place_layers = executor.in_place_layers(batch);
+  run.fused_layers = executor.fused_layers(batch);
   synthetic_batch(model.sample_shape(), batch, steps, inputs, labels);
   const auto [begin, end] = executor.local_samples(batch);
   run.evaluation_loss = executor

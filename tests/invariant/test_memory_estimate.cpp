@@ -102,10 +102,13 @@ TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
     }
 }
 
-// Running in place (Layer::runs_in_place: relu and leaky_relu with a slope >= 0) changes
-// nothing but memory: the same losses, gradients and weights to the bit as every layer keeping
-// its own output and gradient, at 1-4 ranks; less held; and only where the executor may (the
-// input's only reader, read as produced, a slope >= 0), chains included.
+// Running in place (Layer::runs_in_place: relu and leaky_relu with a slope >= 0), and a
+// convolution doing the forward of the leaky ReLU running in place over its output (fused),
+// change nothing but memory and passes: the same losses, gradients and weights to the bit as
+// every layer keeping its own output and gradient and running its own forward, at 1-4 ranks
+// (halos overlapped: the fused activation in the boundary regions' recomputation too); less
+// held; and only where the executor may (the input's only reader, read as produced, a slope
+// >= 0; fused: a convolution not split by channel), chains included.
 TEST(InPlace, ChangesNothingButMemory) {
   const char* graph = R"(
 input: {shape: [2, 8, 8]}
@@ -125,24 +128,38 @@ loss: softmax_cross_entropy
 )";
   struct InPlaceCase {
     std::string model, plan;
-    std::vector<std::string> expected;
+    std::vector<std::string> expected, fused;
   };
   auto world = MpiCommunicator::world();
   const bool split = ranks() > 1;
+  // kCnn with leaky ReLUs (relu does not fuse on the host: oneDNN's would drop NaNs).
+  std::string leaky_cnn = kCnn;
+  for (std::size_t at; (at = leaky_cnn.find("type: relu}")) != std::string::npos;)
+    leaky_cnn.replace(at, 11, "type: leaky_relu, slope: 0.05}");
   const std::string h_split = fmt::format("{{sample: 1, spatial: [{}, 1]}}", ranks());
   const std::string d_split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
   const std::vector<InPlaceCase> cases = {
       // conv1 has two readers (act1 and sum); act3's slope is negative; act2b runs in place over
       // act2, which runs in place over sum.
-      {graph, plan_for({}, ""), {"act2", "act2b", "act4"}},
-      {graph, plan_for({"conv1", "act1", "sum", "act2", "act2b", "act3", "pool"}, h_split), {"act2", "act2b", "act4"}},
+      // Only convolutions fuse the activation into their forward.
+      {graph, plan_for({}, ""), {"act2", "act2b", "act4"}, {}},
+      {graph, plan_for({"conv1", "act1", "sum", "act2", "act2b", "act3", "pool"}, h_split), {"act2", "act2b", "act4"},
+       {}},
       // act1 split otherwise than conv1 reads a redistributed copy: not in place (at 1 rank the
       // splits agree).
-      {kCnn, plan_for({"conv1"}, h_split), split ? std::vector<std::string>{"act2", "act3"}
-                                                 : std::vector<std::string>{"act1", "act2", "act3"}},
+      {kCnn, plan_for({}, ""), {"act1", "act2", "act3"}, {}},
+      {leaky_cnn, plan_for({"conv1"}, h_split),
+       split ? std::vector<std::string>{"act2", "act3"} : std::vector<std::string>{"act1", "act2", "act3"},
+       split ? std::vector<std::string>{"act2"} : std::vector<std::string>{"act1", "act2"}},
+      // A convolution split by channel fuses nothing (its partial sums are summed after it); its
+      // leaky ReLU split by filter reads the summed tiles as they are and runs in place.
+      {leaky_cnn,
+       plan_for({"conv2"}, fmt::format("{{sample: 1, channel: {}}}", ranks())) +
+           fmt::format("  act2: {{sample: 1, filter: {}}}\n", ranks()),
+       {"act1", "act2", "act3"}, split ? std::vector<std::string>{"act1"} : std::vector<std::string>{"act1", "act2"}},
       {testing::cosmo_style_model(10, "softmax_cross_entropy"),
        plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, d_split),
-       {"act1", "act2", "act3"}},
+       {"act1", "act2", "act3"}, {"act1", "act2"}},
   };
   for (const InPlaceCase& c : cases) {
     SCOPED_TRACE(c.plan);
@@ -153,7 +170,9 @@ loss: softmax_cross_entropy
     };
     const testing::TrainingRun own = run(false), shared = run(true);
     EXPECT_TRUE(own.in_place_layers.empty());
+    EXPECT_TRUE(own.fused_layers.empty());
     EXPECT_EQ(shared.in_place_layers, c.expected);
+    EXPECT_EQ(shared.fused_layers, c.fused);
     ASSERT_EQ(own.losses.size(), shared.losses.size());
     for (std::size_t s = 0; s < own.losses.size(); ++s) EXPECT_EQ(own.losses[s], shared.losses[s]) << "step " << s;
     EXPECT_TRUE(std::isfinite(own.evaluation_loss));

@@ -3,7 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
+
+#include <fmt/format.h>
 
 #include "layer_test_utils.hpp"
 #include "tessera/core/error.hpp"
@@ -104,6 +108,84 @@ TEST(LayerForward, ConvolutionRegionsOfATileEqualTheWholeTile) {
       }
     }
   }
+}
+
+// A convolution applying the leaky ReLU the executor fused into it (LayerContext::leaky_relu_after)
+// computes what the convolution and then the leaky_relu layer compute, to the bit (a zero's
+// sign aside), NaNs kept, in each host layout, fp32 and bf16, 2-D and 3-D, with and without a
+// bias (relu, slope 0, does not fuse on the host); and the leaky ReLU run in place (its output
+// over its input, its input gradient over its output gradient) equals it run apart.
+TEST(LayerForward, FusedAndInPlaceLeakyReluEqualTheLayerApart) {
+  for (auto layout : {HostConvolutionLayout::Plain, HostConvolutionLayout::Blocked}) {
+    auto backend = make_host_backend({layout});
+    for (const char* precision : {"fp32", "bf16"})
+      for (const char* bias : {"true", "false"})
+        for (const Shape& shape : {Shape::image(2, 3, {9, 8}), Shape::image(2, 8, {6, 5, 7})})
+          for (float slope : {0.0f, 0.01f, 0.3f}) {
+            SCOPED_TRACE(fmt::format("{} {} bias {} slope {} {}", shape.to_string(), precision, bias, slope,
+                                     layout == HostConvolutionLayout::Plain ? "plain" : "blocked"));
+            auto conv = make_layer("conv", {{"filters", {"16"}}, {"kernel", {"3"}}, {"padding", {"1"}},
+                                            {"bias", {bias}}, {"precision", {precision}}});
+            auto act = make_layer("leaky_relu", {{"slope", {fmt::format("{}", slope)}}}, 4);
+            const Shape out_shape = conv->setup({shape});
+            act->setup({out_shape});
+            ASSERT_TRUE(act->runs_in_place());
+            ASSERT_EQ(act->leaky_relu_slope(), slope);
+            conv->init_parameters(1);
+            if (conv->parameters().size() > 1) conv->parameters()[1]->value.copy_from(random_tensor(Shape{16}, 41));
+            Tensor input = random_tensor(shape, 40);
+            input.data()[5] = std::numeric_limits<float>::quiet_NaN();  // NaNs go on, as the layer apart lets them
+            LayerContext ctx;
+            ctx.backend = backend.get();
+            const Tensor* inputs[] = {&input};
+            Tensor conv_out, apart, fused;
+            conv->forward(inputs, conv_out, ctx);
+            const Tensor* act_in[] = {&conv_out};
+            act->forward(act_in, apart, ctx);
+            // oneDNN's relu post-op turns NaNs into 0: only leaky ReLUs with a slope fuse here.
+            const bool fuses = conv->fuses_leaky_relu(slope, *backend);
+            EXPECT_EQ(fuses, slope > 0.0f);
+            if (fuses) {
+              ctx.leaky_relu_after = slope;
+              conv->forward(inputs, fused, ctx);
+              ASSERT_EQ(fused.shape().dims(), apart.shape().dims());
+              std::int64_t differing = 0, negative = 0, nans = 0;
+              for (std::int64_t i = 0; i < fused.numel(); ++i) {
+                const float a = apart.data()[i], f = fused.data()[i];
+                differing += std::isnan(a) ? !std::isnan(f) : f != a;  // -0 == 0
+                negative += conv_out.data()[i] < 0;
+                nans += std::isnan(a);
+              }
+              EXPECT_GT(nans, 0);
+              EXPECT_EQ(differing, 0);
+              EXPECT_GT(negative, 0) << "the activation would change nothing";
+            }
+
+            // In place: the same output, and the same input gradient from the output.
+            ctx.leaky_relu_after.reset();
+            const Tensor dy = random_tensor(out_shape, 42);
+            Tensor dx_apart, shared = conv_out.clone(), dy_shared = dy.clone();
+            Tensor* grad_apart[] = {&dx_apart};
+            act->backward(act_in, apart, dy, grad_apart, ctx);
+            const Tensor* shared_in[] = {&shared};
+            act->forward(shared_in, shared, ctx);
+            Tensor* grad_shared[] = {&dy_shared};
+            act->backward(shared_in, shared, dy_shared, grad_shared, ctx);
+            for (std::int64_t i = 0; i < shared.numel(); ++i) {
+              ASSERT_EQ(std::isnan(shared.data()[i]), std::isnan(apart.data()[i])) << i;
+              if (!std::isnan(apart.data()[i])) {
+                ASSERT_EQ(shared.data()[i], apart.data()[i]) << i;
+              }
+              ASSERT_EQ(std::isnan(dy_shared.data()[i]), std::isnan(dx_apart.data()[i])) << i;
+              if (!std::isnan(dx_apart.data()[i])) {
+                ASSERT_EQ(dy_shared.data()[i], dx_apart.data()[i]) << i;
+              }
+            }
+          }
+  }
+  EXPECT_FALSE(make_layer("leaky_relu", {{"slope", {"-0.5"}}})->runs_in_place()) << "its output's sign is not its input's";
+  EXPECT_FALSE(make_layer("leaky_relu", {{"slope", {"-0.5"}}})->leaky_relu_slope());
+  EXPECT_FALSE(make_layer("conv", {{"filters", {"2"}}, {"kernel", {"1"}}})->runs_in_place());
 }
 
 TEST(LayerForward, MaxPoolingSendsTiesToTheFirstMaximum) {

@@ -36,8 +36,20 @@ struct ConvolutionGeometry {
   std::vector<std::int64_t> output_size;
   bool bias = true;
   Precision precision = Precision::F32;
+  /// forward only: a leaky ReLU (relu: slope 0) applied to the output after the bias, in the same
+  /// pass (the executor fuses a relu/leaky_relu layer running in place over the output:
+  /// LayerContext::leaky_relu_after); its result is what that layer computes.
+  bool leaky_relu = false;
+  float leaky_slope = 0;
 
   auto operator<=>(const ConvolutionGeometry&) const = default;
+  /// The same geometry without the fused activation (the convolution itself).
+  ConvolutionGeometry without_activation() const {
+    ConvolutionGeometry g = *this;
+    g.leaky_relu = false;
+    g.leaky_slope = 0;
+    return g;
+  }
   std::string to_string() const;
   std::int64_t input_elements() const;   ///< batch x in_channels x input_size
   std::int64_t output_elements() const;  ///< batch x out_channels x output_size
@@ -102,6 +114,9 @@ class ConvolutionKernels {
   virtual std::int64_t scratch_bytes() const { return 0; }
   /// Frees those buffers (the next call makes them again, as large as it needs).
   virtual void release_scratch() {}
+  /// Whether forward applies a leaky ReLU of this slope (ConvolutionGeometry::leaky_relu) exactly
+  /// as leaky_relu_forward does, NaNs included.
+  virtual bool fuses_leaky_relu(float slope) const = 0;
 };
 
 class PoolingKernels {

@@ -5,6 +5,7 @@
 // call MPI directly.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -54,6 +55,10 @@ struct LayerContext {
   /// Optimizer step (keys dropout masks together with the layer id and the global element index).
   std::int64_t step = 0;
   bool training = true;
+  /// Set on a layer that fuses_leaky_relu when its only reader is a relu/leaky_relu running in
+  /// place over its output (Executor::fused_layers): the forward applies that layer's leaky ReLU
+  /// (this slope; relu: 0) to its output in the same pass, and the reader's forward is skipped.
+  std::optional<float> leaky_relu_after;
 };
 
 /// A trainable tensor and its gradient. Under a model-parallel (filter/channel) split a rank
@@ -148,6 +153,12 @@ class Layer {
   /// (Executor::in_place_layers): relu and leaky_relu with a slope >= 0, whose output has the sign
   /// of its input. Saves a copy of the activation and of its gradient.
   virtual bool runs_in_place() const { return false; }
+  /// A layer that runs in place and computes a leaky ReLU (relu: slope 0): its slope, which a
+  /// producer that fuses_leaky_relu can apply instead; else none.
+  virtual std::optional<float> leaky_relu_slope() const { return std::nullopt; }
+  /// Whether forward can apply a leaky ReLU of this slope to its output on `backend`
+  /// (LayerContext::leaky_relu_after: convolution, where the backend's kernels do it exactly).
+  virtual bool fuses_leaky_relu(float /*slope*/, DnnBackend& /*backend*/) const { return false; }
   /// Bytes of what the layer keeps from its forward for its backward besides its output, on the
   /// tensors' device (max pooling's positions of the maxima, dropout's scales, a convolution's
   /// region copies when halos overlap its compute); grown as needed, kept between steps.

@@ -34,6 +34,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,6 +83,10 @@ struct ExecutorOptions {
   /// planner prices them. False: every layer keeps an output and a gradient of its own (to check
   /// that running in place changes nothing but memory).
   bool in_place = true;
+  /// A convolution does the forward of the relu/leaky_relu running in place over its output, in
+  /// its own pass (Layer::fuses_leaky_relu, Executor::fused_layers); needs in_place. False: the
+  /// activation's forward runs on its own (to measure what fusing saves).
+  bool fuse = true;
   /// Time every layer of every training step (Executor::layer_profile). Costs a clock read per
   /// layer on the host; on a GPU it also waits for each layer's kernels, which slows the step.
   bool profile = false;
@@ -178,6 +183,9 @@ class Executor {
   /// reader and is read as produced) for a batch of `batch_size` (empty before its first step):
   /// each shares its output with its input and its input gradient with its output gradient.
   std::vector<std::string> in_place_layers(std::int64_t batch_size) const;
+  /// The layers running in place whose forward their producer does, in the same pass (a
+  /// convolution's leaky ReLU), for a batch of `batch_size` (empty before its first step).
+  std::vector<std::string> fused_layers(std::int64_t batch_size) const;
   /// The layers whose input exchange's reverse overlaps their parameter gradients in backward,
   /// for a batch of `batch_size` (empty before its first step): the same on every rank.
   std::vector<std::string> backward_overlapped_layers(std::int64_t batch_size) const;
@@ -231,6 +239,11 @@ class Executor {
     /// layer that it alone reads, read as produced (no exchange): its output is that tensor, and
     /// its producer's output gradient is its own.
     std::vector<bool> in_place;
+    /// Per node: it runs in place and its producer does its forward (fused: the producer's
+    /// Layer::fuses_leaky_relu, not split by channel), so its own forward is skipped.
+    std::vector<bool> fused;
+    /// Per node: the leaky ReLU its forward applies for the node fused into it (LayerContext).
+    std::vector<std::optional<float>> leaky_relu_after;
   };
 
   /// The tile of node `node`'s output that `rank` computes, for a batch of `batch`.
