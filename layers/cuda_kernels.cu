@@ -140,7 +140,8 @@ __global__ void row_bias_gradient_kernel(const float* grad, float* bias_grad, st
   }
 }
 
-/// The leaky ReLU of one value as the host computes it, NaNs kept (fmaxf/fminf would drop them).
+/// The leaky ReLU of one value: the host's value, NaNs kept (fmaxf/fminf would drop them); only a
+/// zero's sign may differ (-0 for a negative input and slope 0; backward reads only x > 0).
 __device__ float leaky_relu(float v, float slope) { return v > 0.0f ? v : slope * v; }
 
 __global__ void leaky_relu_forward_kernel(const float* x, float* y, std::int64_t count, float slope) {

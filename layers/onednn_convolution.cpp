@@ -25,6 +25,7 @@
 
 #include "layers/host_loops.hpp"
 #include "layers/onednn_common.hpp"
+#include "tessera/core/error.hpp"
 
 namespace tessera::onednn {
 namespace {
@@ -120,6 +121,9 @@ struct ConvolutionPlan {
 
   dnnl::convolution_forward::primitive_desc forward_descriptor;
   dnnl::convolution_forward forward;
+  /// Forward with a fused leaky ReLU, by slope: the same layouts as `forward` (so the same
+  /// Operands serve), made when first asked for.
+  std::map<float, dnnl::convolution_forward> fused_forward;
   Operand input, weights, output;
   dnnl::memory bias;
 
@@ -140,7 +144,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
 
   void forward(const ConvolutionGeometry& geometry, const float* input, const float* weights, const float* bias,
                float* output) override {
-    ConvolutionPlan& plan = plan_for(geometry);
+    ConvolutionPlan& plan = plan_for(geometry.without_activation());  // one plan per convolution
     auto& stream = context_.stream;
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, plan.input.bind_input(input, stream)},
@@ -150,7 +154,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
       plan.bias.set_data_handle(const_cast<float*>(bias));
       args.emplace(DNNL_ARG_BIAS, plan.bias);
     }
-    plan.forward.execute(stream, args);
+    (geometry.leaky_relu ? fused_forward(plan, geometry) : plan.forward).execute(stream, args);
     plan.output.finish_output(stream);
     stream.wait();
   }
@@ -235,7 +239,33 @@ class OneDnnConvolution final : public ConvolutionKernels {
     return blocked ? dnnl::memory::desc(plain.dims(), dnnl::memory::data_type::f32, Tag::any) : plain;
   }
 
+  /// The forward of `geometry`'s convolution with its leaky ReLU fused (oneDNN's relu post-op with
+  /// that slope, after the bias), on the layouts `plan` chose for the convolution alone.
+  dnnl::convolution_forward& fused_forward(ConvolutionPlan& plan, const ConvolutionGeometry& geometry) {
+    auto found = plan.fused_forward.find(geometry.leaky_slope);
+    if (found != plan.fused_forward.end()) return found->second;
+    const auto& pd = plan.forward_descriptor;
+    auto descriptor = geometry.bias
+        ? dnnl::convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, pd.src_desc(),
+                                          pd.weights_desc(), plan.user_bias, pd.dst_desc(), plan.strides,
+                                          plan.dilations, plan.padding_left, plan.padding_right)
+        : dnnl::convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, pd.src_desc(),
+                                          pd.weights_desc(), pd.dst_desc(), plan.strides, plan.dilations,
+                                          plan.padding_left, plan.padding_right);
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, algorithm::eltwise_relu, geometry.leaky_slope, 0.0f);
+    dnnl::primitive_attr attributes;
+    attributes.set_post_ops(ops);
+    const dnnl::convolution_forward::primitive_desc fused(descriptor, attributes, context_.engine);
+    TESSERA_CHECK(fused.src_desc() == pd.src_desc() && fused.weights_desc() == pd.weights_desc() &&
+                      fused.dst_desc() == pd.dst_desc(),
+                  "oneDNN chose other layouts for convolution {} with its activation", geometry.to_string());
+    context_.record("convolution forward " + geometry.to_string(), fused);
+    return plan.fused_forward.emplace(geometry.leaky_slope, dnnl::convolution_forward(fused)).first->second;
+  }
+
   ConvolutionPlan& plan_for(const ConvolutionGeometry& geometry) {
+    TESSERA_CHECK(!geometry.leaky_relu, "convolution plans are the convolution's alone: {}", geometry.to_string());
     auto found = plans_.find(geometry);
     if (found != plans_.end()) return *found->second;
 
@@ -269,14 +299,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
         : dnnl::convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, input_desc,
                                           weights_desc, output_desc, plan->strides, plan->dilations,
                                           plan->padding_left, plan->padding_right);
-    // A fused leaky ReLU (relu: slope 0) after the bias: oneDNN's relu post-op with that slope.
-    dnnl::primitive_attr attributes;
-    if (g.leaky_relu) {
-      dnnl::post_ops ops;
-      ops.append_eltwise(1.0f, algorithm::eltwise_relu, g.leaky_slope, 0.0f);
-      attributes.set_post_ops(ops);
-    }
-    plan->forward_descriptor = dnnl::convolution_forward::primitive_desc(descriptor, attributes, context_.engine);
+    plan->forward_descriptor = dnnl::convolution_forward::primitive_desc(descriptor, context_.engine);
     const auto& pd = plan->forward_descriptor;
     plan->forward = dnnl::convolution_forward(pd);
     plan->input = Operand(plan->user_input, pd.src_desc(), context_.engine, true);

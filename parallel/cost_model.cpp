@@ -470,7 +470,11 @@ LayerSplit normalised(LayerSplit split) {
 bool CostModel::copies_input(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
                              const LayerEstimate& e) const {
   if (producer < 0) return e.halo || (graph_.layers[static_cast<std::size_t>(consumer)].model_splittable && split.channel > 1);
-  return !(normalised(held) == normalised(split)) || e.halo || e.gathers;
+  // A layer split by channel alone holds its summed output in channel-rank blocks of the output
+  // channels: the tiles of a filter split into as many parts.
+  LayerSplit tiles = normalised(held);
+  if (tiles.channel > 1 && tiles.filter == 1) std::swap(tiles.channel, tiles.filter);
+  return !(tiles == normalised(split)) || e.halo || e.gathers;
 }
 
 double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int consumer,

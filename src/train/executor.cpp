@@ -785,7 +785,10 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
         grad_in.push_back(nullptr);
       } else if (exchanged) {
         grad_in.push_back(&window_grads_[k][a]);
-      } else if (!has_grad[static_cast<std::size_t>(j)]) {
+      } else if (!has_grad[static_cast<std::size_t>(j)] &&
+                 std::find(grad_in.begin(), grad_in.end(), &grads_[static_cast<std::size_t>(j)]) == grad_in.end()) {
+        // (a layer reading the same producer twice writes its first gradient here, the second
+        // into `extra`, summed below)
         grad_in.push_back(&grads_[static_cast<std::size_t>(j)]);
       } else {
         grad_in.push_back(&extra[a]);

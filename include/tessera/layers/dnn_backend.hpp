@@ -37,8 +37,9 @@ struct ConvolutionGeometry {
   bool bias = true;
   Precision precision = Precision::F32;
   /// forward only: a leaky ReLU (relu: slope 0) applied to the output after the bias, in the same
-  /// pass (the executor fuses a relu/leaky_relu layer running in place over the output:
-  /// LayerContext::leaky_relu_after); its result is what that layer computes.
+  /// pass, where the kernels fuse that slope (ConvolutionKernels::fuses_leaky_relu); the executor
+  /// fuses a relu/leaky_relu layer running in place over the output (LayerContext::
+  /// leaky_relu_after); the result is what that layer computes.
   bool leaky_relu = false;
   float leaky_slope = 0;
 

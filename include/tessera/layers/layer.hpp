@@ -149,9 +149,10 @@ class Layer {
   /// Whether the layer can run in place: forward may write its output over its input (the same
   /// tensor passed as both), and backward, given that tensor (its output) where it would read its
   /// input, writes the same input gradient, possibly over its output gradient (the same tensor
-  /// passed as both). The executor runs a layer so where its input has no other reader
-  /// (Executor::in_place_layers): relu and leaky_relu with a slope >= 0, whose output has the sign
-  /// of its input. Saves a copy of the activation and of its gradient.
+  /// passed as both). The executor runs a layer so where its one input is another layer's output
+  /// that it alone reads, read as produced (no exchange), and not the loss's (Executor::
+  /// in_place_layers): relu and leaky_relu with a slope >= 0, whose output has the sign of its
+  /// input. Saves a copy of the activation and of its gradient.
   virtual bool runs_in_place() const { return false; }
   /// A layer that runs in place and computes a leaky ReLU (relu: slope 0): its slope, which a
   /// producer that fuses_leaky_relu can apply instead; else none.

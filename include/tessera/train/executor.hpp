@@ -83,9 +83,10 @@ struct ExecutorOptions {
   /// planner prices them. False: every layer keeps an output and a gradient of its own (to check
   /// that running in place changes nothing but memory).
   bool in_place = true;
-  /// A convolution does the forward of the relu/leaky_relu running in place over its output, in
-  /// its own pass (Layer::fuses_leaky_relu, Executor::fused_layers); needs in_place. False: the
-  /// activation's forward runs on its own (to measure what fusing saves).
+  /// A convolution does the forward of the leaky ReLU running in place over its output, in its own
+  /// pass, where its kernels fuse that slope (Layer::fuses_leaky_relu: oneDNN slopes > 0, its relu
+  /// would drop NaNs; GPUs any slope, relu included; Executor::fused_layers); needs in_place.
+  /// False: the activation's forward runs on its own (to measure what fusing saves).
   bool fuse = true;
   /// Time every layer of every training step (Executor::layer_profile). Costs a clock read per
   /// layer on the host; on a GPU it also waits for each layer's kernels, which slows the step.
