@@ -5,8 +5,10 @@
 //   input N x C x S^3 (default 4 x 4 x 128^3);
 //   5 x [conv3d 3x3x3 (pad 1, bias), leaky ReLU 0.3, max-pool 2], base*2^i filters (32..512);
 //   flatten, linear 128, leaky ReLU, linear 64, leaky ReLU, linear 4; MSE; SGD lr 1e-3.
-// The step is composed here from the backend's kernels: the executor does not run models on the
-// GPU yet, so this measures the kernels a GPU training step is made of, not the whole framework.
+// The step is composed here from the backend's kernels, as the executor runs them (each
+// convolution applies its leaky ReLU in its bias pass; the activation's backward in place over
+// the pooling's input gradient): the kernels a GPU training step is made of, without the
+// framework around them (bench_train --device cuda, which gpu_compare.py also runs, has that).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -55,8 +57,9 @@ struct ConvBlock {
   ConvolutionGeometry conv;
   PoolingGeometry pool;
   Parameter weights, bias;
-  Tensor input, conv_out, act_out, pool_out, argmax;  // forward activations
-  Tensor grad_act, grad_conv, grad_input;              // backward buffers
+  ConvolutionGeometry fused;                  // conv with its leaky ReLU
+  Tensor input, act_out, pool_out, argmax;    // forward activations
+  Tensor grad_act, grad_input;                // backward buffers
 };
 
 struct LinearStage {
@@ -95,10 +98,11 @@ class CosmoFlowStep {
       block.pool.padding = {0, 0, 0};
       block.pool.output_size = {out_side, out_side, out_side};
       const std::int64_t conv_elements = options.batch * filters * side * side * side;
-      block.conv_out = Tensor(Shape({conv_elements}), gpu);
+      block.fused = block.conv;
+      block.fused.leaky_relu = true;
+      block.fused.leaky_slope = kSlope;
       block.act_out = Tensor(Shape({conv_elements}), gpu);
       block.grad_act = Tensor(Shape({conv_elements}), gpu);
-      block.grad_conv = Tensor(Shape({conv_elements}), gpu);
       block.pool_out = Tensor(Shape({options.batch * filters * out_side * out_side * out_side}), gpu);
       block.argmax = Tensor(Shape({static_cast<std::int64_t>(backend.pooling().workspace_bytes(block.pool) / 4 + 1)}), gpu);
       if (b > 0) block.grad_input = Tensor(Shape({options.batch * channels * side * side * side}), gpu);
@@ -131,8 +135,7 @@ class CosmoFlowStep {
     const Tensor* x = &input_;
     for (auto& b : blocks_) {
       b.input = *x;
-      conv.forward(b.conv, x->data(), b.weights.value.data(), b.bias.value.data(), b.conv_out.data());
-      cuda_kernels::leaky_relu_forward(b.conv_out.data(), b.act_out.data(), b.conv_out.numel(), kSlope);
+      conv.forward(b.fused, x->data(), b.weights.value.data(), b.bias.value.data(), b.act_out.data());
       pool.forward(b.pool, b.act_out.data(), b.pool_out.data(), b.argmax.data());
       x = &b.pool_out;
     }
@@ -159,9 +162,9 @@ class CosmoFlowStep {
     for (std::size_t i = blocks_.size(); i-- > 0;) {
       auto& b = blocks_[i];
       pool.backward(b.pool, grad, b.argmax.data(), b.grad_act.data());
-      cuda_kernels::leaky_relu_backward(b.conv_out.data(), b.grad_act.data(), b.grad_conv.data(),
-                                        b.conv_out.numel(), kSlope);
-      conv.backward(b.conv, b.input.data(), b.grad_conv.data(), b.weights.value.data(),
+      cuda_kernels::leaky_relu_backward(b.act_out.data(), b.grad_act.data(), b.grad_act.data(), b.act_out.numel(),
+                                        kSlope);
+      conv.backward(b.conv, b.input.data(), b.grad_act.data(), b.weights.value.data(),
                     i == 0 ? nullptr : b.grad_input.data(), b.weights.grad.data(), b.bias.grad.data());
       grad = b.grad_input.data();
     }

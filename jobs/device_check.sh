@@ -118,7 +118,7 @@ fi
 say "benchmark: CosmoFlow reference network, 128^3 x 4 channels, batch 4, one training step"
 executor=()
 [ "${loads[bench_train]}" -eq 1 ] && executor=(--executor "$PACK/bin/bench_train")
-timeout 240 python3 "$ROOT/bench/gpu_compare.py" --tessera "$PACK/bin/gpu_step_bench" "${executor[@]}" --library-path "$libs" \
+timeout 300 python3 "$ROOT/bench/gpu_compare.py" --tessera "$PACK/bin/gpu_step_bench" "${executor[@]}" --library-path "$libs" \
   --log "$LOGS/bench.log" | tee "$LOGS/summary.txt"
 bench=${PIPESTATUS[0]}
 [ "$bench" -eq 0 ] || status=1
