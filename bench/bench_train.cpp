@@ -96,8 +96,9 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"on", "off"}));
     std::string fuse = "on";
     app.add_option("--fuse", fuse,
-                   "on: a convolution applies the leaky ReLU running in place over its output in its own pass (the "
-                   "default, as tessera train); off: the activation runs its own pass")
+                   "on: a convolution applies the leaky ReLU running in place over its output in its own pass, and "
+                   "max pooling does that activation's backward (the default, as tessera train); off: the "
+                   "activation runs its own passes")
         ->check(CLI::IsMember({"on", "off"}));
     double lr = 0.01, momentum = 0.9;
     app.add_option("--momentum", momentum, "SGD momentum (0: plain SGD)");

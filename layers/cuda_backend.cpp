@@ -632,6 +632,12 @@ class CudaPooling final : public PoolingKernels {
     else
       cuda_kernels::average_pool_forward(box, input, output);
   }
+  void max_backward_through_leaky_relu(const PoolingGeometry& g, const float* grad_output, const void* workspace,
+                                       const float* input, float slope, float* grad_input) override {
+    cuda_kernels::max_pool_backward_leaky_relu(pool_box(g), grad_output, static_cast<const std::int32_t*>(workspace),
+                                               input, slope, grad_input);
+  }
+
   void backward(const PoolingGeometry& g, const float* grad_output, const void* workspace, float* grad_input) override {
     const PoolBox box = pool_box(g);
     if (g.mode == PoolingMode::Max)

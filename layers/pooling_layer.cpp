@@ -22,6 +22,13 @@ class PoolingLayer final : public Layer {
   std::string_view type() const override { return mode_ == PoolingMode::Max ? "maxpool" : "avgpool"; }
   bool spatially_splittable() const override { return true; }
   bool filter_splittable() const override { return true; }
+  // Max pooling whose windows do not overlap: each input takes one output's gradient at most.
+  bool fuses_leaky_relu_backward() const override {
+    if (mode_ != PoolingMode::Max) return false;
+    for (std::size_t d = 0; d < kernel_.size(); ++d)
+      if (stride_[d] < kernel_[d]) return false;
+    return true;
+  }
 
   void set_model_split(const ModelSplit& split) override {
     if (split == model_split_) return;
@@ -97,6 +104,14 @@ class PoolingLayer final : public Layer {
     const Tensor& input = *inputs[0];
     grad_inputs[0]->resize(input.shape(), input.device());
     if (call_.batch == 0) return;
+    if (ctx.leaky_relu_before) {
+      TESSERA_CHECK(fuses_leaky_relu_backward(), "{}: a leaky ReLU's backward fused into pooling whose windows "
+                    "overlap (executor bug)", describe(*this));
+      backend_of(*this, ctx).pooling().max_backward_through_leaky_relu(call_, grad_output.data(), workspace_.data(),
+                                                                       input.data(), *ctx.leaky_relu_before,
+                                                                       grad_inputs[0]->data());
+      return;
+    }
     backend_of(*this, ctx).pooling().backward(call_, grad_output.data(),
                                               workspace_.empty() ? nullptr : workspace_.data(),
                                               grad_inputs[0]->data());

@@ -531,6 +531,19 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
     ex.fused[i] = true;
     ex.leaky_relu_after[j] = slope;
   }
+  // And those whose one reader does their backward.
+  ex.backward_fused.assign(nodes.size(), false);
+  ex.leaky_relu_before.assign(nodes.size(), std::nullopt);
+  for (std::size_t r = 0; r < nodes.size(); ++r) {
+    if (!options_.fuse || nodes[r].inputs.size() != 1 || nodes[r].inputs[0] == Model::kModelInput ||
+        ex.inputs[r][0] || !nodes[r].layer->fuses_leaky_relu_backward())
+      continue;
+    const auto i = static_cast<std::size_t>(nodes[r].inputs[0]);
+    const std::optional<float> slope = nodes[i].layer->leaky_relu_slope();
+    if (!ex.in_place[i] || !slope || readers[i] != 1) continue;
+    ex.backward_fused[i] = true;
+    ex.leaky_relu_before[r] = slope;
+  }
   // Targets: read with the input layer's samples, needed with the output layer's.
   const auto out = static_cast<std::size_t>(model_.output_node());
   Shape target_shape = targets.shape().with(0, batch);
@@ -795,7 +808,13 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
       }
     }
     if (!has_grad[k]) fail("Executor: layer '{}' got no gradient", node.layer->name());
+    if (ex.backward_fused[k]) {
+      // Its reader applied its factor: the output gradient is its input gradient (in place).
+      has_grad[static_cast<std::size_t>(node.inputs[0])] = true;
+      continue;
+    }
     LayerContext ctx = context(k, batch_size, step, /*training=*/true);
+    ctx.leaky_relu_before = ex.leaky_relu_before[k];
     if (TileExchange* reduce = ex.reduce[k].get()) {
       // The gradient of a partial sum is the output gradient over the whole partial box.
       const auto start = Clock::now();
@@ -950,6 +969,10 @@ std::vector<std::string> Executor::in_place_layers(std::int64_t batch_size) cons
 
 std::vector<std::string> Executor::fused_layers(std::int64_t batch_size) const {
   return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.fused[i]; });
+}
+
+std::vector<std::string> Executor::backward_fused_layers(std::int64_t batch_size) const {
+  return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.backward_fused[i]; });
 }
 
 std::vector<std::string> Executor::backward_overlapped_layers(std::int64_t batch_size) const {

@@ -253,6 +253,38 @@ TEST(GpuLayers, NansGoThroughLeakyRelusAsOnTheHost) {
       }
 }
 
+// Max pooling through the leaky ReLU before it (LayerContext::leaky_relu_before) on the GPU equals
+// the host's, 2-D and 3-D.
+TEST(GpuLayers, MaxPoolingThroughALeakyReluMatchesTheHost) {
+  auto host_backend = make_host_backend();
+  auto gpu_backend = make_cuda_backend();
+  for (const Shape& shape : {Shape::image(2, 3, {8, 6}), Shape::image(2, 2, {6, 4, 5})}) {
+    auto host = testing::make_layer("maxpool", {{"kernel", {"2"}}});
+    auto gpu = testing::make_layer("maxpool", {{"kernel", {"2"}}});
+    const Shape pooled = host->setup({shape});
+    gpu->setup({shape});
+    gpu->move_to(kGpu);
+    Tensor x = testing::random_tensor(shape, 12);
+    for (std::int64_t i = 0; i < x.numel(); ++i) x.data()[i] -= 0.6f;  // windows with no positive value too
+    const Tensor dy = testing::random_tensor(pooled, 13);
+    const Tensor gx = x.to(kGpu), gdy = dy.to(kGpu);
+    LayerContext host_ctx, gpu_ctx;
+    host_ctx.backend = host_backend.get();
+    gpu_ctx.backend = gpu_backend.get();
+    host_ctx.leaky_relu_before = gpu_ctx.leaky_relu_before = 0.1f;
+    const Tensor* in[] = {&x};
+    const Tensor* gin[] = {&gx};
+    Tensor y, gy, dx, gdx;
+    Tensor* grad[] = {&dx};
+    Tensor* ggrad[] = {&gdx};
+    host->forward(in, y, host_ctx);
+    host->backward(in, y, dy, grad, host_ctx);
+    gpu->forward(gin, gy, gpu_ctx);
+    gpu->backward(gin, gy, gdy, ggrad, gpu_ctx);
+    EXPECT_LT(gpu_difference(dx, gdx), kTolerance) << shape.to_string();
+  }
+}
+
 TEST(GpuLayers, BatchNormInEvaluationModeMatchesTheHost) {
   // A training pass first moves the running statistics; evaluation then normalises with them and
   // its backward treats them as constants (the path without batch statistics).

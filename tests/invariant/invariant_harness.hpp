@@ -72,6 +72,7 @@ struct TrainingRun {
   std::int64_t scratch_bytes = 0;       ///< the kernels' scratch (bf16's rounded operands)
   std::vector<std::string> in_place_layers;  ///< Executor::in_place_layers of the training batch
   std::vector<std::string> fused_layers;     ///< Executor::fused_layers of the training batch
+  std::vector<std::string> backward_fused_layers;  ///< Executor::backward_fused_layers, the same
 };
 
 inline OptimizerConfig sgd_momentum() {
@@ -129,6 +130,7 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
   run.training_activation_bytes = executor.activation_bytes();
   run.in_place_layers = executor.in_place_layers(batch);
   run.fused_layers = executor.fused_layers(batch);
+  run.backward_fused_layers = executor.backward_fused_layers(batch);
   synthetic_batch(model.sample_shape(), batch, steps, inputs, labels);
   const auto [begin, end] = executor.local_samples(batch);
   run.evaluation_loss = executor

@@ -188,6 +188,51 @@ TEST(LayerForward, FusedAndInPlaceLeakyReluEqualTheLayerApart) {
   EXPECT_FALSE(make_layer("conv", {{"filters", {"2"}}, {"kernel", {"1"}}})->runs_in_place());
 }
 
+// Max pooling whose windows do not overlap, doing the backward of the leaky ReLU before it
+// (LayerContext::leaky_relu_before), writes what the pooling's and then the activation's backward
+// write, to the bit (a zero's sign aside), 2-D and 3-D, relu and a slope; overlapping windows
+// do not fuse.
+TEST(LayerForward, MaxPoolingThroughALeakyReluEqualsTheTwoBackwardPasses) {
+  auto backend = make_host_backend();
+  for (const Shape& shape : {Shape::image(2, 3, {8, 6}), Shape::image(2, 2, {6, 4, 5})})
+    for (float slope : {0.0f, 0.05f}) {
+      SCOPED_TRACE(fmt::format("{} slope {}", shape.to_string(), slope));
+      auto act = make_layer("leaky_relu", {{"slope", {fmt::format("{}", slope)}}});
+      auto pool = make_layer("maxpool", {{"kernel", {"2"}}}, 4);
+      act->setup({shape});
+      const Shape pooled = pool->setup({shape});
+      ASSERT_TRUE(pool->fuses_leaky_relu_backward());
+      Tensor x = random_tensor(shape, 50);
+      for (std::int64_t i = 0; i < x.numel(); ++i) x.data()[i] -= 0.6f;  // windows with no positive value too
+      const Tensor dy = random_tensor(pooled, 51);
+      LayerContext ctx;
+      ctx.backend = backend.get();
+      Tensor y, z;
+      const Tensor* act_in[] = {&x};
+      act->forward(act_in, y, ctx);
+      const Tensor* pool_in[] = {&y};
+      pool->forward(pool_in, z, ctx);
+      Tensor dz_pool, dx_apart, dx_fused;
+      Tensor* pool_grad[] = {&dz_pool};
+      pool->backward(pool_in, z, dy, pool_grad, ctx);
+      Tensor* act_grad[] = {&dx_apart};
+      act->backward(act_in, y, dz_pool, act_grad, ctx);
+      ctx.leaky_relu_before = slope;
+      Tensor* fused_grad[] = {&dx_fused};
+      pool->backward(pool_in, z, dy, fused_grad, ctx);
+      ASSERT_EQ(dx_fused.shape().dims(), dx_apart.shape().dims());
+      std::int64_t differing = 0, scaled = 0;
+      for (std::int64_t i = 0; i < dx_apart.numel(); ++i) {
+        differing += dx_fused.data()[i] != dx_apart.data()[i];
+        scaled += dx_apart.data()[i] != dz_pool.data()[i];
+      }
+      EXPECT_EQ(differing, 0);
+      EXPECT_GT(scaled, 0) << "the activation's backward would change nothing";
+    }
+  EXPECT_FALSE(make_layer("maxpool", {{"kernel", {"3"}}, {"stride", {"2"}}})->fuses_leaky_relu_backward());
+  EXPECT_FALSE(make_layer("avgpool", {{"kernel", {"2"}}})->fuses_leaky_relu_backward());
+}
+
 TEST(LayerForward, MaxPoolingSendsTiesToTheFirstMaximum) {
   // Values from {0, 1, 2}: most windows hold equal maxima. Every pooling path (windows that need
   // no clipping, 2x2x2 or not, and clipped ones) takes the first maximum in depth, height, width

@@ -130,6 +130,13 @@ class PoolingKernels {
                        void* workspace) = 0;
   virtual void backward(const PoolingGeometry& geometry, const float* grad_output,
                         const void* workspace, float* grad_input) = 0;
+  /// Max pooling's backward through the leaky ReLU (this slope) that made its input: what
+  /// backward writes, times 1 where `input` > 0 and the slope elsewhere (the leaky ReLU's backward
+  /// in the same pass). Windows that do not overlap only (each input gets one output's gradient
+  /// at most, so the product is the one the two passes make).
+  virtual void max_backward_through_leaky_relu(const PoolingGeometry& geometry, const float* grad_output,
+                                               const void* workspace, const float* input, float slope,
+                                               float* grad_input) = 0;
 };
 
 class LinearKernels {

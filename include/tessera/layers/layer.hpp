@@ -59,6 +59,11 @@ struct LayerContext {
   /// place over its output (Executor::fused_layers): the forward applies that layer's leaky ReLU
   /// (this slope; relu: 0) to its output in the same pass, and the reader's forward is skipped.
   std::optional<float> leaky_relu_after;
+  /// Set on a layer that fuses_leaky_relu_backward when its one input is a relu/leaky_relu
+  /// running in place that it alone reads (Executor::backward_fused_layers): backward multiplies
+  /// its input gradient by that layer's factor (1 where the input > 0, else this slope), and that
+  /// layer's backward is skipped.
+  std::optional<float> leaky_relu_before;
 };
 
 /// A trainable tensor and its gradient. Under a model-parallel (filter/channel) split a rank
@@ -160,6 +165,9 @@ class Layer {
   /// Whether forward can apply a leaky ReLU of this slope to its output on `backend`
   /// (LayerContext::leaky_relu_after: convolution, where the backend's kernels do it exactly).
   virtual bool fuses_leaky_relu(float /*slope*/, DnnBackend& /*backend*/) const { return false; }
+  /// Whether backward applies LayerContext::leaky_relu_before (max pooling whose windows do not
+  /// overlap: the leaky ReLU's factor times each input's one gradient).
+  virtual bool fuses_leaky_relu_backward() const { return false; }
   /// Bytes of what the layer keeps from its forward for its backward besides its output, on the
   /// tensors' device (max pooling's positions of the maxima, dropout's scales, a convolution's
   /// region copies when halos overlap its compute); grown as needed, kept between steps.

@@ -86,7 +86,10 @@ struct ExecutorOptions {
   /// A convolution does the forward of the leaky ReLU running in place over its output, in its own
   /// pass, where its kernels fuse that slope (Layer::fuses_leaky_relu: oneDNN slopes > 0, its relu
   /// would drop NaNs; GPUs any slope, relu included; Executor::fused_layers); needs in_place.
-  /// False: the activation's forward runs on its own (to measure what fusing saves).
+  /// The same for the backward of a leaky ReLU (any slope >= 0) that max pooling whose windows do
+  /// not overlap reads as produced (Layer::fuses_leaky_relu_backward,
+  /// Executor::backward_fused_layers). False: the activation's passes run on their own (to
+  /// measure what fusing saves).
   bool fuse = true;
   /// Time every layer of every training step (Executor::layer_profile). Costs a clock read per
   /// layer on the host; on a GPU it also waits for each layer's kernels, which slows the step.
@@ -187,6 +190,9 @@ class Executor {
   /// The layers running in place whose forward their producer does, in the same pass (a
   /// convolution's leaky ReLU), for a batch of `batch_size` (empty before its first step).
   std::vector<std::string> fused_layers(std::int64_t batch_size) const;
+  /// The layers running in place whose backward their reader does, in the same pass (a leaky
+  /// ReLU before max pooling whose windows do not overlap), for a batch of `batch_size`.
+  std::vector<std::string> backward_fused_layers(std::int64_t batch_size) const;
   /// The layers whose input exchange's reverse overlaps their parameter gradients in backward,
   /// for a batch of `batch_size` (empty before its first step): the same on every rank.
   std::vector<std::string> backward_overlapped_layers(std::int64_t batch_size) const;
@@ -245,6 +251,11 @@ class Executor {
     std::vector<bool> fused;
     /// Per node: the leaky ReLU its forward applies for the node fused into it (LayerContext).
     std::vector<std::optional<float>> leaky_relu_after;
+    /// Per node: it runs in place and its one reader does its backward (fused: the reader's
+    /// Layer::fuses_leaky_relu_backward, reading it as produced), so its own backward is skipped.
+    std::vector<bool> backward_fused;
+    /// Per node: the leaky ReLU whose backward its backward applies (LayerContext).
+    std::vector<std::optional<float>> leaky_relu_before;
   };
 
   /// The tile of node `node`'s output that `rank` computes, for a batch of `batch`.
