@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     std::string fuse = "on";
     app.add_option("--fuse", fuse,
                    "on: a convolution applies the leaky ReLU running in place over its output in its own pass, and "
-                   "max pooling does that activation's backward (the default, as tessera train); off: the "
+                   "max pooling does the backward of the activation running in place before it (the default, as tessera train); off: the "
                    "activation runs its own passes")
         ->check(CLI::IsMember({"on", "off"}));
     double lr = 0.01, momentum = 0.9;

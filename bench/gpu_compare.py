@@ -8,7 +8,9 @@ input, batch and FLOP count, and prints one table with the ratio of Tessera's th
 PyTorch's at the same precision (strict fp32: no TF32 on either side; bf16: Tessera's
 `precision: bf16`, convolutions on bf16 tensors with bf16 results, beside PyTorch's autocast to
 bf16; bf16-exact: Tessera's bf16 convolutions with fp32 results on TF32 tensor cores, against the
-same peer) and each one's TFLOP/s against the GPU's measured matmul rate at that precision.
+same peer) and each one's TFLOP/s against the GPU's measured matmul rate at that precision. With
+--executor, last and bounded (45 s), the executor's bf16 step once more with the leaky ReLUs apart
+(`bf16-apart`: not in place, not fused into the convolutions and poolings) to show what those save.
 
     python3 bench/gpu_compare.py --tessera build-cuda/bin/gpu_step_bench [--executor build-cuda/bin/bench_train]
                                  [--batch 4] [--size 128]
@@ -90,8 +92,11 @@ def main():
                                              "--precision", precision, "--momentum", "0", "--lr", "1e-3", *extra],
                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                             timeout=limit)
-                except subprocess.TimeoutExpired:
-                    print(f"(the {row} row ran past {limit} s: left out)", flush=True)
+                except subprocess.TimeoutExpired as timeout:
+                    output = timeout.output or ""
+                    output = output.decode(errors="replace") if isinstance(output, bytes) else output
+                    print(output + f"(the {row} row ran past {limit} s: left out)", flush=True)
+                    log.write(output)
                     return 0
                 print(result.stdout, flush=True)
                 log.write(result.stdout)
@@ -104,9 +109,10 @@ def main():
         failed |= run([sys.executable, os.path.join(HERE, "gpu_cosmoflow_torch.py"), *shape, "--matmul",
                        "--json", records], log)
         if args.executor:
-            # Last, and bounded: the leaky ReLUs neither in place nor fused into the convolutions
-            # (what those save on the GPU).
-            failed |= executor_row("bf16-apart", "bf16", ("--in-place", "off", "--fuse", "off"), limit=60)
+            # Last, bounded and optional (its failure fails nothing): the leaky ReLUs neither in
+            # place nor fused into the convolutions and poolings (what those save on the GPU).
+            if executor_row("bf16-apart", "bf16", ("--in-place", "off", "--fuse", "off"), limit=45):
+                print("(the bf16-apart row failed: left out)", flush=True)
         rows = [json.loads(line) for line in open(records)] if os.path.exists(records) else []
     flops = next((r["step_flops"] for r in rows if r["record"] == "step" and "step_flops" in r), None)
     for precision, result in executor.items():

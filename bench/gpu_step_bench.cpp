@@ -6,8 +6,8 @@
 //   5 x [conv3d 3x3x3 (pad 1, bias), leaky ReLU 0.3, max-pool 2], base*2^i filters (32..512);
 //   flatten, linear 128, leaky ReLU, linear 64, leaky ReLU, linear 4; MSE; SGD lr 1e-3.
 // The step is composed here from the backend's kernels, as the executor runs them (each
-// convolution applies its leaky ReLU in its bias pass; the activation's backward in place over
-// the pooling's input gradient): the kernels a GPU training step is made of, without the
+// convolution applies its leaky ReLU in its bias pass; the pooling's backward applies the
+// activation's): the kernels a GPU training step is made of, without the
 // framework around them (bench_train --device cuda, which gpu_compare.py also runs, has that).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -161,9 +161,8 @@ class CosmoFlowStep {
     const float* grad = linears_.front().grad_input.data();
     for (std::size_t i = blocks_.size(); i-- > 0;) {
       auto& b = blocks_[i];
-      pool.backward(b.pool, grad, b.argmax.data(), b.grad_act.data());
-      cuda_kernels::leaky_relu_backward(b.act_out.data(), b.grad_act.data(), b.grad_act.data(), b.act_out.numel(),
-                                        kSlope);
+      pool.max_backward_through_leaky_relu(b.pool, grad, b.argmax.data(), b.act_out.data(), kSlope,
+                                           b.grad_act.data());
       conv.backward(b.conv, b.input.data(), b.grad_act.data(), b.weights.value.data(),
                     i == 0 ? nullptr : b.grad_input.data(), b.weights.grad.data(), b.bias.grad.data());
       grad = b.grad_input.data();

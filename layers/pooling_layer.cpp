@@ -22,11 +22,12 @@ class PoolingLayer final : public Layer {
   std::string_view type() const override { return mode_ == PoolingMode::Max ? "maxpool" : "avgpool"; }
   bool spatially_splittable() const override { return true; }
   bool filter_splittable() const override { return true; }
-  // Max pooling whose windows do not overlap: each input takes one output's gradient at most.
+  // Max pooling whose windows do not overlap (after setup: per dimension): each input takes one
+  // output's gradient at most, so the product is the two passes' to the bit.
   bool fuses_leaky_relu_backward() const override {
-    if (mode_ != PoolingMode::Max) return false;
-    for (std::size_t d = 0; d < kernel_.size(); ++d)
-      if (stride_[d] < kernel_[d]) return false;
+    if (mode_ != PoolingMode::Max || geometry_.kernel.empty()) return false;
+    for (std::size_t d = 0; d < geometry_.kernel.size(); ++d)
+      if (geometry_.stride[d] < geometry_.kernel[d]) return false;
     return true;
   }
 

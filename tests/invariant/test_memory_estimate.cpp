@@ -112,9 +112,10 @@ TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
     }
 }
 
-// Running in place (Layer::runs_in_place: relu and leaky_relu with a slope >= 0), and a
-// convolution doing the forward of the leaky ReLU running in place over its output (fused),
-// change nothing but memory and passes: the same losses, gradients and weights to the bit as
+// Running in place (Layer::runs_in_place: relu and leaky_relu with a slope >= 0), a convolution
+// doing the forward of the leaky ReLU running in place over its output (fused), and max pooling
+// whose windows do not overlap doing its backward (backward fused), change nothing but memory and
+// passes: the same losses, gradients and weights to the bit as
 // every layer keeping its own output and gradient and running its own forward, at 1-4 ranks
 // (halos overlapped: the fused activation in the boundary regions' recomputation too); less
 // held; and only where the executor may (the input's only reader, read as produced, a slope
@@ -146,6 +147,9 @@ loss: softmax_cross_entropy
   std::string leaky_cnn = kCnn;
   for (std::size_t at; (at = leaky_cnn.find("type: relu}")) != std::string::npos;)
     leaky_cnn.replace(at, 11, "type: leaky_relu, slope: 0.05}");
+  std::string overlapping_cnn = kCnn;
+  const std::string pool = "type: maxpool, kernel: 2}";
+  overlapping_cnn.replace(overlapping_cnn.find(pool), pool.size(), "type: maxpool, kernel: 3, stride: 2, padding: 1}");
   const std::string h_split = fmt::format("{{sample: 1, spatial: [{}, 1]}}", ranks());
   const std::string d_split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
   const std::vector<InPlaceCase> cases = {
@@ -159,6 +163,8 @@ loss: softmax_cross_entropy
       // splits agree).
       // Max pooling (windows 2, stride 2) does the backward of the ReLU it reads as produced.
       {kCnn, plan_for({}, ""), {"act1", "act2", "act3"}, {}, {"act2"}},
+      // Overlapping windows do not fuse.
+      {overlapping_cnn, plan_for({}, ""), {"act1", "act2", "act3"}, {}, {}},
       {leaky_cnn, plan_for({"conv1"}, h_split),
        split ? std::vector<std::string>{"act2", "act3"} : std::vector<std::string>{"act1", "act2", "act3"},
        split ? std::vector<std::string>{"act2"} : std::vector<std::string>{"act1", "act2"}, {"act2"}},

@@ -229,8 +229,16 @@ TEST(LayerForward, MaxPoolingThroughALeakyReluEqualsTheTwoBackwardPasses) {
       EXPECT_EQ(differing, 0);
       EXPECT_GT(scaled, 0) << "the activation's backward would change nothing";
     }
-  EXPECT_FALSE(make_layer("maxpool", {{"kernel", {"3"}}, {"stride", {"2"}}})->fuses_leaky_relu_backward());
-  EXPECT_FALSE(make_layer("avgpool", {{"kernel", {"2"}}})->fuses_leaky_relu_backward());
+  // Windows that overlap in any dimension, and average pooling, do not fuse.
+  const auto fuses = [](const std::string& type, const OptionList& options) {
+    auto layer = make_layer(type, options);
+    layer->setup({Shape::image(1, 2, {9, 9, 9})});
+    return layer->fuses_leaky_relu_backward();
+  };
+  EXPECT_TRUE(fuses("maxpool", {{"kernel", {"2", "2", "3"}}, {"stride", {"2", "3", "3"}}}));
+  EXPECT_FALSE(fuses("maxpool", {{"kernel", {"3"}}, {"stride", {"2"}}}));
+  EXPECT_FALSE(fuses("maxpool", {{"kernel", {"3"}}, {"stride", {"3", "3", "1"}}}));
+  EXPECT_FALSE(fuses("avgpool", {{"kernel", {"2"}}}));
 }
 
 TEST(LayerForward, MaxPoolingSendsTiesToTheFirstMaximum) {

@@ -132,8 +132,8 @@ class PoolingKernels {
                         const void* workspace, float* grad_input) = 0;
   /// Max pooling's backward through the leaky ReLU (this slope) that made its input: what
   /// backward writes, times 1 where `input` > 0 and the slope elsewhere (the leaky ReLU's backward
-  /// in the same pass). Windows that do not overlap only (each input gets one output's gradient
-  /// at most, so the product is the one the two passes make).
+  /// in the same pass). The executor asks it for windows that do not overlap only: each input
+  /// then gets one output's gradient at most, and the product is the two passes' to the bit.
   virtual void max_backward_through_leaky_relu(const PoolingGeometry& geometry, const float* grad_output,
                                                const void* workspace, const float* input, float slope,
                                                float* grad_input) = 0;

@@ -60,7 +60,8 @@ struct LayerContext {
   /// (this slope; relu: 0) to its output in the same pass, and the reader's forward is skipped.
   std::optional<float> leaky_relu_after;
   /// Set on a layer that fuses_leaky_relu_backward when its one input is a relu/leaky_relu
-  /// running in place that it alone reads (Executor::backward_fused_layers): backward multiplies
+  /// running in place that it alone reads, as produced (no exchange; Executor::
+  /// backward_fused_layers): backward multiplies
   /// its input gradient by that layer's factor (1 where the input > 0, else this slope), and that
   /// layer's backward is skipped.
   std::optional<float> leaky_relu_before;
