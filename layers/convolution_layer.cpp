@@ -121,7 +121,7 @@ class ConvolutionLayer final : public Layer {
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
     check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
-    const ConvolutionGeometry g = with_activation(geometry_for(input, ctx), ctx);
+    const ConvolutionGeometry& g = with_activation(geometry_for(input, ctx), ctx);
     output.resize(Shape::image(g.batch, geometry_.out_channels, g.output_size), input.device());
     if (g.batch == 0) return;
     backend_of(*this, ctx).convolution().forward(g, input.data(), weights_.value.data(),
@@ -161,7 +161,7 @@ class ConvolutionLayer final : public Layer {
     if (g.batch == 0) return;
     // The region is a convolution of its own (no padding: the window holds it) over the part of
     // the window its outputs read, copied out; its outputs are copied into place.
-    region_geometry_ = with_activation(g, ctx);
+    region_geometry_ = with_activation(g, ctx);  // a copy: its sizes change below
     std::vector<std::int64_t> input_begin(begin.size());
     for (std::size_t i = 0; i < begin.size(); ++i) {
       TESSERA_CHECK(extent[i] > 0 && begin[i] >= 0 && begin[i] + extent[i] <= g.output_size[i],
@@ -232,16 +232,16 @@ class ConvolutionLayer final : public Layer {
     return tile_geometry_;
   }
 
-  /// `g` with the leaky ReLU the executor fused into this forward (LayerContext::leaky_relu_after).
-  ConvolutionGeometry with_activation(const ConvolutionGeometry& g, const LayerContext& ctx) const {
-    ConvolutionGeometry fused = g;
-    if (ctx.leaky_relu_after) {
-      TESSERA_CHECK(model_split_.channel_parts == 1, "{}: a leaky ReLU fused into a partial sum (executor bug)",
-                    describe(*this));
-      fused.leaky_relu = true;
-      fused.leaky_slope = *ctx.leaky_relu_after;
-    }
-    return fused;
+  /// `g` with the leaky ReLU the executor fused into this forward (LayerContext::leaky_relu_after):
+  /// `g` itself when there is none, else fused_geometry_ (kept, so that no call allocates).
+  const ConvolutionGeometry& with_activation(const ConvolutionGeometry& g, const LayerContext& ctx) {
+    if (!ctx.leaky_relu_after) return g;
+    TESSERA_CHECK(model_split_.channel_parts == 1, "{}: a leaky ReLU fused into a partial sum (executor bug)",
+                  describe(*this));
+    fused_geometry_ = g;
+    fused_geometry_.leaky_relu = true;
+    fused_geometry_.leaky_slope = *ctx.leaky_relu_after;
+    return fused_geometry_;
   }
   /// Of a channel-split layer's partial sums only channel block 0's adds the bias.
   bool adds_bias() const { return bias_ && model_split_.channel_coord == 0; }
@@ -250,7 +250,7 @@ class ConvolutionLayer final : public Layer {
   std::vector<std::int64_t> kernel_, stride_, padding_, dilation_;
   bool bias_;
   Shape input_shape_;
-  ConvolutionGeometry geometry_, tile_geometry_, region_geometry_;
+  ConvolutionGeometry geometry_, tile_geometry_, region_geometry_, fused_geometry_;
   Tensor region_input_, region_output_;  ///< forward_region's copies, kept between calls
   Parameter weights_, bias_parameter_;
 };

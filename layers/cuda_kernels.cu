@@ -289,31 +289,23 @@ __device__ float finish_output(float v, const float* bias, float b, bool leaky, 
   return leaky ? leaky_relu(v, slope) : v;
 }
 
-/// x (bf16) widened, plus the bias of its channel, then the fused leaky ReLU (finish_output). One
-/// block per chunk of one (sample, channel) plane: contiguous loads, the bias read once, no index
-/// division per element.
-__global__ void from_bf16_finish_kernel(const std::uint16_t* x, const float* bias, float* y, std::int64_t channels,
-                                        std::int64_t inner, std::int64_t chunks, bool leaky, float slope) {
-  const std::int64_t plane = blockIdx.x / chunks;
-  const std::int64_t begin = (blockIdx.x % chunks) * kPlaneChunk;
-  const std::int64_t end = begin + kPlaneChunk < inner ? begin + kPlaneChunk : inner;
-  const float b = bias ? bias[plane % channels] : 0.0f;
-  const std::uint16_t* in = x + plane * inner;
-  float* out = y + plane * inner;
-  for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x)
-    out[j] = finish_output(widen_bf16(in[j]), bias, b, leaky, slope);
-}
+/// A stored value as fp32: itself, or a bf16 value widened (exact).
+__device__ float stored_value(float v) { return v; }
+__device__ float stored_value(std::uint16_t v) { return widen_bf16(v); }
 
-/// y (fp32) finished in place (finish_output), planes as above.
-__global__ void finish_kernel(float* y, const float* bias, std::int64_t channels, std::int64_t inner,
+/// y = x (fp32, or bf16 widened; x may be y) finished (finish_output). One block per chunk of one
+/// (sample, channel) plane: contiguous loads, the bias read once, no index division per element.
+template <typename Stored>
+__global__ void finish_kernel(const Stored* x, const float* bias, float* y, std::int64_t channels, std::int64_t inner,
                               std::int64_t chunks, bool leaky, float slope) {
   const std::int64_t plane = blockIdx.x / chunks;
   const std::int64_t begin = (blockIdx.x % chunks) * kPlaneChunk;
   const std::int64_t end = begin + kPlaneChunk < inner ? begin + kPlaneChunk : inner;
   const float b = bias ? bias[plane % channels] : 0.0f;
+  const Stored* in = x + plane * inner;
   float* out = y + plane * inner;
   for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x)
-    out[j] = finish_output(out[j], bias, b, leaky, slope);
+    out[j] = finish_output(stored_value(in[j]), bias, b, leaky, slope);
 }
 
 /// First pass of the channel sums: block k of channel c (k = sample * chunks + chunk) sums one
@@ -526,7 +518,7 @@ void from_bf16_finish(const std::uint16_t* x, const float* bias, float* y, std::
   if (batch * channels * inner <= 0) return;
   std::int64_t chunks = 0;
   const unsigned blocks = plane_blocks(batch * channels, inner, chunks);
-  from_bf16_finish_kernel<<<blocks, kThreads, 0, current_stream()>>>(x, bias, y, channels, inner, chunks, leaky, slope);
+  finish_kernel<<<blocks, kThreads, 0, current_stream()>>>(x, bias, y, channels, inner, chunks, leaky, slope);
   check_launch("conversion from bf16 with the bias and activation");
 }
 
@@ -535,7 +527,8 @@ void finish_output(float* y, const float* bias, std::int64_t batch, std::int64_t
   if (batch * channels * inner <= 0) return;
   std::int64_t chunks = 0;
   const unsigned blocks = plane_blocks(batch * channels, inner, chunks);
-  finish_kernel<<<blocks, kThreads, 0, current_stream()>>>(y, bias, channels, inner, chunks, leaky, slope);
+  finish_kernel<<<blocks, kThreads, 0, current_stream()>>>(static_cast<const float*>(y), bias, y, channels, inner, chunks,
+                                                           leaky, slope);
   check_launch("bias and activation");
 }
 
