@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "tessera/core/error.hpp"
+#include "tessera/parallel/transient_arena.hpp"
 #include "tessera/parallel/planner.hpp"
 #include "tessera/parallel/tile_exchange.hpp"
 #include "tessera/tensor/distribution.hpp"
@@ -633,32 +634,41 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
 double CostModel::activation_bytes(const PlanEstimate& estimate) const {
   // As the executor holds them. Each tensor once: a layer's output is kept for backward, unless
   // every consumer copies it (a window with halos, a redistribution to another split, a gather of
-  // channels): then the copies are kept and the output is let go. Every layer's output gradient
-  // (the executor keeps these buffers from step to step); the layers' own buffers (max pooling's
-  // maxima, dropout's scales); in flight, the largest layer's gradients of its input copies and of
-  // its partial sums (channel splits). A layer that runs in place (the only reader of its input,
-  // read as produced: Executor::in_place_layers) shares its input's output and gradient.
+  // channels): then the copies are kept and the output lives only until the last copy is made.
+  // The layers' own buffers (max pooling's maxima, dropout's scales). The step's transients (the
+  // outputs let go, channel-split layers' partial sums, and backward's gradients: every layer's
+  // output gradient, the gradients of the copies and of the partial sums) in one arena laid out
+  // by their lifetimes, as the executor lays it out (transient_arena.hpp). A layer that runs in
+  // place (the only reader of its input, read as produced: Executor::in_place_layers) shares its
+  // input's output and gradient.
   const std::size_t n = estimate.layers.size();
-  std::vector<bool> consumed(n, false), every_consumer_copies(n, true), in_place(n, false);
-  double bytes = 0, transient = 0;
+  std::vector<bool> every_consumer_copies(n, true), in_place(n, false);
+  std::vector<int> last_reader(n, -1);
+  const auto whole = [](double bytes) { return static_cast<std::int64_t>(std::llround(bytes)); };
+  TransientGraph transients;
+  transients.output = graph_.output;
+  double bytes = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const LayerEstimate& l = estimate.layers[i];
-    double copies = 0;  // gradients of this layer's copies of its inputs (the model input has none)
+    transients.inputs.push_back(graph_.layers[i].inputs);
+    transients.input_copy_grad.emplace_back();
     for (int j : graph_.layers[i].inputs) {
       const bool copied =
           copies_input(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
                        static_cast<int>(i), l.split, l);
       in_place[i] = may_run_in_place(static_cast<int>(i)) && !copied;
-      if (copied) {
-        bytes += l.input_bytes;
-        if (j >= 0) copies += l.input_bytes;
-      }
+      if (copied) bytes += l.input_bytes;
+      // The gradient of the copy (the model input has none).
+      transients.input_copy_grad.back().push_back(copied && j >= 0 ? whole(l.input_bytes) : 0);
       if (j >= 0) {
-        consumed[static_cast<std::size_t>(j)] = true;
-        every_consumer_copies[static_cast<std::size_t>(j)] = every_consumer_copies[static_cast<std::size_t>(j)] && copied;
+        const auto u = static_cast<std::size_t>(j);
+        last_reader[u] = static_cast<int>(i);
+        every_consumer_copies[u] = every_consumer_copies[u] && copied;
       }
     }
-    if (!in_place[i]) bytes += l.output_bytes;  // its gradient
+    transients.in_place.push_back(in_place[i]);
+    transients.output_bytes.push_back(whole(l.output_bytes));
+    transients.partial_bytes.push_back(whole(l.partial_bytes));
     // What the layer keeps for its backward besides its output: max pooling the position of each
     // output's maximum (4 bytes), dropout its scales (its output's size), a convolution whose
     // halos overlap its forward its boundary regions' copies.
@@ -670,14 +680,14 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
       bytes += overlap_region_bytes(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
                                     static_cast<int>(i), l.split);
     }
-    // In its backward: the gradients of its copies at once, and a channel-split layer's partial
-    // sums' gradient beside them.
-    transient = std::max(transient, copies + l.partial_bytes);
   }
-  for (std::size_t j = 0; j < n; ++j)
-    if ((!consumed[j] || !every_consumer_copies[j] || static_cast<int>(j) == graph_.output) && !in_place[j])
-      bytes += estimate.layers[j].output_bytes;
-  return bytes + transient;
+  for (std::size_t j = 0; j < n; ++j) {
+    // (A layer running in place has its input's output, kept.)
+    const bool released = last_reader[j] >= 0 && every_consumer_copies[j] && static_cast<int>(j) != graph_.output;
+    transients.released_after.push_back(released && !in_place[j] ? last_reader[j] : -1);
+    if (!released && !in_place[j]) bytes += estimate.layers[j].output_bytes;
+  }
+  return bytes + static_cast<double>(transient_arena(transients).layout.size);
 }
 
 void CostModel::finish(PlanEstimate& estimate) const {

@@ -418,8 +418,9 @@ PlanResult plan_search(const PlannerGraph& graph, const Machine& machine, const 
       const LayerEstimate e = model.layer_cost(static_cast<int>(v), s);
       cost[v].push_back(e.total() + (1.0 - hidden) * e.grad_allreduce + e.optimizer);
       // The price of memory, as CostModel::activation_bytes counts a plan's: the layer's weights,
-      // gradients and optimizer state, its output and the output's gradient, its own buffers
-      // (max pooling, dropout); its input copy goes on the edge that makes it (only a copy costs).
+      // gradients and optimizer state, its output and the output's gradient (a plan's gradients
+      // share one arena, which holds less than their sum: per layer, the sum steers), its own
+      // buffers (max pooling, dropout); its input copy goes on the edge that makes it (only a copy costs).
       // The bf16 operands' scratch too: a plan's is the largest layer's of each kind, not the sum;
       // counted per layer, the price still steers the search towards smaller rounded operands.
       const std::string& type = graph.layers[v].type;

@@ -126,7 +126,6 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
   outputs_.resize(n);
   grads_.resize(n);
   output_shared_.assign(n, false);
-  grad_shared_.assign(n, false);
   partials_.resize(n);
   partial_grads_.resize(n);
   windows_.resize(n);
@@ -565,7 +564,88 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
                                                  TileExchange::Transport::AllToAllV);
   exchange->set_device(options_.device);
   if (!exchange->is_identity()) ex.targets = std::move(exchange);
+  lay_out_transients(ex, batch);
   return exchanges_.emplace(batch, std::move(ex)).first->second;
+}
+
+void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
+  const auto& nodes = model_.nodes();
+  const std::size_t n = nodes.size();
+  const int me = world_->rank();
+  const auto bytes = [](const std::vector<std::int64_t>& extent) {
+    std::int64_t elements = 1;
+    for (std::int64_t e : extent) elements *= e;
+    return elements * static_cast<std::int64_t>(sizeof(float));
+  };
+  TransientGraph graph;
+  graph.output = model_.output_node();
+  graph.in_place = ex.in_place;
+  ex.output_extent.resize(n);
+  ex.partial_extent.assign(n, {});
+  ex.copy_extent.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    graph.inputs.push_back(nodes[i].inputs);
+    ex.output_extent[i] = output_box(i, me, batch).extent;
+    graph.output_bytes.push_back(bytes(ex.output_extent[i]));
+    // (A layer running in place has its input's output, kept.)
+    graph.released_after.push_back(ex.release[i] == kKeep || ex.in_place[i] ? -1 : static_cast<int>(ex.release[i]));
+    ex.copy_extent[i].assign(nodes[i].inputs.size(), {});
+    graph.input_copy_grad.emplace_back();
+    for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
+      // The model's input has no gradient; an exchanged input's copy has one of its own.
+      const TileExchange* exchange = ex.inputs[i][a].get();
+      const bool graded = exchange && nodes[i].inputs[a] != Model::kModelInput;
+      if (graded) ex.copy_extent[i][a] = exchange->needed_box().extent;
+      graph.input_copy_grad.back().push_back(graded ? bytes(ex.copy_extent[i][a]) : 0);
+    }
+    if (ex.reduce[i]) ex.partial_extent[i] = partial_box(i, me, batch).extent;
+    graph.partial_bytes.push_back(ex.reduce[i] ? bytes(ex.partial_extent[i]) : 0);
+  }
+  ex.arena = transient_arena(graph);
+}
+
+void Executor::place_transients(const Exchanges& ex, bool grow) {
+  const TransientArena& arena = ex.arena;
+  const std::int64_t floats = arena.layout.size / static_cast<std::int64_t>(sizeof(float));
+  const bool fits = arena_.defined() && arena_.numel() >= floats;
+  if (!fits && !grow) {
+    // (Evaluation of a larger batch than training's: forward's transients of their own.)
+    for (std::size_t i = 0; i < outputs_.size(); ++i) {
+      if (arena.released_output[i] != TransientArena::kNone) outputs_[i] = Tensor();
+      partials_[i] = Tensor();
+    }
+    return;
+  }
+  if (!fits) {
+    // Let the views of the smaller arena go first, so that its memory does not outlive it.
+    const void* old = arena_.buffer_id();
+    const auto drop = [old](Tensor& t) {
+      if (old && t.buffer_id() == old) t = Tensor();
+    };
+    for (std::size_t i = 0; i < outputs_.size(); ++i) {
+      drop(outputs_[i]);
+      drop(grads_[i]);
+      drop(partials_[i]);
+      drop(partial_grads_[i]);
+      for (Tensor& t : window_grads_[i]) drop(t);
+    }
+    arena_ = Tensor();
+    arena_ = Tensor(Shape{floats}, options_.device);
+  }
+  const auto view = [&](std::size_t buffer, const std::vector<std::int64_t>& extent) {
+    if (buffer == TransientArena::kNone) return Tensor();
+    const std::int64_t begin = arena.offset(buffer) / static_cast<std::int64_t>(sizeof(float));
+    Shape shape(extent);
+    return arena_.slice(begin, begin + shape.numel()).reshape(std::move(shape));
+  };
+  for (std::size_t i = 0; i < outputs_.size(); ++i) {
+    if (arena.released_output[i] != TransientArena::kNone) outputs_[i] = view(arena.released_output[i], ex.output_extent[i]);
+    partials_[i] = view(arena.partial[i], ex.partial_extent[i]);
+    grads_[i] = view(arena.output_grad[i], ex.output_extent[i]);
+    partial_grads_[i] = view(arena.partial_grad[i], ex.partial_extent[i]);
+    for (std::size_t a = 0; a < window_grads_[i].size(); ++a)
+      window_grads_[i][a] = view(arena.input_copy_grad[i][a], ex.copy_extent[i][a]);
+  }
 }
 
 bool Executor::overlaps(const TileExchange& exchange) const {
@@ -756,6 +836,7 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
   halo_seconds_ = 0;
   peak_bytes_ = 0;
   Exchanges& ex = exchanges(batch_size, targets);
+  place_transients(ex, /*grow=*/true);
   forward(inputs, ex, batch_size, step, /*training=*/true);
 
   auto& nodes = model_.nodes();
@@ -779,19 +860,9 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
     grad_in.clear();
     extra.assign(node.inputs.size(), Tensor());
     for (std::size_t a = 0; a < node.inputs.size(); ++a) {
+      // (A layer running in place finds its input's gradient in its output gradient's place:
+      // the arena gives a chain of them one buffer.)
       const int j = node.inputs[a];
-      if (j != Model::kModelInput && !has_grad[static_cast<std::size_t>(j)]) {
-        // The first writer of the input's gradient: in place, the output gradient itself
-        // (Layer::runs_in_place); else one of its own.
-        const auto uj = static_cast<std::size_t>(j);
-        if (ex.in_place[k]) {
-          grads_[uj] = grads_[k];
-          grad_shared_[uj] = true;
-        } else if (grad_shared_[uj]) {
-          grads_[uj] = Tensor();
-          grad_shared_[uj] = false;
-        }
-      }
       const bool exchanged = ex.inputs[k][a] != nullptr;
       in.push_back(exchanged ? &windows_[k][a] : j == Model::kModelInput ? &inputs : &outputs_[static_cast<std::size_t>(j)]);
       if (j == Model::kModelInput) {
@@ -822,7 +893,6 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
       count_exchange(start, /*halo=*/false);
       node.layer->backward(in, partials_[k], partial_grads_[k], grad_in, ctx);
       peak_bytes_ = std::max(peak_bytes_, current_bytes());
-      partial_grads_[k] = Tensor();
     } else if (TileExchange* exchange = ex.split_backward[k]) {
       // The halo gradients travel to their owners while the parameter gradients are computed.
       node.layer->backward_inputs(in, grads_[k], grad_in, ctx);
@@ -837,7 +907,6 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
       exchange->finish_reverse();
       count_exchange(start, ex.halo[k][0]);
       peak_bytes_ = std::max(peak_bytes_, current_bytes());
-      window_grads_[k][0] = Tensor();
       has_grad[uj] = true;
       continue;
     } else {
@@ -855,7 +924,6 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
         exchange->reverse(window_grads_[k][a], grads_[uj], /*accumulate=*/has_grad[uj]);
         count_exchange(start, ex.halo[k][a]);
         peak_bytes_ = std::max(peak_bytes_, current_bytes());
-        window_grads_[k][a] = Tensor();
       } else if (has_grad[uj] && grad_in[a] == &extra[a]) {
         backend_->elementwise().accumulate(extra[a].data(), grads_[uj].data(), grads_[uj].numel());
       }
@@ -891,6 +959,7 @@ BatchResult Executor::evaluate(const Tensor& given_inputs, const Tensor& given_t
   exchange_seconds_ = 0;
   halo_seconds_ = 0;
   Exchanges& ex = exchanges(batch_size, targets);
+  place_transients(ex, /*grow=*/false);  // in training's arena where it fits
   forward(inputs, ex, batch_size, /*step=*/0, /*training=*/false);
   const auto out = static_cast<std::size_t>(model_.output_node());
   const Tensor& local_targets = output_targets(targets, ex);
@@ -941,6 +1010,7 @@ std::int64_t Executor::current_bytes() const {
   const auto count = [&](const Tensor& t) {
     if (counted.insert(t.buffer_id()).second) bytes += t.allocated_bytes();
   };
+  count(arena_);  // the gradients are views into it
   for (const auto& t : outputs_) count(t);
   for (const auto& t : grads_) count(t);
   for (const auto& t : partials_) count(t);

@@ -42,6 +42,7 @@
 #include "tessera/layers/dnn_backend.hpp"
 #include "tessera/layers/layer.hpp"
 #include "tessera/parallel/grad_reducer.hpp"
+#include "tessera/parallel/transient_arena.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/tile_exchange.hpp"
 #include "tessera/tensor/distribution.hpp"
@@ -256,6 +257,12 @@ class Executor {
     std::vector<bool> backward_fused;
     /// Per node: the leaky ReLU whose backward its backward applies (LayerContext).
     std::vector<std::optional<float>> leaky_relu_before;
+    /// Where the step's transients lie in arena_ (transient_arena.hpp), and their extents: per
+    /// node its output's (and its gradient's), per node and input its copy's (copied inputs only),
+    /// per channel-split node its partial sums'.
+    TransientArena arena;
+    std::vector<std::vector<std::int64_t>> output_extent, partial_extent;
+    std::vector<std::vector<std::vector<std::int64_t>>> copy_extent;
   };
 
   /// The tile of node `node`'s output that `rank` computes, for a batch of `batch`.
@@ -276,6 +283,14 @@ class Executor {
   void check_halos() const;
   std::int64_t current_bytes() const;
   Exchanges& exchanges(std::int64_t batch, const Tensor& targets);
+  /// Lays out a training step's transients for a batch of `batch` (Exchanges::arena; at the end
+  /// of exchanges()).
+  void lay_out_transients(Exchanges& ex, std::int64_t batch) const;
+  /// Points the outputs let go in forward, the partial sums and every gradient (grads_,
+  /// window_grads_, partial_grads_) at their places in arena_ for a step of Exchanges `ex`:
+  /// training grows the arena if need be; evaluation (`grow` false), whose batches may be larger,
+  /// uses it where the layout fits and else lets forward allocate its transients.
+  void place_transients(const Exchanges& ex, bool grow);
   /// The names of the layers `chosen` picks from the exchanges of a batch of `batch_size` (none
   /// before its first step).
   std::vector<std::string> layers_where(std::int64_t batch_size,
@@ -319,11 +334,16 @@ class Executor {
   std::map<std::vector<int>, std::unique_ptr<Communicator>> groups_;
   std::map<std::int64_t, Exchanges> exchanges_;
   std::vector<Tensor> outputs_;
+  /// Per node: outputs_[i] is another node's tensor, shared by a layer running in place
+  /// (Exchanges::in_place); dropped before the node writes one of its own.
+  std::vector<bool> output_shared_;
+  /// A training step's transients (the outputs let go in forward, the partial sums, every
+  /// gradient) are views into this one buffer, laid out by their lifetimes (Exchanges::arena);
+  /// kept from step to step, grown as needed.
+  Tensor arena_;
+  /// Per node: its output's gradient (a view into arena_; shared along an in-place chain).
   std::vector<Tensor> grads_;
-  /// Per node: outputs_[i] (grads_[i]) is another node's tensor, shared by a layer running in
-  /// place (Exchanges::in_place); dropped before the node writes one of its own.
-  std::vector<bool> output_shared_, grad_shared_;
-  /// Per node split by channel: its partial output and that output's gradient (transient).
+  /// Per node split by channel: its partial output (transient) and that output's gradient.
   std::vector<Tensor> partials_, partial_grads_;
   std::unique_ptr<Communicator> self_comm_;
   /// The node of every rank (indices in order of first appearance).
