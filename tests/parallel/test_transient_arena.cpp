@@ -1,0 +1,164 @@
+// The arena of a training step's transients (transient_arena.hpp): the layout against its
+// definition (no two buffers alive at a common time overlap, aligned, at least the most bytes
+// alive at once) on random buffers, and the lifetimes transient_arena gives a layer graph's
+// gradients, copies, outputs let go and partial sums, checked by hand.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/parallel/transient_arena.hpp"
+
+namespace tessera {
+namespace {
+
+constexpr std::int64_t kUnit = kArenaAlignment;
+
+/// The most bytes alive at any one time.
+std::int64_t most_alive(const std::vector<ArenaBuffer>& buffers) {
+  std::int64_t most = 0;
+  for (const ArenaBuffer& at : buffers)
+    for (int t = at.first; t <= at.last; ++t) {
+      std::int64_t alive = 0;
+      for (const ArenaBuffer& b : buffers)
+        if (b.first <= t && t <= b.last) alive += b.size;
+      most = std::max(most, alive);
+    }
+  return most;
+}
+
+void expect_valid(const std::vector<ArenaBuffer>& buffers, const ArenaLayout& layout, std::int64_t alignment) {
+  ASSERT_EQ(layout.offsets.size(), buffers.size());
+  EXPECT_EQ(layout.size % alignment, 0);
+  std::int64_t sum = 0;
+  for (std::size_t a = 0; a < buffers.size(); ++a) {
+    sum += buffers[a].size;
+    EXPECT_EQ(layout.offsets[a] % alignment, 0) << "buffer " << a;
+    EXPECT_GE(layout.offsets[a], 0);
+    EXPECT_LE(layout.offsets[a] + buffers[a].size, layout.size) << "buffer " << a;
+    for (std::size_t b = a + 1; b < buffers.size(); ++b) {
+      const bool together = buffers[a].first <= buffers[b].last && buffers[b].first <= buffers[a].last;
+      const bool apart = layout.offsets[a] + buffers[a].size <= layout.offsets[b] ||
+                         layout.offsets[b] + buffers[b].size <= layout.offsets[a];
+      if (together && buffers[a].size > 0 && buffers[b].size > 0) {
+        EXPECT_TRUE(apart) << "buffers " << a << " and " << b << " are alive together and overlap";
+      }
+    }
+  }
+  EXPECT_GE(layout.size, most_alive(buffers));
+  EXPECT_LE(layout.size, sum + static_cast<std::int64_t>(buffers.size()) * alignment);
+}
+
+TEST(ArenaLayout, BuffersAliveTogetherNeverOverlap) {
+  std::mt19937 random(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int count = 1 + static_cast<int>(random() % 40);
+    std::vector<ArenaBuffer> buffers;
+    for (int b = 0; b < count; ++b) {
+      const int first = static_cast<int>(random() % 30);
+      buffers.push_back({static_cast<std::int64_t>(random() % 5000), first, first + static_cast<int>(random() % 8)});
+    }
+    const std::int64_t alignment = trial % 2 ? 1 : 256;
+    const ArenaLayout layout = lay_out_arena(buffers, alignment);
+    expect_valid(buffers, layout, alignment);
+    const ArenaLayout again = lay_out_arena(buffers, alignment);
+    EXPECT_EQ(again.offsets, layout.offsets) << "the layout must be deterministic";
+  }
+}
+
+TEST(ArenaLayout, ReusesWhatIsDeadAndRefusesNonsense) {
+  // Three buffers that never live together fit in the largest; two that do, side by side.
+  EXPECT_EQ(lay_out_arena({{3 * kUnit, 0, 0}, {2 * kUnit, 1, 1}, {kUnit, 2, 2}}, kUnit).size, 3 * kUnit);
+  EXPECT_EQ(lay_out_arena({{3 * kUnit, 0, 1}, {2 * kUnit, 1, 2}}, kUnit).size, 5 * kUnit);
+  EXPECT_EQ(lay_out_arena({}, kUnit).size, 0);
+  EXPECT_EQ(lay_out_arena({{0, 0, 5}}, kUnit).size, 0);
+  EXPECT_THROW(lay_out_arena({{kUnit, 2, 1}}, kUnit), Error);
+  EXPECT_THROW(lay_out_arena({{-1, 0, 1}}, kUnit), Error);
+  EXPECT_THROW(lay_out_arena({{kUnit, 0, 1}}, 0), Error);
+}
+
+/// conv -> act (in place) -> pool -> flatten -> fc, the loss on fc: sizes in units.
+TransientGraph chain() {
+  TransientGraph g;
+  g.inputs = {{-1}, {0}, {1}, {2}, {3}};
+  g.in_place = {false, true, false, false, false};
+  g.output = 4;
+  g.output_bytes = {8 * kUnit, 8 * kUnit, 2 * kUnit, 2 * kUnit, kUnit};
+  g.released_after = {-1, -1, -1, -1, -1};
+  g.input_copy_grad = {{0}, {0}, {0}, {0}, {0}};
+  g.partial_bytes = {0, 0, 0, 0, 0};
+  return g;
+}
+
+TEST(TransientArena, AChainHoldsItsLargestNeighboursOnly) {
+  const TransientArena arena = transient_arena(chain());
+  // The activation running in place shares its input's gradient buffer.
+  EXPECT_EQ(arena.output_grad[0], arena.output_grad[1]);
+  std::vector<std::size_t> distinct = arena.output_grad;
+  std::sort(distinct.begin(), distinct.end());
+  EXPECT_EQ(std::unique(distinct.begin(), distinct.end()) - distinct.begin(), 4);
+  // Gradients: fc's (loss..fc), flatten's (fc..flatten), pool's (flatten..pool), and conv's
+  // and act's (pool..conv). At most two alive at once: pool's and conv's, 8 + 2 units; the sum of
+  // all gradients is 8 + 2 + 2 + 1 (13) units.
+  EXPECT_EQ(arena.layout.size, 10 * kUnit);
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(arena.released_output[i], TransientArena::kNone);
+    EXPECT_EQ(arena.partial[i], TransientArena::kNone);
+    EXPECT_EQ(arena.partial_grad[i], TransientArena::kNone);
+    EXPECT_EQ(arena.input_copy_grad[i], std::vector<std::size_t>{TransientArena::kNone});
+  }
+}
+
+TEST(TransientArena, CopiesOutputsLetGoAndPartialSumsTakeTheirTimes) {
+  TransientGraph g = chain();
+  g.in_place[1] = false;            // act reads a copy of conv's output (a halo window)...
+  g.input_copy_grad[1] = {9 * kUnit};
+  g.released_after[0] = 1;          // ...so conv's output goes after act's forward
+  g.partial_bytes[3] = 3 * kUnit;   // flatten split by channel (its partial sums)
+  g.released_after[1] = -1;
+  const TransientArena arena = transient_arena(g);
+  ASSERT_NE(arena.released_output[0], TransientArena::kNone);
+  ASSERT_NE(arena.partial[3], TransientArena::kNone);
+  ASSERT_NE(arena.partial_grad[3], TransientArena::kNone);
+  ASSERT_NE(arena.input_copy_grad[1][0], TransientArena::kNone);
+  EXPECT_NE(arena.output_grad[0], arena.output_grad[1]);
+  // Backward at its widest: act's step holds its output gradient (8), its copy's gradient (9)
+  // and conv's output gradient (8). Forward's transients (conv's output, flatten's partial
+  // sums) are alive only while no gradient is: they fit in the same bytes.
+  EXPECT_EQ(arena.layout.size, 25 * kUnit);
+  // Rebuilding the buffers from the arena's rules gives a valid layout.
+  const std::int64_t n = 5;
+  std::vector<ArenaBuffer> expected(arena.layout.offsets.size());
+  expected[arena.output_grad[4]] = {kUnit, 4, 5};
+  expected[arena.output_grad[3]] = {2 * kUnit, 3, 4};
+  expected[arena.output_grad[2]] = {2 * kUnit, 2, 3};
+  expected[arena.output_grad[1]] = {8 * kUnit, 1, 2};
+  expected[arena.output_grad[0]] = {8 * kUnit, 0, 1};
+  expected[arena.input_copy_grad[1][0]] = {9 * kUnit, 1, 1};
+  expected[arena.partial_grad[3]] = {3 * kUnit, 3, 3};
+  expected[arena.partial[3]] = {3 * kUnit, static_cast<int>(n + 1 + 3), static_cast<int>(n + 1 + 3)};
+  expected[arena.released_output[0]] = {8 * kUnit, static_cast<int>(n + 1), static_cast<int>(n + 2)};
+  expect_valid(expected, arena.layout, kArenaAlignment);
+  EXPECT_EQ(lay_out_arena(expected, kArenaAlignment).offsets, arena.layout.offsets);
+}
+
+TEST(TransientArena, RefusesAGraphThatIsNotOne) {
+  TransientGraph g = chain();
+  g.in_place[0] = true;  // in place over the model's input
+  EXPECT_THROW(transient_arena(g), Error);
+  g = chain();
+  g.partial_bytes.pop_back();
+  EXPECT_THROW(transient_arena(g), Error);
+  g = chain();
+  g.released_after[3] = 2;  // let go before its reader
+  EXPECT_THROW(transient_arena(g), Error);
+  g = chain();
+  g.input_copy_grad[2] = {0, 0};
+  EXPECT_THROW(transient_arena(g), Error);
+}
+
+}  // namespace
+}  // namespace tessera
