@@ -632,43 +632,40 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
 }
 
 double CostModel::activation_bytes(const PlanEstimate& estimate) const {
-  // As the executor holds them. Each tensor once: a layer's output is kept for backward, unless
-  // every consumer copies it (a window with halos, a redistribution to another split, a gather of
-  // channels): then the copies are kept and the output lives only until the last copy is made.
-  // The layers' own buffers (max pooling's maxima, dropout's scales). The step's transients (the
-  // outputs let go, channel-split layers' partial sums, and backward's gradients: every layer's
-  // output gradient, the gradients of the copies and of the partial sums) in one arena laid out
-  // by their lifetimes, as the executor lays it out (transient_arena.hpp). A layer that runs in
-  // place (the only reader of its input, read as produced: Executor::in_place_layers) shares its
-  // input's output and gradient.
+  // As the executor holds them: a step's tensors in one arena laid out by their lifetimes, as the
+  // executor lays it out (transient_arena.hpp): every layer's output (shared by a layer that
+  // runs in place: the only reader of its input, read as produced, Executor::in_place_layers),
+  // let go after the last copy where every reader copies it (a window with halos, a
+  // redistribution to another split, a gather of channels); those copies; channel-split layers'
+  // partial sums; every gradient. Beside it, the layers' own buffers (max pooling's maxima,
+  // dropout's scales, a convolution's boundary regions when its halos overlap its forward).
   const std::size_t n = estimate.layers.size();
-  std::vector<bool> every_consumer_copies(n, true), in_place(n, false);
-  std::vector<int> last_reader(n, -1);
+  std::vector<bool> every_consumer_copies(n, true);
+  std::vector<int> readers(n, 0);
   const auto whole = [](double bytes) { return static_cast<std::int64_t>(std::llround(bytes)); };
-  TransientGraph transients;
-  transients.output = graph_.output;
+  TransientGraph tensors;
+  tensors.output = graph_.output;
   double bytes = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const LayerEstimate& l = estimate.layers[i];
-    transients.inputs.push_back(graph_.layers[i].inputs);
-    transients.input_copy_grad.emplace_back();
+    tensors.inputs.push_back(graph_.layers[i].inputs);
+    tensors.input_copy_bytes.emplace_back();
+    bool in_place = false;
     for (int j : graph_.layers[i].inputs) {
       const bool copied =
           copies_input(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
                        static_cast<int>(i), l.split, l);
-      in_place[i] = may_run_in_place(static_cast<int>(i)) && !copied;
-      if (copied) bytes += l.input_bytes;
-      // The gradient of the copy (the model input has none).
-      transients.input_copy_grad.back().push_back(copied && j >= 0 ? whole(l.input_bytes) : 0);
+      in_place = may_run_in_place(static_cast<int>(i)) && !copied;
+      tensors.input_copy_bytes.back().push_back(copied ? whole(l.input_bytes) : 0);
       if (j >= 0) {
         const auto u = static_cast<std::size_t>(j);
-        last_reader[u] = static_cast<int>(i);
+        ++readers[u];
         every_consumer_copies[u] = every_consumer_copies[u] && copied;
       }
     }
-    transients.in_place.push_back(in_place[i]);
-    transients.output_bytes.push_back(whole(l.output_bytes));
-    transients.partial_bytes.push_back(whole(l.partial_bytes));
+    tensors.in_place.push_back(in_place);
+    tensors.output_bytes.push_back(whole(l.output_bytes));
+    tensors.partial_bytes.push_back(whole(l.partial_bytes));
     // What the layer keeps for its backward besides its output: max pooling the position of each
     // output's maximum (4 bytes), dropout its scales (its output's size), a convolution whose
     // halos overlap its forward its boundary regions' copies.
@@ -681,13 +678,9 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
                                     static_cast<int>(i), l.split);
     }
   }
-  for (std::size_t j = 0; j < n; ++j) {
-    // (A layer running in place has its input's output, kept.)
-    const bool released = last_reader[j] >= 0 && every_consumer_copies[j] && static_cast<int>(j) != graph_.output;
-    transients.released_after.push_back(released && !in_place[j] ? last_reader[j] : -1);
-    if (!released && !in_place[j]) bytes += estimate.layers[j].output_bytes;
-  }
-  return bytes + static_cast<double>(transient_arena(transients).layout.size);
+  for (std::size_t j = 0; j < n; ++j)
+    tensors.released.push_back(readers[j] > 0 && every_consumer_copies[j] && static_cast<int>(j) != graph_.output);
+  return bytes + static_cast<double>(transient_arena(tensors).layout.size);
 }
 
 void CostModel::finish(PlanEstimate& estimate) const {

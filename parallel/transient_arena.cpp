@@ -20,8 +20,11 @@ ArenaLayout lay_out_arena(const std::vector<ArenaBuffer>& buffers, std::int64_t 
   layout.offsets.assign(buffers.size(), 0);
   std::vector<std::size_t> order(buffers.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return buffers[a].size > buffers[b].size; });
+  // The largest first; of equal sizes the longest-lived first (they constrain the others most).
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (buffers[a].size != buffers[b].size) return buffers[a].size > buffers[b].size;
+    return buffers[a].last - buffers[a].first > buffers[b].last - buffers[b].first;
+  });
   std::vector<std::size_t> placed, clashing;
   for (std::size_t b : order) {
     const ArenaBuffer& buffer = buffers[b];
@@ -48,19 +51,28 @@ ArenaLayout lay_out_arena(const std::vector<ArenaBuffer>& buffers, std::int64_t 
 
 TransientArena transient_arena(const TransientGraph& graph) {
   const std::size_t n = graph.inputs.size();
-  TESSERA_CHECK(graph.in_place.size() == n && graph.output_bytes.size() == n && graph.released_after.size() == n &&
-                    graph.input_copy_grad.size() == n && graph.partial_bytes.size() == n && graph.output >= 0 &&
+  TESSERA_CHECK(graph.in_place.size() == n && graph.output_bytes.size() == n && graph.released.size() == n &&
+                    graph.input_copy_bytes.size() == n && graph.partial_bytes.size() == n && graph.output >= 0 &&
                     static_cast<std::size_t>(graph.output) < n,
                 "transient_arena: a graph of {} layers with mismatched fields", n);
-  const auto forward_time = [n](std::size_t i) { return static_cast<int>(n + 1 + i); };
-  // The time each output gradient is first written: its last reader's backward (backward runs
-  // the layers in reverse), the loss's (time n) for the output.
-  std::vector<int> written(n);
-  for (std::size_t i = 0; i < n; ++i) written[i] = static_cast<int>(i);
+  const int loss = static_cast<int>(n);
+  const auto forward = [](std::size_t i) { return static_cast<int>(i); };
+  const auto backward = [n](std::size_t k) { return static_cast<int>(2 * n - k); };
+  // Each layer's first reader (whose backward reads it last) and last reader (whose backward
+  // first writes its gradient; whose forward makes the last copy).
+  std::vector<int> first_reader(n, -1), last_reader(n, -1);
   for (std::size_t i = 0; i < n; ++i)
-    for (int j : graph.inputs[i])
-      if (j >= 0) written[static_cast<std::size_t>(j)] = std::max(written[static_cast<std::size_t>(j)], static_cast<int>(i));
-  written[static_cast<std::size_t>(graph.output)] = static_cast<int>(n);
+    for (int j : graph.inputs[i]) {
+      if (j < 0) continue;
+      const auto u = static_cast<std::size_t>(j);
+      TESSERA_CHECK(u < i, "transient_arena: layer {} reads layer {}, not an earlier one", i, j);
+      if (first_reader[u] < 0) first_reader[u] = static_cast<int>(i);
+      last_reader[u] = static_cast<int>(i);
+    }
+  for (std::size_t i = 0; i < n; ++i)
+    if (graph.in_place[i])
+      TESSERA_CHECK(graph.inputs[i].size() == 1 && graph.inputs[i][0] >= 0 && !graph.released[static_cast<std::size_t>(graph.inputs[i][0])],
+                    "transient_arena: layer {} runs in place but does not read one earlier layer as produced", i);
 
   TransientArena arena;
   std::vector<ArenaBuffer> buffers;
@@ -68,43 +80,60 @@ TransientArena transient_arena(const TransientGraph& graph) {
     buffers.push_back({size, first, last});
     return buffers.size() - 1;
   };
-  arena.output_grad.assign(n, TransientArena::kNone);
-  // Last layer first: a layer running in place hands its buffer to its input, whose backward
-  // (an earlier time) reads it last.
-  for (std::size_t i = n; i-- > 0;) {
-    std::size_t& b = arena.output_grad[i];
-    if (b == TransientArena::kNone) {
-      b = add(graph.output_bytes[i], static_cast<int>(i), written[i]);
-    } else {
-      buffers[b].first = static_cast<int>(i);
-      buffers[b].size = std::max(buffers[b].size, graph.output_bytes[i]);
-    }
+  // Outputs, first layer first: a layer running in place takes its input's buffer. The last
+  // time an output is read: the last copy's forward when every reader copies it; else its first
+  // reader's backward (the loss for the output; its own forward when nothing reads it).
+  arena.output.assign(n, TransientArena::kNone);
+  for (std::size_t i = 0; i < n; ++i) {
+    int last = forward(i);
+    if (static_cast<int>(i) == graph.output) last = loss;
+    if (first_reader[i] >= 0)
+      last = std::max(last, graph.released[i] ? forward(static_cast<std::size_t>(last_reader[i]))
+                                              : backward(static_cast<std::size_t>(first_reader[i])));
     if (graph.in_place[i]) {
-      TESSERA_CHECK(graph.inputs[i].size() == 1 && graph.inputs[i][0] >= 0 &&
-                        static_cast<std::size_t>(graph.inputs[i][0]) < i,
-                    "transient_arena: layer {} runs in place but does not read one earlier layer", i);
-      arena.output_grad[static_cast<std::size_t>(graph.inputs[i][0])] = b;
+      const std::size_t b = arena.output[static_cast<std::size_t>(graph.inputs[i][0])];
+      arena.output[i] = b;
+      buffers[b].last = std::max(buffers[b].last, last);
+      buffers[b].size = std::max(buffers[b].size, graph.output_bytes[i]);
+    } else {
+      arena.output[i] = add(graph.output_bytes[i], forward(i), last);
     }
   }
-  arena.input_copy_grad.resize(n);
-  arena.partial_grad.assign(n, TransientArena::kNone);
-  arena.released_output.assign(n, TransientArena::kNone);
-  arena.partial.assign(n, TransientArena::kNone);
-  for (std::size_t k = 0; k < n; ++k) {
-    const int step = static_cast<int>(k);
-    TESSERA_CHECK(graph.input_copy_grad[k].size() == graph.inputs[k].size(),
-                  "transient_arena: layer {} has {} inputs but {} copy sizes", k, graph.inputs[k].size(),
-                  graph.input_copy_grad[k].size());
-    for (std::int64_t size : graph.input_copy_grad[k])
-      arena.input_copy_grad[k].push_back(size > 0 ? add(size, step, step) : TransientArena::kNone);
-    if (graph.partial_bytes[k] > 0) {
-      arena.partial_grad[k] = add(graph.partial_bytes[k], step, step);
-      arena.partial[k] = add(graph.partial_bytes[k], forward_time(k), forward_time(k));
+  // Output gradients, last layer first: a layer running in place hands its buffer to its input,
+  // whose backward reads it last. Written first by the last reader's backward (the loss for the
+  // output).
+  arena.output_grad.assign(n, TransientArena::kNone);
+  for (std::size_t i = n; i-- > 0;) {
+    std::size_t& b = arena.output_grad[i];
+    const int written = static_cast<int>(i) == graph.output ? loss
+                        : last_reader[i] >= 0           ? backward(static_cast<std::size_t>(last_reader[i]))
+                                                        : backward(i);
+    if (b == TransientArena::kNone) {
+      b = add(graph.output_bytes[i], written, backward(i));
+    } else {
+      buffers[b].first = std::min(buffers[b].first, written);
+      buffers[b].last = std::max(buffers[b].last, backward(i));
+      buffers[b].size = std::max(buffers[b].size, graph.output_bytes[i]);
     }
-    if (const int last = graph.released_after[k]; last >= 0) {
-      TESSERA_CHECK(static_cast<std::size_t>(last) > k && static_cast<std::size_t>(last) < n,
-                    "transient_arena: layer {}'s output let go after layer {}", k, last);
-      arena.released_output[k] = add(graph.output_bytes[k], forward_time(k), forward_time(static_cast<std::size_t>(last)));
+    if (graph.in_place[i]) arena.output_grad[static_cast<std::size_t>(graph.inputs[i][0])] = b;
+  }
+  arena.input_copy.resize(n);
+  arena.input_copy_grad.resize(n);
+  arena.partial.assign(n, TransientArena::kNone);
+  arena.partial_grad.assign(n, TransientArena::kNone);
+  for (std::size_t k = 0; k < n; ++k) {
+    TESSERA_CHECK(graph.input_copy_bytes[k].size() == graph.inputs[k].size(),
+                  "transient_arena: layer {} has {} inputs but {} copy sizes", k, graph.inputs[k].size(),
+                  graph.input_copy_bytes[k].size());
+    for (std::size_t a = 0; a < graph.inputs[k].size(); ++a) {
+      const std::int64_t size = graph.input_copy_bytes[k][a];
+      const bool graded = size > 0 && graph.inputs[k][a] >= 0;
+      arena.input_copy[k].push_back(size > 0 ? add(size, forward(k), backward(k)) : TransientArena::kNone);
+      arena.input_copy_grad[k].push_back(graded ? add(size, backward(k), backward(k)) : TransientArena::kNone);
+    }
+    if (graph.partial_bytes[k] > 0) {
+      arena.partial[k] = add(graph.partial_bytes[k], forward(k), forward(k));
+      arena.partial_grad[k] = add(graph.partial_bytes[k], backward(k), backward(k));
     }
   }
   arena.layout = lay_out_arena(buffers, kArenaAlignment);

@@ -43,6 +43,7 @@ Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
   Tensor view = *this;
   view.shape_[0] = end - begin;
   view.offset_ = offset_ + begin * strides_[0];
+  view.slice_ = true;
   return view;
 }
 
@@ -107,7 +108,7 @@ void Tensor::resize(const Shape& shape) {
     strides_ = contiguous_strides(shape_);
     return;
   }
-  if (shape.numel() > capacity_ || !buffer_ || offset_ != 0) {
+  if (shape.numel() > capacity_ || !buffer_ || offset_ != 0 || slice_) {
     *this = Tensor(shape, device_);
     return;
   }

@@ -125,7 +125,6 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
   const std::size_t n = nodes.size();
   outputs_.resize(n);
   grads_.resize(n);
-  output_shared_.assign(n, false);
   partials_.resize(n);
   partial_grads_.resize(n);
   windows_.resize(n);
@@ -587,16 +586,13 @@ void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
     graph.inputs.push_back(nodes[i].inputs);
     ex.output_extent[i] = output_box(i, me, batch).extent;
     graph.output_bytes.push_back(bytes(ex.output_extent[i]));
-    // (A layer running in place has its input's output, kept.)
-    graph.released_after.push_back(ex.release[i] == kKeep || ex.in_place[i] ? -1 : static_cast<int>(ex.release[i]));
+    graph.released.push_back(ex.release[i] != kKeep);
     ex.copy_extent[i].assign(nodes[i].inputs.size(), {});
-    graph.input_copy_grad.emplace_back();
+    graph.input_copy_bytes.emplace_back();
     for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
-      // The model's input has no gradient; an exchanged input's copy has one of its own.
       const TileExchange* exchange = ex.inputs[i][a].get();
-      const bool graded = exchange && nodes[i].inputs[a] != Model::kModelInput;
-      if (graded) ex.copy_extent[i][a] = exchange->needed_box().extent;
-      graph.input_copy_grad.back().push_back(graded ? bytes(ex.copy_extent[i][a]) : 0);
+      if (exchange) ex.copy_extent[i][a] = exchange->needed_box().extent;
+      graph.input_copy_bytes.back().push_back(exchange ? bytes(ex.copy_extent[i][a]) : 0);
     }
     if (ex.reduce[i]) ex.partial_extent[i] = partial_box(i, me, batch).extent;
     graph.partial_bytes.push_back(ex.reduce[i] ? bytes(ex.partial_extent[i]) : 0);
@@ -608,26 +604,25 @@ void Executor::place_transients(const Exchanges& ex, bool grow) {
   const TransientArena& arena = ex.arena;
   const std::int64_t floats = arena.layout.size / static_cast<std::int64_t>(sizeof(float));
   const bool fits = arena_.defined() && arena_.numel() >= floats;
-  if (!fits && !grow) {
-    // (Evaluation of a larger batch than training's: forward's transients of their own.)
+  const auto drop_forward_tensors = [&] {
     for (std::size_t i = 0; i < outputs_.size(); ++i) {
-      if (arena.released_output[i] != TransientArena::kNone) outputs_[i] = Tensor();
+      outputs_[i] = Tensor();
       partials_[i] = Tensor();
+      for (Tensor& t : windows_[i]) t = Tensor();
     }
+  };
+  if (!fits && !grow) {
+    // Evaluation of a larger batch than training's: forward allocates its own (let go after).
+    drop_forward_tensors();
     return;
   }
   if (!fits) {
     // Let the views of the smaller arena go first, so that its memory does not outlive it.
-    const void* old = arena_.buffer_id();
-    const auto drop = [old](Tensor& t) {
-      if (old && t.buffer_id() == old) t = Tensor();
-    };
+    drop_forward_tensors();
     for (std::size_t i = 0; i < outputs_.size(); ++i) {
-      drop(outputs_[i]);
-      drop(grads_[i]);
-      drop(partials_[i]);
-      drop(partial_grads_[i]);
-      for (Tensor& t : window_grads_[i]) drop(t);
+      grads_[i] = Tensor();
+      partial_grads_[i] = Tensor();
+      for (Tensor& t : window_grads_[i]) t = Tensor();
     }
     arena_ = Tensor();
     arena_ = Tensor(Shape{floats}, options_.device);
@@ -639,12 +634,14 @@ void Executor::place_transients(const Exchanges& ex, bool grow) {
     return arena_.slice(begin, begin + shape.numel()).reshape(std::move(shape));
   };
   for (std::size_t i = 0; i < outputs_.size(); ++i) {
-    if (arena.released_output[i] != TransientArena::kNone) outputs_[i] = view(arena.released_output[i], ex.output_extent[i]);
-    partials_[i] = view(arena.partial[i], ex.partial_extent[i]);
+    outputs_[i] = view(arena.output[i], ex.output_extent[i]);
     grads_[i] = view(arena.output_grad[i], ex.output_extent[i]);
+    partials_[i] = view(arena.partial[i], ex.partial_extent[i]);
     partial_grads_[i] = view(arena.partial_grad[i], ex.partial_extent[i]);
-    for (std::size_t a = 0; a < window_grads_[i].size(); ++a)
+    for (std::size_t a = 0; a < windows_[i].size(); ++a) {
+      windows_[i][a] = view(arena.input_copy[i][a], ex.copy_extent[i][a]);
       window_grads_[i][a] = view(arena.input_copy_grad[i][a], ex.copy_extent[i][a]);
+    }
   }
 }
 
@@ -744,14 +741,8 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
       const int j = nodes[i].inputs[a];
       if (j != Model::kModelInput && ex.release[static_cast<std::size_t>(j)] == i) outputs_[static_cast<std::size_t>(j)] = Tensor();
     }
-    if (ex.in_place[i]) {
-      // Its output is its input, overwritten (Layer::runs_in_place).
-      outputs_[i] = outputs_[static_cast<std::size_t>(nodes[i].inputs[0])];
-      output_shared_[i] = true;
-    } else if (output_shared_[i]) {
-      outputs_[i] = Tensor();  // not in place at this batch size: an output of its own
-      output_shared_[i] = false;
-    }
+    // Its output is its input, overwritten (Layer::runs_in_place; in the arena, the same view).
+    if (ex.in_place[i]) outputs_[i] = outputs_[static_cast<std::size_t>(nodes[i].inputs[0])];
     if (ex.fused[i]) continue;  // its producer computed its output
     LayerContext ctx = context(i, batch_size, step, training);
     ctx.leaky_relu_after = ex.leaky_relu_after[i];
@@ -969,8 +960,17 @@ BatchResult Executor::evaluate(const Tensor& given_inputs, const Tensor& given_t
   BatchResult result = reduce(loss_sum, correct, local, "validation (loss allreduce)");
   result.exchange_seconds = exchange_seconds_;
   result.halo_seconds = halo_seconds_;
-  // Evaluation batches may be larger than training's: its bf16 operands' scratch is let go, so
-  // that training keeps what the planner counted (the next step makes its own again).
+  // Evaluation batches may be larger than training's: the tensors it allocated outside the arena
+  // and its bf16 operands' scratch are let go, so that training keeps what the planner counted
+  // (the next step makes its own scratch again).
+  const auto outside_arena = [&](Tensor& t) {
+    if (t.buffer_id() != arena_.buffer_id()) t = Tensor();
+  };
+  for (std::size_t i = 0; i < outputs_.size(); ++i) {
+    outside_arena(outputs_[i]);
+    outside_arena(partials_[i]);
+    for (Tensor& t : windows_[i]) outside_arena(t);
+  }
   backend_->convolution().release_scratch();
   backend_->linear().release_scratch();
   return result;

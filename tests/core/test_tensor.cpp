@@ -215,6 +215,24 @@ TEST(Tensor, ResizeSmallerKeepsCapacityLargerReallocates) {
   EXPECT_NE(empty.data(), nullptr);
 }
 
+// A slice never grows or shrinks into the rest of its buffer (the executor's arena of views,
+// where the rest belongs to other tensors): another count gives it a buffer of its own.
+TEST(Tensor, ResizingASliceToAnotherCountDetachesIt) {
+  Tensor whole = iota(Shape({12}));
+  Tensor first = whole.slice(0, 4).reshape(Shape({2, 2}));
+  const float* before = first.data();
+  first.resize(Shape({4}));  // the same count: still the view
+  EXPECT_EQ(first.data(), before);
+  first.resize(Shape({8}));  // within the buffer's capacity, but past the slice
+  EXPECT_NE(first.data(), before);
+  first.fill(-1.0f);
+  for (std::int64_t i = 0; i < 12; ++i) ASSERT_EQ(whole.data()[i], static_cast<float>(i));  // untouched
+  Tensor middle = whole.slice(4, 8);
+  middle.resize(Shape({2}));
+  EXPECT_NE(middle.data(), whole.data() + 4);
+  EXPECT_EQ(middle.numel(), 2);
+}
+
 TEST(Tensor, MaxRelativeDifference) {
   Tensor a(Shape({3})), b(Shape({3}));
   a.data()[0] = 1.0f; b.data()[0] = 1.0f;

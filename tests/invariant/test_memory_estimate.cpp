@@ -210,7 +210,13 @@ loss: softmax_cross_entropy
     if (world->rank() == 0)
       std::printf("activations per rank at %d ranks: %.0f B in place, %.0f B each layer its own (%.3f)\n",
                   world->size(), most_shared, most_own, most_shared / most_own);
-    EXPECT_LT(shared.training_activation_bytes, own.training_activation_bytes);
+    // Never more; less wherever an activation's own output or gradient is part of the peak of
+    // the step's arena (transient_arena.hpp: elsewhere their bytes are shared with tensors that
+    // are dead by then): at 1 rank in every case here.
+    EXPECT_LE(shared.training_activation_bytes, own.training_activation_bytes);
+    if (world->size() == 1) {
+      EXPECT_LT(shared.training_activation_bytes, own.training_activation_bytes);
+    }
     expect_estimate_covers(c.model, plan, 4, shared, HaloOverlap::Always, 0);  // as the planner prices it
   }
 }

@@ -1,7 +1,7 @@
 // The arena of a training step's transients (transient_arena.hpp): the layout against its
 // definition (no two buffers alive at a common time overlap, aligned, at least the most bytes
 // alive at once) on random buffers, and the lifetimes transient_arena gives a layer graph's
-// gradients, copies, outputs let go and partial sums, checked by hand.
+// outputs, copies, partial sums and gradients, checked by hand.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -87,62 +87,87 @@ TransientGraph chain() {
   g.in_place = {false, true, false, false, false};
   g.output = 4;
   g.output_bytes = {8 * kUnit, 8 * kUnit, 2 * kUnit, 2 * kUnit, kUnit};
-  g.released_after = {-1, -1, -1, -1, -1};
-  g.input_copy_grad = {{0}, {0}, {0}, {0}, {0}};
+  g.released = {false, false, false, false, false};
+  g.input_copy_bytes = {{0}, {0}, {0}, {0}, {0}};
   g.partial_bytes = {0, 0, 0, 0, 0};
   return g;
 }
 
-TEST(TransientArena, AChainHoldsItsLargestNeighboursOnly) {
+/// The buffers of `arena` rebuilt from their expected lifetimes, in its numbering.
+std::vector<ArenaBuffer> expected_buffers(const TransientArena& arena,
+                                          const std::vector<std::pair<std::size_t, ArenaBuffer>>& expected) {
+  std::vector<ArenaBuffer> buffers(arena.layout.offsets.size());
+  for (const auto& [b, buffer] : expected) {
+    EXPECT_NE(b, TransientArena::kNone);
+    if (b < buffers.size()) buffers[b] = buffer;
+  }
+  return buffers;
+}
+
+TEST(TransientArena, AChainHoldsWhatIsAliveAtOnce) {
   const TransientArena arena = transient_arena(chain());
-  // The activation running in place shares its input's gradient buffer.
+  // The activation running in place shares its input's output and gradient buffers.
+  EXPECT_EQ(arena.output[0], arena.output[1]);
   EXPECT_EQ(arena.output_grad[0], arena.output_grad[1]);
-  std::vector<std::size_t> distinct = arena.output_grad;
-  std::sort(distinct.begin(), distinct.end());
-  EXPECT_EQ(std::unique(distinct.begin(), distinct.end()) - distinct.begin(), 4);
-  // Gradients: fc's (loss..fc), flatten's (fc..flatten), pool's (flatten..pool), and conv's
-  // and act's (pool..conv). At most two alive at once: pool's and conv's, 8 + 2 units; the sum of
-  // all gradients is 8 + 2 + 2 + 1 (13) units.
-  EXPECT_EQ(arena.layout.size, 10 * kUnit);
+  // Times (5 layers): forward i = i, the loss 5, backward k = 10 - k. Outputs until their first
+  // reader's backward (the shared one until act's), gradients from their last reader's backward.
+  const std::vector<ArenaBuffer> buffers =
+      expected_buffers(arena, {{arena.output[0], {8 * kUnit, 0, 9}},
+                               {arena.output[2], {2 * kUnit, 2, 7}},
+                               {arena.output[3], {2 * kUnit, 3, 6}},
+                               {arena.output[4], {kUnit, 4, 5}},
+                               {arena.output_grad[4], {kUnit, 5, 6}},
+                               {arena.output_grad[3], {2 * kUnit, 6, 7}},
+                               {arena.output_grad[2], {2 * kUnit, 7, 8}},
+                               {arena.output_grad[0], {8 * kUnit, 8, 10}}});
+  ASSERT_EQ(buffers.size(), 8u);
+  EXPECT_EQ(lay_out_arena(buffers, kArenaAlignment).offsets, arena.layout.offsets);
+  expect_valid(buffers, arena.layout, kArenaAlignment);
+  // At pool's backward: the shared output, pool's and conv's gradients (8 + 2 + 8 units); every
+  // output and gradient held at once would be 26 units.
+  EXPECT_EQ(arena.layout.size, 18 * kUnit);
+  EXPECT_EQ(most_alive(buffers), 18 * kUnit);
   for (std::size_t i = 0; i < 5; ++i) {
-    EXPECT_EQ(arena.released_output[i], TransientArena::kNone);
     EXPECT_EQ(arena.partial[i], TransientArena::kNone);
     EXPECT_EQ(arena.partial_grad[i], TransientArena::kNone);
+    EXPECT_EQ(arena.input_copy[i], std::vector<std::size_t>{TransientArena::kNone});
     EXPECT_EQ(arena.input_copy_grad[i], std::vector<std::size_t>{TransientArena::kNone});
   }
 }
 
 TEST(TransientArena, CopiesOutputsLetGoAndPartialSumsTakeTheirTimes) {
   TransientGraph g = chain();
-  g.in_place[1] = false;            // act reads a copy of conv's output (a halo window)...
-  g.input_copy_grad[1] = {9 * kUnit};
-  g.released_after[0] = 1;          // ...so conv's output goes after act's forward
-  g.partial_bytes[3] = 3 * kUnit;   // flatten split by channel (its partial sums)
-  g.released_after[1] = -1;
+  g.in_place[1] = false;  // act reads a copy of conv's output (a halo window)...
+  g.input_copy_bytes[1] = {9 * kUnit};
+  g.released[0] = true;   // ...so conv's output goes after act's forward
+  g.partial_bytes[3] = 3 * kUnit;  // flatten split by channel (its partial sums)
+  g.input_copy_bytes[0] = {kUnit};  // conv reads a copy of the model's input (no gradient)
   const TransientArena arena = transient_arena(g);
-  ASSERT_NE(arena.released_output[0], TransientArena::kNone);
-  ASSERT_NE(arena.partial[3], TransientArena::kNone);
-  ASSERT_NE(arena.partial_grad[3], TransientArena::kNone);
-  ASSERT_NE(arena.input_copy_grad[1][0], TransientArena::kNone);
-  EXPECT_NE(arena.output_grad[0], arena.output_grad[1]);
-  // Backward at its widest: act's step holds its output gradient (8), its copy's gradient (9)
-  // and conv's output gradient (8). Forward's transients (conv's output, flatten's partial
-  // sums) are alive only while no gradient is: they fit in the same bytes.
-  EXPECT_EQ(arena.layout.size, 25 * kUnit);
-  // Rebuilding the buffers from the arena's rules gives a valid layout.
-  const std::int64_t n = 5;
-  std::vector<ArenaBuffer> expected(arena.layout.offsets.size());
-  expected[arena.output_grad[4]] = {kUnit, 4, 5};
-  expected[arena.output_grad[3]] = {2 * kUnit, 3, 4};
-  expected[arena.output_grad[2]] = {2 * kUnit, 2, 3};
-  expected[arena.output_grad[1]] = {8 * kUnit, 1, 2};
-  expected[arena.output_grad[0]] = {8 * kUnit, 0, 1};
-  expected[arena.input_copy_grad[1][0]] = {9 * kUnit, 1, 1};
-  expected[arena.partial_grad[3]] = {3 * kUnit, 3, 3};
-  expected[arena.partial[3]] = {3 * kUnit, static_cast<int>(n + 1 + 3), static_cast<int>(n + 1 + 3)};
-  expected[arena.released_output[0]] = {8 * kUnit, static_cast<int>(n + 1), static_cast<int>(n + 2)};
-  expect_valid(expected, arena.layout, kArenaAlignment);
-  EXPECT_EQ(lay_out_arena(expected, kArenaAlignment).offsets, arena.layout.offsets);
+  EXPECT_NE(arena.output[0], arena.output[1]);
+  EXPECT_EQ(arena.input_copy_grad[0][0], TransientArena::kNone);
+  const std::vector<ArenaBuffer> buffers =
+      expected_buffers(arena, {{arena.output[0], {8 * kUnit, 0, 1}},
+                               {arena.output[1], {8 * kUnit, 1, 8}},
+                               {arena.output[2], {2 * kUnit, 2, 7}},
+                               {arena.output[3], {2 * kUnit, 3, 6}},
+                               {arena.output[4], {kUnit, 4, 5}},
+                               {arena.output_grad[4], {kUnit, 5, 6}},
+                               {arena.output_grad[3], {2 * kUnit, 6, 7}},
+                               {arena.output_grad[2], {2 * kUnit, 7, 8}},
+                               {arena.output_grad[1], {8 * kUnit, 8, 9}},
+                               {arena.output_grad[0], {8 * kUnit, 9, 10}},
+                               {arena.input_copy[0][0], {kUnit, 0, 10}},
+                               {arena.input_copy[1][0], {9 * kUnit, 1, 9}},
+                               {arena.input_copy_grad[1][0], {9 * kUnit, 9, 9}},
+                               {arena.partial[3], {3 * kUnit, 3, 3}},
+                               {arena.partial_grad[3], {3 * kUnit, 7, 7}}});
+  ASSERT_EQ(buffers.size(), 15u);
+  EXPECT_EQ(lay_out_arena(buffers, kArenaAlignment).offsets, arena.layout.offsets);
+  expect_valid(buffers, arena.layout, kArenaAlignment);
+  // At act's backward: the input's copy, act's copy and its gradient, act's and conv's output
+  // gradients (1 + 9 + 9 + 8 + 8 units); the layout reaches that bound.
+  EXPECT_EQ(most_alive(buffers), 35 * kUnit);
+  EXPECT_EQ(arena.layout.size, 35 * kUnit);
 }
 
 TEST(TransientArena, RefusesAGraphThatIsNotOne) {
@@ -153,10 +178,13 @@ TEST(TransientArena, RefusesAGraphThatIsNotOne) {
   g.partial_bytes.pop_back();
   EXPECT_THROW(transient_arena(g), Error);
   g = chain();
-  g.released_after[3] = 2;  // let go before its reader
+  g.released[0] = true;  // read in place, yet let go
   EXPECT_THROW(transient_arena(g), Error);
   g = chain();
-  g.input_copy_grad[2] = {0, 0};
+  g.inputs[2] = {3};  // reads a later layer
+  EXPECT_THROW(transient_arena(g), Error);
+  g = chain();
+  g.input_copy_bytes[2] = {0, 0};
   EXPECT_THROW(transient_arena(g), Error);
 }
 

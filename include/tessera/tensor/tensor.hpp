@@ -46,7 +46,9 @@ class Tensor {
   void zero() { fill(0.0f); }
   /// Copies another tensor of the same shape into this one.
   void copy_from(const Tensor& other);
-  /// Ensures shape (reallocates only when the element count grows beyond capacity).
+  /// Ensures shape: the same element count keeps the memory (and any aliasing view); another
+  /// count reallocates when it grows beyond capacity, and always for a slice (or a reshape of
+  /// one), which never reaches past its own elements into the rest of the buffer.
   void resize(const Shape& shape);
   /// Ensures shape and device (a tensor on another device is replaced by a new one there).
   void resize(const Shape& shape, Device device);
@@ -61,6 +63,7 @@ class Tensor {
   std::shared_ptr<float[]> buffer_;
   std::int64_t capacity_ = 0;
   std::int64_t offset_ = 0;
+  bool slice_ = false;  ///< a slice of a larger buffer (or a reshape of one)
   Device device_;
 };
 

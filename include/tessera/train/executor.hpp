@@ -257,9 +257,9 @@ class Executor {
     std::vector<bool> backward_fused;
     /// Per node: the leaky ReLU whose backward its backward applies (LayerContext).
     std::vector<std::optional<float>> leaky_relu_before;
-    /// Where the step's transients lie in arena_ (transient_arena.hpp), and their extents: per
-    /// node its output's (and its gradient's), per node and input its copy's (copied inputs only),
-    /// per channel-split node its partial sums'.
+    /// Where a training step's tensors lie in arena_ (transient_arena.hpp), and their extents:
+    /// per node its output's (and its gradient's), per node and input its copy's (exchanged
+    /// inputs only), per channel-split node its partial sums'.
     TransientArena arena;
     std::vector<std::vector<std::int64_t>> output_extent, partial_extent;
     std::vector<std::vector<std::vector<std::int64_t>>> copy_extent;
@@ -283,13 +283,13 @@ class Executor {
   void check_halos() const;
   std::int64_t current_bytes() const;
   Exchanges& exchanges(std::int64_t batch, const Tensor& targets);
-  /// Lays out a training step's transients for a batch of `batch` (Exchanges::arena; at the end
-  /// of exchanges()).
+  /// Lays out a training step's tensors for a batch of `batch` (Exchanges::arena; at the end of
+  /// exchanges()).
   void lay_out_transients(Exchanges& ex, std::int64_t batch) const;
-  /// Points the outputs let go in forward, the partial sums and every gradient (grads_,
-  /// window_grads_, partial_grads_) at their places in arena_ for a step of Exchanges `ex`:
-  /// training grows the arena if need be; evaluation (`grow` false), whose batches may be larger,
-  /// uses it where the layout fits and else lets forward allocate its transients.
+  /// Points every output, copy, partial sum and gradient at its place in arena_ for a step of
+  /// Exchanges `ex`: training grows the arena if need be; evaluation (`grow` false), whose
+  /// batches may be larger, uses it where the layout fits and else lets forward allocate (and
+  /// evaluate() let go) its own.
   void place_transients(const Exchanges& ex, bool grow);
   /// The names of the layers `chosen` picks from the exchanges of a batch of `batch_size` (none
   /// before its first step).
@@ -333,17 +333,13 @@ class Executor {
   std::size_t input_node_ = 0;
   std::map<std::vector<int>, std::unique_ptr<Communicator>> groups_;
   std::map<std::int64_t, Exchanges> exchanges_;
-  std::vector<Tensor> outputs_;
-  /// Per node: outputs_[i] is another node's tensor, shared by a layer running in place
-  /// (Exchanges::in_place); dropped before the node writes one of its own.
-  std::vector<bool> output_shared_;
-  /// A training step's transients (the outputs let go in forward, the partial sums, every
-  /// gradient) are views into this one buffer, laid out by their lifetimes (Exchanges::arena);
-  /// kept from step to step, grown as needed.
+  /// A training step's tensors (outputs, the copies of inputs read through exchanges, partial
+  /// sums, every gradient) are views into this one buffer, laid out by their lifetimes
+  /// (Exchanges::arena); kept from step to step, grown as needed.
   Tensor arena_;
-  /// Per node: its output's gradient (a view into arena_; shared along an in-place chain).
-  std::vector<Tensor> grads_;
-  /// Per node split by channel: its partial output (transient) and that output's gradient.
+  /// Per node: its output (shared along a chain of layers running in place) and its gradient.
+  std::vector<Tensor> outputs_, grads_;
+  /// Per node split by channel: its partial output and that output's gradient.
   std::vector<Tensor> partials_, partial_grads_;
   std::unique_ptr<Communicator> self_comm_;
   /// The node of every rank (indices in order of first appearance).
