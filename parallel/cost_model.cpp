@@ -631,6 +631,14 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
   return largest;
 }
 
+double CostModel::input_copy_bytes(int consumer, std::size_t input, const LayerEstimate& e) const {
+  const PlannerLayer& l = graph_.layers.at(static_cast<std::size_t>(consumer));
+  const int producer = l.inputs.at(input);
+  if (input == 0 || producer < 0 || l.input.rank() < 2) return e.input_bytes;
+  const Shape& read = graph_.layers.at(static_cast<std::size_t>(producer)).output;
+  return e.input_bytes * static_cast<double>(read[1]) / static_cast<double>(l.input[1]);
+}
+
 double CostModel::activation_bytes(const PlanEstimate& estimate) const {
   // As the executor holds them: a step's tensors in one arena laid out by their lifetimes, as the
   // executor lays it out (transient_arena.hpp): every layer's output (shared by a layer that
@@ -651,12 +659,13 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
     tensors.inputs.push_back(graph_.layers[i].inputs);
     tensors.input_copy_bytes.emplace_back();
     bool in_place = false;
-    for (int j : graph_.layers[i].inputs) {
+    for (std::size_t a = 0; a < graph_.layers[i].inputs.size(); ++a) {
+      const int j = graph_.layers[i].inputs[a];
       const bool copied =
           copies_input(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
                        static_cast<int>(i), l.split, l);
       in_place = may_run_in_place(static_cast<int>(i)) && !copied;
-      tensors.input_copy_bytes.back().push_back(copied ? whole(l.input_bytes) : 0);
+      tensors.input_copy_bytes.back().push_back(copied ? whole(input_copy_bytes(static_cast<int>(i), a, l)) : 0);
       if (j >= 0) {
         const auto u = static_cast<std::size_t>(j);
         ++readers[u];

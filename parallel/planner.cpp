@@ -274,8 +274,8 @@ SearchOutcome run_dp(const CostModel& model, const std::vector<std::vector<Layer
       // The exchange, and the memory of the copy it makes (if it makes one; a layer that may run
       // in place then keeps an output and its gradient of its own too).
       const LayerEstimate& consumer = estimates[v][k];
-      const double copy_bytes =
-          consumer.input_bytes + (model.may_run_in_place(static_cast<int>(v)) ? 2.0 * consumer.output_bytes : 0.0);
+      const double copy_bytes = model.input_copy_bytes(static_cast<int>(v), a, consumer) +
+                                (model.may_run_in_place(static_cast<int>(v)) ? 2.0 * consumer.output_bytes : 0.0);
       // And, where its halo exchange overlaps its forward, the region copies a convolution keeps.
       const double c =
           model.exchange_cost(u, held, static_cast<int>(v), cv[k]) +

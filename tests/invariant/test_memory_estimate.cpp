@@ -40,6 +40,22 @@ layers:
 loss: softmax_cross_entropy
 )";
 
+// Two branches of differing widths (4 and 2 channels) into a concat, which (split otherwise than
+// they are) reads a copy of each: copies of differing sizes.
+const char* kBranches = R"(
+input: {shape: [2, 16, 16]}
+layers:
+  - {name: stem, type: conv, filters: 4, kernel: 3, padding: 1}
+  - {name: wide, type: conv, filters: 4, kernel: 3, padding: 1}
+  - {name: narrow, type: conv, filters: 2, kernel: 1, inputs: stem}
+  - {name: merged, type: concat, inputs: [narrow, wide]}
+  - {name: act, type: relu}
+  - {name: pool, type: maxpool, kernel: 2}
+  - {name: flatten, type: flatten}
+  - {name: fc, type: linear, out: 10}
+loss: softmax_cross_entropy
+)";
+
 struct Case {
   std::string model;
   std::string plan;
@@ -93,6 +109,8 @@ TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
       {cosmo, plan_for({}, ""), 4},
       {cosmo, plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, d_split), 2},
       {cosmo, plan_for({"conv2", "act2", "pool2"}, d_split), 2},
+      // The narrow branch first: its copy is half the wide one's.
+      {kBranches, plan_for({"stem", "wide", "narrow"}, h_split), 4},
   };
   // Halos overlapped nowhere, everywhere they can be (a convolution then keeps copies of its
   // boundary regions, Layer::workspace_bytes), and as Automatic decides with every rank its own

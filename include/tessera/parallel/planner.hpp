@@ -184,6 +184,9 @@ class CostModel {
   /// with halos, another split (a redistribution), a gather of channels.
   bool copies_input(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
                     const LayerEstimate& e) const;
+  /// Bytes of `consumer`'s copy of its input `input` (estimate `e`): LayerEstimate::input_bytes,
+  /// the first input's, scaled by that input's channels (a concat's inputs differ in width).
+  double input_copy_bytes(int consumer, std::size_t input, const LayerEstimate& e) const;
   /// Whether `layer` runs in place (no output or gradient of its own) wherever it reads its input
   /// as produced (copies_input false): it can (PlannerLayer::in_place) and is the only reader of
   /// its one input, another layer's output that the loss does not read (Executor::in_place_layers).
