@@ -1010,7 +1010,7 @@ std::int64_t Executor::current_bytes() const {
   const auto count = [&](const Tensor& t) {
     if (counted.insert(t.buffer_id()).second) bytes += t.allocated_bytes();
   };
-  count(arena_);  // the gradients are views into it
+  count(arena_);  // a training step's tensors are views into it
   for (const auto& t : outputs_) count(t);
   for (const auto& t : grads_) count(t);
   for (const auto& t : partials_) count(t);
