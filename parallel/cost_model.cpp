@@ -771,7 +771,9 @@ std::string format_estimate(const PlanEstimate& e) {
       "+ loss/optimizer {:.3f}; memory per rank {:.1f} MiB{}\n",
       1e3 * e.step_seconds, 1e3 * e.compute, 1e3 * e.exchange, 1e3 * e.model_comm, 1e3 * e.grad_exposed,
       1e3 * e.grad_allreduce, 1e3 * e.other, e.memory_bytes / (1 << 20), e.fits ? "" : " (does NOT fit)");
-  s += "(compute: m = calibrated timing of this workload, r = roofline of the machine file)\n";
+  s += "(compute: m = calibrated timing of this workload, r = roofline of the machine file; mem: the layer's "
+       "weights, their gradients and optimizer state, its output and input while it runs; memory per rank counts "
+       "each tensor once, the step's activations and gradients in one arena by their lifetimes)\n";
   return s;
 }
 
