@@ -273,5 +273,50 @@ loss: softmax_cross_entropy
   EXPECT_EQ(a.losses, b.losses);
 }
 
+// Evaluation lays its forward out in training's arena where it fits, and allocates its own where
+// it does not (a larger batch): both give the same losses, at 1-4 ranks, on a plan with halo
+// windows and redistributions; and a step after a larger evaluation holds what a step of an
+// executor that evaluated that batch before training holds (the layers' own buffers, max
+// pooling's maxima, stay grown for the larger batch in both).
+TEST(Arena, EvaluationInTheArenaOrBesideItGivesTheSameLosses) {
+  auto world = MpiCommunicator::world();
+  const Plan plan = Plan::parse(
+      plan_for({"conv1", "act1", "conv2", "act2", "pool"}, fmt::format("{{sample: 1, spatial: [{}, 1]}}", ranks())),
+      "arena_plan");
+  ExecutorOptions options;
+  options.global_batch = 4;
+  Model model = Model::parse(kCnn, "arena_model"), other = Model::parse(kCnn, "arena_model");
+  model.init_parameters(5);
+  other.init_parameters(5);
+  Executor executor(model, plan, world, options), before(other, plan, world, options);
+  Tensor inputs, labels, large_inputs, large_labels;
+  testing::synthetic_batch(model.sample_shape(), 8, 7, large_inputs, large_labels);
+  const auto train = [&](Executor& e, std::int64_t step) {
+    testing::synthetic_batch(model.sample_shape(), 4, step, inputs, labels);
+    const auto [begin, end] = e.local_samples(4);
+    e.train_step(testing::local_tile(inputs, begin, end, e.input_sample_box()), labels.slice(begin, end).clone(), 4,
+                 step);
+    return e.activation_bytes();
+  };
+  const auto evaluate = [&](Executor& e, const Tensor& all_inputs, const Tensor& all_labels, std::int64_t batch) {
+    const auto [begin, end] = e.local_samples(batch);
+    return e.evaluate(testing::local_tile(all_inputs, begin, end, e.input_sample_box()),
+                      all_labels.slice(begin, end).clone(), batch);
+  };
+  train(executor, 0);
+  train(executor, 1);
+  const BatchResult whole = evaluate(executor, large_inputs, large_labels, 8);  // beside the arena
+  const BatchResult first =
+      evaluate(executor, large_inputs.slice(0, 4).clone(), large_labels.slice(0, 4).clone(), 4);  // in it
+  const BatchResult second = evaluate(executor, large_inputs.slice(4, 8).clone(), large_labels.slice(4, 8).clone(), 4);
+  EXPECT_EQ(whole.samples, 8);
+  EXPECT_TRUE(std::isfinite(whole.loss_sum));
+  EXPECT_NEAR(whole.loss_sum, first.loss_sum + second.loss_sum, 1e-5 * std::fabs(whole.loss_sum));
+  EXPECT_EQ(whole.correct, first.correct + second.correct);
+  evaluate(before, large_inputs, large_labels, 8);
+  train(before, 0);
+  EXPECT_EQ(train(executor, 2), train(before, 1));
+}
+
 }  // namespace
 }  // namespace tessera
