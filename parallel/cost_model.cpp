@@ -11,9 +11,9 @@
 #include <limits>
 
 #include "tessera/core/error.hpp"
-#include "tessera/parallel/transient_arena.hpp"
 #include "tessera/parallel/planner.hpp"
 #include "tessera/parallel/tile_exchange.hpp"
+#include "tessera/parallel/transient_arena.hpp"
 #include "tessera/tensor/distribution.hpp"
 #include "tessera/tensor/proc_grid.hpp"
 
