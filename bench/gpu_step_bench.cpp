@@ -161,7 +161,7 @@ class CosmoFlowStep {
     const float* grad = linears_.front().grad_input.data();
     for (std::size_t i = blocks_.size(); i-- > 0;) {
       auto& b = blocks_[i];
-      pool.max_backward_through_leaky_relu(b.pool, grad, b.argmax.data(), b.act_out.data(), kSlope,
+      pool.max_backward_through_leaky_relu(b.pool, grad, b.argmax.data(), b.pool_out.data(), kSlope,
                                            b.grad_act.data());
       conv.backward(b.conv, b.input.data(), b.grad_act.data(), b.weights.value.data(),
                     i == 0 ? nullptr : b.grad_input.data(), b.weights.grad.data(), b.bias.grad.data());

@@ -633,9 +633,9 @@ class CudaPooling final : public PoolingKernels {
       cuda_kernels::average_pool_forward(box, input, output);
   }
   void max_backward_through_leaky_relu(const PoolingGeometry& g, const float* grad_output, const void* workspace,
-                                       const float* input, float slope, float* grad_input) override {
+                                       const float* output, float slope, float* grad_input) override {
     cuda_kernels::max_pool_backward_leaky_relu(pool_box(g), grad_output, static_cast<const std::int32_t*>(workspace),
-                                               input, slope, grad_input);
+                                               output, slope, grad_input);
   }
 
   void backward(const PoolingGeometry& g, const float* grad_output, const void* workspace, float* grad_input) override {

@@ -97,14 +97,15 @@ __global__ void max_pool_backward_kernel(PoolBox b, const float* grad_output, co
   }
 }
 
-/// As above, each gradient times the leaky ReLU's factor at its input (1 where > 0, else slope).
+/// As above, each gradient times the leaky ReLU's factor at its maximum, the output (1 where > 0,
+/// else slope).
 __global__ void max_pool_backward_leaky_kernel(PoolBox b, const float* grad_output, const std::int32_t* argmax,
-                                               const float* input, float slope, float* grad_input) {
+                                               const float* output, float slope, float* grad_input) {
   const std::int64_t out_plane = b.out[0] * b.out[1] * b.out[2];
   const std::int64_t in_plane = b.in[0] * b.in[1] * b.in[2];
   TESSERA_GRID_LOOP(i, b.planes * out_plane) {
     const std::int64_t at = (i / out_plane) * in_plane + argmax[i];
-    atomicAdd(grad_input + at, grad_output[i] * (input[at] > 0.0f ? 1.0f : slope));
+    atomicAdd(grad_input + at, grad_output[i] * (output[i] > 0.0f ? 1.0f : slope));
   }
 }
 
@@ -412,10 +413,10 @@ void max_pool_backward(const PoolBox& box, const float* grad_output, const std::
 }
 
 void max_pool_backward_leaky_relu(const PoolBox& box, const float* grad_output, const std::int32_t* argmax,
-                                  const float* input, float slope, float* grad_input) {
+                                  const float* output, float slope, float* grad_input) {
   cuda::fill(grad_input, inputs(box), 0.0f);
   max_pool_backward_leaky_kernel<<<blocks_for(outputs(box)), kThreads, 0, current_stream()>>>(
-      box, grad_output, argmax, input, slope, grad_input);
+      box, grad_output, argmax, output, slope, grad_input);
   check_launch("max pool backward through leaky relu");
 }
 

@@ -19,10 +19,10 @@ using tessera::SgdStep;
 void max_pool_forward(const PoolBox& box, const float* input, float* output, std::int32_t* argmax);
 /// Overwrites grad_input.
 void max_pool_backward(const PoolBox& box, const float* grad_output, const std::int32_t* argmax, float* grad_input);
-/// max_pool_backward times the leaky ReLU's factor at each input (1 where > 0, else `slope`):
-/// windows that do not overlap (PoolingKernels::max_backward_through_leaky_relu).
+/// max_pool_backward times the leaky ReLU's factor at each maximum (1 where its `output` > 0, else
+/// `slope`): windows that do not overlap (PoolingKernels::max_backward_through_leaky_relu).
 void max_pool_backward_leaky_relu(const PoolBox& box, const float* grad_output, const std::int32_t* argmax,
-                                  const float* input, float slope, float* grad_input);
+                                  const float* output, float slope, float* grad_input);
 /// Average pooling over the part of each window inside the global input.
 void average_pool_forward(const PoolBox& box, const float* input, float* output);
 void average_pool_backward(const PoolBox& box, const float* grad_output, float* grad_input);

@@ -19,6 +19,7 @@ class DropoutLayer final : public Layer {
   }
 
   std::string_view type() const override { return "dropout"; }
+  bool backward_reads_inputs() const override { return false; }  // its scales, not its input
   bool spatially_splittable() const override { return true; }
   bool filter_splittable() const override { return true; }
 

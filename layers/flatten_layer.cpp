@@ -10,6 +10,7 @@ class FlattenLayer final : public Layer {
   FlattenLayer(const std::string& name, int id) : Layer(name, id) {}
 
   std::string_view type() const override { return "flatten"; }
+  bool backward_reads_inputs() const override { return false; }  // the shape only
 
   Shape setup(const std::vector<Shape>& inputs) override {
     check_input_count(*this, inputs, 1);

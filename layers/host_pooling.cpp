@@ -186,17 +186,17 @@ class HostPooling final : public PoolingKernels {
   }
 
   void max_backward_through_leaky_relu(const PoolingGeometry& g, const float* grad_output, const void* workspace,
-                                       const float* input, float slope, float* grad_input) override {
+                                       const float* output, float slope, float* grad_input) override {
     const Box b = pool_box(g);
     const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane();
     const auto* argmax = static_cast<const std::int32_t*>(workspace);
     host_for("max pool backward through leaky relu", b.planes, [=](std::int64_t p) {
       float* dx = grad_input + p * in_plane;
-      const float* x = input + p * in_plane;
+      const float* y = output + p * out_plane;  // the input at each maximum
       const float* dy = grad_output + p * out_plane;
       const std::int32_t* where = argmax + p * out_plane;
       std::fill(dx, dx + in_plane, 0.0f);
-      for (std::int64_t o = 0; o < out_plane; ++o) dx[where[o]] += dy[o] * (x[where[o]] > 0 ? 1.0f : slope);
+      for (std::int64_t o = 0; o < out_plane; ++o) dx[where[o]] += dy[o] * (y[o] > 0 ? 1.0f : slope);
     });
   }
 

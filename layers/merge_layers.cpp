@@ -9,6 +9,7 @@ class AddLayer final : public Layer {
   AddLayer(const std::string& name, int id) : Layer(name, id) {}
 
   std::string_view type() const override { return "add"; }
+  bool backward_reads_inputs() const override { return false; }
   bool spatially_splittable() const override { return true; }
   int arity() const override { return -1; }
 
@@ -52,6 +53,7 @@ class ConcatLayer final : public Layer {
   ConcatLayer(const std::string& name, int id) : Layer(name, id) {}
 
   std::string_view type() const override { return "concat"; }
+  bool backward_reads_inputs() const override { return false; }  // the shapes only
   bool spatially_splittable() const override { return true; }
   int arity() const override { return -1; }
 

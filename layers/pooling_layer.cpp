@@ -21,6 +21,9 @@ class PoolingLayer final : public Layer {
 
   std::string_view type() const override { return mode_ == PoolingMode::Max ? "maxpool" : "avgpool"; }
   bool spatially_splittable() const override { return true; }
+  // Backward reads the maxima's positions (max) or nothing (average) and, through a leaky ReLU,
+  // the output: never the input's values.
+  bool backward_reads_inputs() const override { return false; }
   bool filter_splittable() const override { return true; }
   // Max pooling whose windows do not overlap (after setup: per dimension): each input takes one
   // output's gradient at most, so the product is the two passes' to the bit.
@@ -108,8 +111,10 @@ class PoolingLayer final : public Layer {
     if (ctx.leaky_relu_before) {
       TESSERA_CHECK(fuses_leaky_relu_backward(), "{}: a leaky ReLU's backward fused into pooling whose windows "
                     "overlap (executor bug)", describe(*this));
+      TESSERA_CHECK(output.shape() == grad_output.shape(), "{}: backward through a leaky ReLU needs the output "
+                    "(executor bug)", describe(*this));
       backend_of(*this, ctx).pooling().max_backward_through_leaky_relu(call_, grad_output.data(), workspace_.data(),
-                                                                       input.data(), *ctx.leaky_relu_before,
+                                                                       output.data(), *ctx.leaky_relu_before,
                                                                        grad_inputs[0]->data());
       return;
     }

@@ -645,10 +645,13 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
   // runs in place: the only reader of its input, read as produced, Executor::in_place_layers),
   // let go after the last copy where every reader copies it (a window with halos, a
   // redistribution to another split, a gather of channels); those copies; channel-split layers'
-  // partial sums; every gradient. Beside it, the layers' own buffers (max pooling's maxima,
-  // dropout's scales, a convolution's boundary regions when its halos overlap its forward).
+  // partial sums; every gradient. An output lives until the last backward that reads its values
+  // (Layer::backward_reads_inputs; a leaky ReLU whose backward max pooling does, Executor::
+  // backward_fused_layers, reads none, and that pooling reads its own output). Beside it, the
+  // layers' own buffers (max pooling's maxima, dropout's scales, a convolution's boundary regions
+  // when its halos overlap its forward).
   const std::size_t n = estimate.layers.size();
-  std::vector<bool> every_consumer_copies(n, true);
+  std::vector<bool> every_consumer_copies(n, true), first_input_copied(n, false);
   std::vector<int> readers(n, 0);
   const auto whole = [](double bytes) { return static_cast<std::int64_t>(std::llround(bytes)); };
   TransientGraph tensors;
@@ -665,6 +668,7 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
           copies_input(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
                        static_cast<int>(i), l.split, l);
       in_place = may_run_in_place(static_cast<int>(i)) && !copied;
+      if (a == 0) first_input_copied[i] = copied;
       tensors.input_copy_bytes.back().push_back(copied ? whole(input_copy_bytes(static_cast<int>(i), a, l)) : 0);
       if (j >= 0) {
         const auto u = static_cast<std::size_t>(j);
@@ -687,8 +691,25 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
                                     static_cast<int>(i), l.split);
     }
   }
+  // What each backward reads: a leaky ReLU running in place whose one reader, a max pooling that
+  // reads it as produced, does its backward reads nothing, and that pooling its own output.
+  std::vector<bool> backward_fused(n, false);
+  tensors.reads_own_output.assign(n, false);
+  for (std::size_t r = 0; r < n; ++r) {
+    const auto& inputs = graph_.layers[r].inputs;
+    if (inputs.size() != 1 || inputs[0] < 0 || first_input_copied[r] || !graph_.layers[r].fuses_leaky_relu_backward)
+      continue;
+    const auto j = static_cast<std::size_t>(inputs[0]);
+    if (!tensors.in_place[j] || !graph_.layers[j].leaky_relu) continue;
+    backward_fused[j] = true;
+    tensors.reads_own_output[r] = true;
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    tensors.backward_reads.emplace_back(graph_.layers[i].inputs.size(),
+                                        !backward_fused[i] && graph_.layers[i].backward_reads_inputs);
   for (std::size_t j = 0; j < n; ++j)
-    tensors.released.push_back(readers[j] > 0 && every_consumer_copies[j] && static_cast<int>(j) != graph_.output);
+    tensors.released.push_back(readers[j] > 0 && every_consumer_copies[j] && static_cast<int>(j) != graph_.output &&
+                               !tensors.reads_own_output[j]);
   return bytes + static_cast<double>(transient_arena(tensors).layout.size);
 }
 

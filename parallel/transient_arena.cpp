@@ -53,20 +53,20 @@ TransientArena transient_arena(const TransientGraph& graph) {
   const std::size_t n = graph.inputs.size();
   TESSERA_CHECK(graph.in_place.size() == n && graph.output_bytes.size() == n && graph.released.size() == n &&
                     graph.input_copy_bytes.size() == n && graph.partial_bytes.size() == n && graph.output >= 0 &&
-                    static_cast<std::size_t>(graph.output) < n,
+                    static_cast<std::size_t>(graph.output) < n &&
+                    (graph.backward_reads.empty() || graph.backward_reads.size() == n) &&
+                    (graph.reads_own_output.empty() || graph.reads_own_output.size() == n),
                 "transient_arena: a graph of {} layers with mismatched fields", n);
   const int loss = static_cast<int>(n);
   const auto forward = [](std::size_t i) { return static_cast<int>(i); };
   const auto backward = [n](std::size_t k) { return static_cast<int>(2 * n - k); };
-  // Each layer's first reader (whose backward reads it last) and last reader (whose backward
-  // first writes its gradient; whose forward makes the last copy).
-  std::vector<int> first_reader(n, -1), last_reader(n, -1);
+  // Each layer's last reader (whose backward first writes its gradient).
+  std::vector<int> last_reader(n, -1);
   for (std::size_t i = 0; i < n; ++i)
     for (int j : graph.inputs[i]) {
       if (j < 0) continue;
       const auto u = static_cast<std::size_t>(j);
       TESSERA_CHECK(u < i, "transient_arena: layer {} reads layer {}, not an earlier one", i, j);
-      if (first_reader[u] < 0) first_reader[u] = static_cast<int>(i);
       last_reader[u] = static_cast<int>(i);
     }
   for (std::size_t i = 0; i < n; ++i)
@@ -80,16 +80,33 @@ TransientArena transient_arena(const TransientGraph& graph) {
     buffers.push_back({size, first, last});
     return buffers.size() - 1;
   };
-  // Outputs, first layer first: a layer running in place takes its input's buffer. The last
-  // time an output is read: the last copy's forward when every reader copies it; else its first
-  // reader's backward (the loss for the output; its own forward when nothing reads it).
+  const auto reads = [&](std::size_t k, std::size_t a) {
+    return graph.backward_reads.empty() || graph.backward_reads[k].at(a);
+  };
+  // The last time each output is read: the last copy's forward when every reader copies it; else
+  // each reader's backward where that reads it as produced, each reader's forward where it does
+  // not; its own backward where that reads it; the loss for the loss's input.
+  std::vector<int> last_read(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    last_read[i] = static_cast<int>(i) == graph.output ? loss : forward(i);
+    if (!graph.reads_own_output.empty() && graph.reads_own_output[i]) last_read[i] = backward(i);
+  }
+  for (std::size_t k = 0; k < n; ++k) {
+    TESSERA_CHECK(graph.backward_reads.empty() || graph.backward_reads[k].size() == graph.inputs[k].size(),
+                  "transient_arena: layer {} has {} inputs but {} backward reads", k, graph.inputs[k].size(),
+                  graph.backward_reads.empty() ? 0 : graph.backward_reads[k].size());
+    for (std::size_t a = 0; a < graph.inputs[k].size(); ++a) {
+      const int j = graph.inputs[k][a];
+      if (j < 0) continue;
+      const auto u = static_cast<std::size_t>(j);
+      const bool as_produced = !graph.released[u] && graph.input_copy_bytes[k].at(a) == 0;
+      last_read[u] = std::max(last_read[u], as_produced && reads(k, a) ? backward(k) : forward(k));
+    }
+  }
+  // Outputs, first layer first: a layer running in place takes its input's buffer.
   arena.output.assign(n, TransientArena::kNone);
   for (std::size_t i = 0; i < n; ++i) {
-    int last = forward(i);
-    if (static_cast<int>(i) == graph.output) last = loss;
-    if (first_reader[i] >= 0)
-      last = std::max(last, graph.released[i] ? forward(static_cast<std::size_t>(last_reader[i]))
-                                              : backward(static_cast<std::size_t>(first_reader[i])));
+    const int last = last_read[i];
     if (graph.in_place[i]) {
       const std::size_t b = arena.output[static_cast<std::size_t>(graph.inputs[i][0])];
       arena.output[i] = b;
@@ -128,7 +145,8 @@ TransientArena transient_arena(const TransientGraph& graph) {
     for (std::size_t a = 0; a < graph.inputs[k].size(); ++a) {
       const std::int64_t size = graph.input_copy_bytes[k][a];
       const bool graded = size > 0 && graph.inputs[k][a] >= 0;
-      arena.input_copy[k].push_back(size > 0 ? add(size, forward(k), backward(k)) : TransientArena::kNone);
+      const int last = reads(k, a) ? backward(k) : forward(k);
+      arena.input_copy[k].push_back(size > 0 ? add(size, forward(k), last) : TransientArena::kNone);
       arena.input_copy_grad[k].push_back(graded ? add(size, backward(k), backward(k)) : TransientArena::kNone);
     }
     if (graph.partial_bytes[k] > 0) {
@@ -137,6 +155,7 @@ TransientArena transient_arena(const TransientGraph& graph) {
     }
   }
   arena.layout = lay_out_arena(buffers, kArenaAlignment);
+  arena.buffers = std::move(buffers);
   return arena;
 }
 

@@ -541,6 +541,7 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
     if (!ex.in_place[i] || !slope || readers[i] != 1) continue;
     ex.backward_fused[i] = true;
     ex.leaky_relu_before[r] = slope;
+    ex.release[r] = kKeep;  // its backward reads its output (the maxima)
   }
   // Targets: read with the input layer's samples, needed with the output layer's.
   const auto out = static_cast<std::size_t>(model_.output_node());
@@ -596,6 +597,10 @@ void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
     }
     if (ex.reduce[i]) ex.partial_extent[i] = partial_box(i, me, batch).extent;
     graph.partial_bytes.push_back(ex.reduce[i] ? bytes(ex.partial_extent[i]) : 0);
+    // What backward reads: a layer whose reader does its backward reads nothing.
+    graph.backward_reads.emplace_back(nodes[i].inputs.size(),
+                                      !ex.backward_fused[i] && nodes[i].layer->backward_reads_inputs());
+    graph.reads_own_output.push_back(ex.leaky_relu_before[i].has_value());
   }
   ex.arena = transient_arena(graph);
 }
@@ -642,6 +647,17 @@ void Executor::place_transients(const Exchanges& ex, bool grow) {
       windows_[i][a] = view(arena.input_copy[i][a], ex.copy_extent[i][a]);
       window_grads_[i][a] = view(arena.input_copy_grad[i][a], ex.copy_extent[i][a]);
     }
+  }
+}
+
+void Executor::poison_ended(const Exchanges& ex, int time) {
+  if (!options_.poison_dead_tensors) return;
+  const TransientArena& arena = ex.arena;
+  constexpr auto kFloat = static_cast<std::int64_t>(sizeof(float));
+  for (std::size_t b = 0; b < arena.buffers.size(); ++b) {
+    if (arena.buffers[b].last != time - 1) continue;
+    const std::int64_t begin = arena.offset(b) / kFloat;
+    arena_.slice(begin, begin + arena.buffers[b].size / kFloat).fill(std::numeric_limits<float>::quiet_NaN());
   }
 }
 
@@ -718,6 +734,7 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
   auto& nodes = model_.nodes();
   std::vector<const Tensor*> in;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (training) poison_ended(ex, static_cast<int>(i));
     const LayerTimer timer(*this, training ? i : kNotProfiled, /*forward=*/true);
     in.clear();
     const bool overlap = ex.overlap[i].interior;
@@ -834,6 +851,7 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
   const auto out = static_cast<std::size_t>(model_.output_node());
   const Tensor& local_targets = output_targets(targets, ex);
   LayerContext loss_ctx = context(out, batch_size, step, /*training=*/true);
+  poison_ended(ex, static_cast<int>(nodes.size()));
   const double loss_sum = model_.loss().forward_backward(outputs_[out], local_targets, grads_[out], loss_ctx);
   const std::int64_t correct = model_.loss().correct(outputs_[out], local_targets);
 
@@ -845,6 +863,7 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
   std::vector<Tensor*> grad_in;
   std::vector<Tensor> extra;
   for (std::size_t k = nodes.size(); k-- > 0;) {
+    poison_ended(ex, static_cast<int>(2 * nodes.size() - k));
     const LayerTimer timer(*this, k, /*forward=*/false);
     auto& node = nodes[k];
     in.clear();

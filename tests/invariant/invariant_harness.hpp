@@ -92,12 +92,13 @@ inline OptimizerConfig adamw() {
 /// path is what the invariant covers; tests that name HaloOverlap::Never cover the other. The
 /// layers run on `device` (the GPU tests); gradients and weights come back on the host.
 /// `ranks_per_node` > 0: blocks of that many ranks are taken for nodes (ExecutorOptions).
-/// `in_place`: ExecutorOptions::in_place.
+/// `in_place`: ExecutorOptions::in_place. `poison`: ExecutorOptions::poison_dead_tensors (on in
+/// every test, so that a layer reading a tensor past its lifetime in the arena fails them).
 inline TrainingRun train(const std::string& model_text, const Plan& plan, std::shared_ptr<Communicator> comm, std::int64_t batch,
                   int steps, const OptimizerConfig& optimizer_config = sgd_momentum(), double lr = 0.05,
                   HaloOverlap overlap = HaloOverlap::Always, Device device = Device::host(),
                   ExecutorOptions::GpuComm gpu_comm = ExecutorOptions::GpuComm::Automatic, int ranks_per_node = 0,
-                  bool in_place = true) {
+                  bool in_place = true, bool poison = true) {
   Model model = Model::parse(model_text, "invariant_test_model");
   model.init_parameters(11);
   ExecutorOptions options;
@@ -107,6 +108,7 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
   options.gpu_comm = gpu_comm;
   options.ranks_per_node = ranks_per_node;
   options.in_place = in_place;
+  options.poison_dead_tensors = poison;
   options.seed = 11;
   options.reducer.bucket_bytes = 4 << 10;  // several buckets
   Executor executor(model, plan, comm, options);

@@ -32,6 +32,7 @@ Run train(const std::string& model_file, std::shared_ptr<Communicator> comm, std
   options.global_batch = batch;
   options.seed = 7;
   options.reducer.bucket_bytes = 64 << 10;  // several buckets, so bucketing is exercised
+  options.poison_dead_tensors = true;  // a tensor read past its lifetime in the arena gives NaNs
   Executor executor(model, Plan::sample_parallel(comm->size()), comm, options);
   auto optimizer = create_optimizer(optimizer_config);
   const auto params = model.parameters();

@@ -358,9 +358,12 @@ TEST(SpatialTiles, ActivationMemoryShrinksWithTheSplit) {
                                              "p"),
                           world, 12, 1, sgd_momentum(), 0.05, HaloOverlap::Never);
   // The spatial layers dominate; halos, the copies split layers read (windows beside their
-  // producers' blocks until those are let go) and the (replicated) classifier add some. Measured:
-  // 1.36, 1.43 and 1.40 times one rank's share at 2, 3 and 4 ranks.
-  EXPECT_LT(static_cast<double>(split.activation_bytes), 1.5 * static_cast<double>(one.activation_bytes) / ranks() + 4096)
+  // producers' blocks until those are let go) and the (replicated) classifier add some. One rank
+  // lets t's output go at flatten's forward (flatten's backward reads no values), which a split
+  // rank's windows cannot match. Measured: 1.51, 1.62 and 1.56 times one rank's share at 2, 3 and
+  // 4 ranks (one rank 3 736 064 bytes, 5 308 928 before outputs lived only as long as a backward
+  // reads them; 2 ranks 2 825 984, was 3 612 416).
+  EXPECT_LT(static_cast<double>(split.activation_bytes), 1.75 * static_cast<double>(one.activation_bytes) / ranks() + 4096)
       << "one rank " << one.activation_bytes << " bytes, split " << split.activation_bytes;
 }
 

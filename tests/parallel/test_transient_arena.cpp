@@ -166,6 +166,51 @@ TEST(TransientArena, CopiesOutputsLetGoAndPartialSumsTakeTheirTimes) {
   EXPECT_EQ(arena.layout.size, 35 * kUnit);
 }
 
+TEST(TransientArena, OutputsLiveOnlyUntilTheLastBackwardThatReadsThem) {
+  // Pool does act's backward (max pooling through a leaky ReLU): act's backward reads nothing,
+  // pool reads its own output instead of its input, and flatten reads only shapes.
+  TransientGraph g = chain();
+  g.backward_reads = {{true}, {false}, {false}, {false}, {true}};
+  g.reads_own_output = {false, false, true, false, false};
+  const TransientArena arena = transient_arena(g);
+  EXPECT_EQ(arena.output[0], arena.output[1]);
+  std::vector<ArenaBuffer> buffers(arena.layout.offsets.size());
+  ASSERT_EQ(buffers.size(), 8u);
+  const std::vector<std::pair<std::size_t, ArenaBuffer>> expected = {
+      {arena.output[0], {8 * kUnit, 0, 2}},  // conv's and act's: until pool's forward (was 9)
+      {arena.output[2], {2 * kUnit, 2, 8}},  // pool's: until its own backward (was flatten's, 7)
+      {arena.output[3], {2 * kUnit, 3, 6}},  // flatten's: fc reads it
+      {arena.output[4], {kUnit, 4, 5}},
+      {arena.output_grad[4], {kUnit, 5, 6}},
+      {arena.output_grad[3], {2 * kUnit, 6, 7}},
+      {arena.output_grad[2], {2 * kUnit, 7, 8}},
+      {arena.output_grad[0], {8 * kUnit, 8, 10}}};
+  for (const auto& [b, buffer] : expected) {
+    ASSERT_LT(b, buffers.size());
+    buffers[b] = buffer;
+  }
+  EXPECT_EQ(lay_out_arena(buffers, kArenaAlignment).offsets, arena.layout.offsets);
+  expect_valid(buffers, arena.layout, kArenaAlignment);
+  // At pool's backward: pool's output and gradient and conv's gradient (2 + 2 + 8 units), where
+  // the chain that every backward reads holds 18.
+  EXPECT_EQ(most_alive(buffers), 12 * kUnit);
+  EXPECT_EQ(arena.layout.size, 12 * kUnit);
+  // A copy that its reader's backward does not read lives through that reader's forward only.
+  g.in_place[1] = false;
+  g.input_copy_bytes[1] = {9 * kUnit};
+  g.released[0] = true;
+  g.backward_reads[1] = {false};
+  const TransientArena copied = transient_arena(g);
+  EXPECT_EQ(copied.buffers[copied.input_copy[1][0]].first, 1);
+  EXPECT_EQ(copied.buffers[copied.input_copy[1][0]].last, 1);
+  EXPECT_EQ(copied.buffers[copied.output[0]].last, 1);
+  // One flag per input, or none at all.
+  g.backward_reads[4] = {true, true};
+  EXPECT_THROW(transient_arena(g), Error);
+  g.backward_reads.pop_back();
+  EXPECT_THROW(transient_arena(g), Error);
+}
+
 TEST(TransientArena, RefusesAGraphThatIsNotOne) {
   TransientGraph g = chain();
   g.in_place[0] = true;  // in place over the model's input

@@ -131,11 +131,14 @@ class PoolingKernels {
   virtual void backward(const PoolingGeometry& geometry, const float* grad_output,
                         const void* workspace, float* grad_input) = 0;
   /// Max pooling's backward through the leaky ReLU (this slope) that made its input: what
-  /// backward writes, times 1 where `input` > 0 and the slope elsewhere (the leaky ReLU's backward
-  /// in the same pass). The executor asks it for windows that do not overlap only: each input
-  /// then gets one output's gradient at most, and the product is the two passes' to the bit.
+  /// backward writes, times 1 where the input at the maximum > 0 and the slope elsewhere (the
+  /// leaky ReLU's backward in the same pass). That input is the maximum itself, this pooling's
+  /// `output` (a window of NaNs or -inf yields -inf at a NaN or -inf: the slope either way), so
+  /// the input need not outlive forward. The executor asks it for windows that do not overlap
+  /// only: each input then gets one output's gradient at most, and the product is the two
+  /// passes' to the bit.
   virtual void max_backward_through_leaky_relu(const PoolingGeometry& geometry, const float* grad_output,
-                                               const void* workspace, const float* input, float slope,
+                                               const void* workspace, const float* output, float slope,
                                                float* grad_input) = 0;
 };
 

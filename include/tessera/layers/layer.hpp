@@ -169,6 +169,13 @@ class Layer {
   /// Whether backward applies LayerContext::leaky_relu_before (max pooling whose windows do not
   /// overlap: the leaky ReLU's factor times each input's one gradient).
   virtual bool fuses_leaky_relu_backward() const { return false; }
+  /// Whether backward reads the values of its inputs (else only their shapes): the executor lets
+  /// an output go after its readers' forward when none of their backwards reads it (a leaky ReLU
+  /// read by max pooling that does its backward: the largest activations of a CosmoFlow block).
+  /// Convolution, linear, batch norm and the activations do; pooling, dropout, flatten, add and
+  /// concat do not. A layer that says false and reads them anyway computes on dead memory: the
+  /// tests fill dead tensors with NaNs (ExecutorOptions::poison_dead_tensors) to catch it.
+  virtual bool backward_reads_inputs() const { return true; }
   /// Bytes of what the layer keeps from its forward for its backward besides its output, on the
   /// tensors' device (max pooling's positions of the maxima, dropout's scales, a convolution's
   /// region copies when halos overlap its compute); grown as needed, kept between steps.
@@ -182,9 +189,11 @@ class Layer {
   /// Resizes `output` (its batch extent follows the input's) and computes it.
   virtual void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) = 0;
   /// Writes the input gradients (a nullptr entry: not needed) and the parameters' gradients
-  /// (overwritten, not accumulated). Uses the inputs and what forward saved, never `output`: the
-  /// executor releases an output once every consumer holds a copy of what it reads (spatial
-  /// plans), so `output` may be empty here.
+  /// (overwritten, not accumulated). Uses the inputs (their values only where
+  /// backward_reads_inputs) and what forward saved, never `output`: the executor releases an
+  /// output once every consumer holds a copy of what it reads (spatial plans), so `output` may be
+  /// empty here. The one exception: given LayerContext::leaky_relu_before, max pooling reads its
+  /// output (the input at each maximum), which the executor then keeps for it.
   virtual void backward(std::span<const Tensor* const> inputs, const Tensor& output,
                         const Tensor& grad_output, std::span<Tensor* const> grad_inputs,
                         LayerContext& ctx) = 0;

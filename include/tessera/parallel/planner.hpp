@@ -71,6 +71,14 @@ struct PlannerLayer {
   /// Runs in place where it is its input's only reader and reads it as produced (relu and
   /// leaky_relu with a slope >= 0, Layer::runs_in_place): no output or gradient of its own.
   bool in_place = false;
+  /// relu or leaky_relu (Layer::leaky_relu_slope).
+  bool leaky_relu = false;
+  /// Max pooling whose windows do not overlap (Layer::fuses_leaky_relu_backward): it does the
+  /// backward of a leaky ReLU running in place that it alone reads as produced, and then reads its
+  /// own output in its backward (Executor::backward_fused_layers).
+  bool fuses_leaky_relu_backward = false;
+  /// Its backward reads the values of its inputs (Layer::backward_reads_inputs).
+  bool backward_reads_inputs = true;
   /// conv and linear: fp32, or bf16 operands (priced at the machine's bf16_flops, plus the passes
   /// that round the operands).
   Precision precision = Precision::F32;

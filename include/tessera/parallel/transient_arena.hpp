@@ -4,11 +4,13 @@
 // Nothing a step computes outlives it: forward writes every layer's output (and the copies of
 // inputs a layer reads through an exchange: halo windows, redistributions), backward reads them
 // and writes the gradients, and the next step starts afresh. Each tensor lives for a while only:
-// an output from its layer's forward to its earliest reader's backward (or, when every reader
-// copies it, to the last copy); a copy from its reader's forward to that reader's backward; an
-// output gradient from the backward step that first writes it (its last reader's, or the loss)
-// to the layer's own backward; a copy's gradient and a channel-split layer's partial sums (and
-// their gradient) during their layer's forward or backward only. Backward runs the layers in
+// an output from its layer's forward to the backward of its earliest reader whose backward reads
+// its values (or, when no backward does or every reader copies it, to its readers' last
+// forward); a copy from its reader's forward to that reader's backward (its forward, when that
+// backward does not read it); an output gradient from the backward step that first writes it
+// (its last reader's, or the loss) to the layer's own backward; a copy's gradient and a
+// channel-split layer's partial sums (and their gradient) during their layer's forward or
+// backward only. Backward runs the layers in
 // reverse order, so as it writes the large gradients of the first layers, the outputs of the last
 // ones are dead. The executor places all of these in one buffer, at offsets where tensors alive
 // at the same time never overlap; the planner lays out the same arena to price memory. Both call
@@ -55,6 +57,12 @@ struct TransientGraph {
   std::vector<std::vector<std::int64_t>> input_copy_bytes;
   /// Per layer: the size of its partial sums and of their gradient (channel splits; 0: none).
   std::vector<std::int64_t> partial_bytes;
+  /// Per layer and input: its backward reads the values of that input (Layer::
+  /// backward_reads_inputs; a layer whose backward its reader does reads nothing). Empty: all do.
+  std::vector<std::vector<bool>> backward_reads;
+  /// Per layer: its backward reads its own output (max pooling through a leaky ReLU, LayerContext::
+  /// leaky_relu_before). Empty: none does.
+  std::vector<bool> reads_own_output;
 };
 
 /// The arena of a step. Times: layer i's forward is time i, the loss time n (the number of
@@ -62,6 +70,7 @@ struct TransientGraph {
 /// buffer and one gradient buffer. kNone: no such tensor.
 struct TransientArena {
   static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::vector<ArenaBuffer> buffers;                       ///< every buffer's size and lifetime
   ArenaLayout layout;
   std::vector<std::size_t> output;                        ///< per layer: its output's buffer
   std::vector<std::size_t> output_grad;                   ///< per layer: its output gradient's

@@ -95,6 +95,11 @@ struct ExecutorOptions {
   /// Time every layer of every training step (Executor::layer_profile). Costs a clock read per
   /// layer on the host; on a GPU it also waits for each layer's kernels, which slows the step.
   bool profile = false;
+  /// Fills each of a training step's tensors with NaNs as soon as its lifetime in the arena ends
+  /// (transient_arena.hpp), so that a layer reading a tensor the arena let go (one whose
+  /// Layer::backward_reads_inputs is wrong, a lifetime rule that is) computes NaNs, not the
+  /// tensor's old values. For tests; costs a pass over every tensor of the step.
+  bool poison_dead_tensors = false;
 };
 
 /// "auto", "nccl" or "mpi" (command-line spellings of ExecutorOptions::GpuComm); an InputError otherwise.
@@ -291,6 +296,10 @@ class Executor {
   /// batches may be larger, uses it where the layout fits and else lets forward allocate (and
   /// evaluate() let go) its own.
   void place_transients(const Exchanges& ex, bool grow);
+  /// ExecutorOptions::poison_dead_tensors: before time `time` of a training step (transient_arena:
+  /// forward i at i, the loss at n, backward k at 2n - k), NaNs into the buffers whose last time
+  /// was time - 1.
+  void poison_ended(const Exchanges& ex, int time);
   /// The names of the layers `chosen` picks from the exchanges of a batch of `batch_size` (none
   /// before its first step).
   std::vector<std::string> layers_where(std::int64_t batch_size,
