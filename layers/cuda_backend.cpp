@@ -734,6 +734,12 @@ class CudaElementwise final : public ElementwiseKernels {
   void round_to_bf16(const float* x, float* y, std::int64_t count) override {
     if (count > 0) cuda_kernels::round_to_bf16(x, y, count);
   }
+  void to_bf16(const float* x, std::uint16_t* y, std::int64_t count) override {
+    if (count > 0) cuda_kernels::to_bf16(x, y, count);
+  }
+  void from_bf16(const std::uint16_t* x, float* y, std::int64_t count) override {
+    if (count > 0) cuda_kernels::from_bf16(x, y, count);
+  }
   void multiply(const float* a, const float* b, float* y, std::int64_t count) override {
     if (count > 0) cuda_kernels::multiply(a, b, y, count);
   }

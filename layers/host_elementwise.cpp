@@ -127,6 +127,19 @@ class HostElementwise final : public ElementwiseKernels {
       std::memcpy(y + i, &bits, sizeof bits);
     });
   }
+  void to_bf16(const float* x, std::uint16_t* y, std::int64_t count) override {
+    host_for("to_bf16", count, [=](std::int64_t i) {
+      std::uint32_t bits;
+      std::memcpy(&bits, x + i, sizeof bits);
+      y[i] = static_cast<std::uint16_t>(bf16_round_bits(bits) >> 16);
+    });
+  }
+  void from_bf16(const std::uint16_t* x, float* y, std::int64_t count) override {
+    host_for("from_bf16", count, [=](std::int64_t i) {
+      const std::uint32_t bits = static_cast<std::uint32_t>(x[i]) << 16;
+      std::memcpy(y + i, &bits, sizeof bits);
+    });
+  }
   void dropout_scales(const DropoutMask& mask, float* scales, std::int64_t count) override {
     host_for("dropout scales", count, [=](std::int64_t i) { scales[i] = dropout_scale(mask, i); });
   }

@@ -656,6 +656,7 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
   const auto whole = [](double bytes) { return static_cast<std::int64_t>(std::llround(bytes)); };
   TransientGraph tensors;
   tensors.output = graph_.output;
+  tensors.bf16_stash = graph_.bf16_activations;
   double bytes = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const LayerEstimate& l = estimate.layers[i];

@@ -1,6 +1,7 @@
 #include "tessera/parallel/transient_arena.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "tessera/core/error.hpp"
@@ -12,24 +13,15 @@ std::int64_t align_up(std::int64_t bytes, std::int64_t alignment) {
   return (bytes + alignment - 1) / alignment * alignment;
 }
 
-}  // namespace
-
-ArenaLayout lay_out_arena(const std::vector<ArenaBuffer>& buffers, std::int64_t alignment) {
-  TESSERA_CHECK(alignment > 0, "lay_out_arena: alignment {} must be positive", alignment);
+/// Each buffer in `order` at the lowest aligned offset clear of every buffer placed before it
+/// that is alive at a common time.
+ArenaLayout place_in_order(const std::vector<ArenaBuffer>& buffers, const std::vector<std::size_t>& order,
+                           std::int64_t alignment) {
   ArenaLayout layout;
   layout.offsets.assign(buffers.size(), 0);
-  std::vector<std::size_t> order(buffers.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  // The largest first; of equal sizes the longest-lived first (they constrain the others most).
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    if (buffers[a].size != buffers[b].size) return buffers[a].size > buffers[b].size;
-    return buffers[a].last - buffers[a].first > buffers[b].last - buffers[b].first;
-  });
   std::vector<std::size_t> placed, clashing;
   for (std::size_t b : order) {
     const ArenaBuffer& buffer = buffers[b];
-    TESSERA_CHECK(buffer.size >= 0 && buffer.first <= buffer.last, "lay_out_arena: buffer {} of {} bytes over steps {}..{}",
-                  b, buffer.size, buffer.first, buffer.last);
     if (buffer.size == 0) continue;  // occupies nothing
     clashing.clear();
     for (std::size_t p : placed)
@@ -49,7 +41,51 @@ ArenaLayout lay_out_arena(const std::vector<ArenaBuffer>& buffers, std::int64_t 
   return layout;
 }
 
-TransientArena transient_arena(const TransientGraph& graph) {
+}  // namespace
+
+ArenaLayout lay_out_arena(const std::vector<ArenaBuffer>& buffers, std::int64_t alignment) {
+  TESSERA_CHECK(alignment > 0, "lay_out_arena: alignment {} must be positive", alignment);
+  for (std::size_t b = 0; b < buffers.size(); ++b)
+    TESSERA_CHECK(buffers[b].size >= 0 && buffers[b].first <= buffers[b].last,
+                  "lay_out_arena: buffer {} of {} bytes over times {}..{}", b, buffers[b].size, buffers[b].first,
+                  buffers[b].last);
+  const auto length = [&](std::size_t b) { return buffers[b].last - buffers[b].first; };
+  // Three greedy orders; the smallest layout wins (the first of equal ones).
+  // The largest first; of equal sizes the longest-lived first (they constrain the others most).
+  const auto by_size = [&](std::size_t a, std::size_t b) {
+    if (buffers[a].size != buffers[b].size) return buffers[a].size > buffers[b].size;
+    return length(a) > length(b);
+  };
+  // The longest-lived first (the bf16 copies that span a step), then by size.
+  const auto by_lifetime = [&](std::size_t a, std::size_t b) {
+    if (length(a) != length(b)) return length(a) > length(b);
+    return buffers[a].size > buffers[b].size;
+  };
+  // In the order they are born (of those born together, the largest first).
+  const auto by_birth = [&](std::size_t a, std::size_t b) {
+    if (buffers[a].first != buffers[b].first) return buffers[a].first < buffers[b].first;
+    return buffers[a].size > buffers[b].size;
+  };
+  ArenaLayout best;
+  bool first = true;
+  std::vector<std::size_t> order(buffers.size());
+  const auto try_order = [&](const auto& before) {
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::stable_sort(order.begin(), order.end(), before);
+    ArenaLayout layout = place_in_order(buffers, order, alignment);
+    if (first || layout.size < best.size) best = std::move(layout);
+    first = false;
+  };
+  try_order(by_size);
+  try_order(by_lifetime);
+  try_order(by_birth);
+  return best;
+}
+
+namespace {
+
+/// transient_arena with bf16 copies (ArenaStash) where `stash` is set.
+TransientArena build_arena(const TransientGraph& graph, bool stash) {
   const std::size_t n = graph.inputs.size();
   TESSERA_CHECK(graph.in_place.size() == n && graph.output_bytes.size() == n && graph.released.size() == n &&
                     graph.input_copy_bytes.size() == n && graph.partial_bytes.size() == n && graph.output >= 0 &&
@@ -57,9 +93,10 @@ TransientArena transient_arena(const TransientGraph& graph) {
                     (graph.backward_reads.empty() || graph.backward_reads.size() == n) &&
                     (graph.reads_own_output.empty() || graph.reads_own_output.size() == n),
                 "transient_arena: a graph of {} layers with mismatched fields", n);
-  const int loss = static_cast<int>(n);
-  const auto forward = [](std::size_t i) { return static_cast<int>(i); };
-  const auto backward = [n](std::size_t k) { return static_cast<int>(2 * n - k); };
+  // In half-steps (TransientArena): step s is time 2s.
+  const int loss = 2 * static_cast<int>(n);
+  const auto forward = [](std::size_t i) { return 2 * static_cast<int>(i); };
+  const auto backward = [n](std::size_t k) { return 2 * static_cast<int>(2 * n - k); };
   // Each layer's last reader (whose backward first writes its gradient).
   std::vector<int> last_reader(n, -1);
   for (std::size_t i = 0; i < n; ++i)
@@ -134,6 +171,48 @@ TransientArena transient_arena(const TransientGraph& graph) {
     }
     if (graph.in_place[i]) arena.output_grad[static_cast<std::size_t>(graph.inputs[i][0])] = b;
   }
+  // bf16 copies of the outputs that backward reads, between the last forward read and the first
+  // backward read of each (shared) buffer: the forward reads are its last layer's readers (and the
+  // loss), the backward reads those readers' where they read it as produced, the in-place layers'
+  // of their input, and a layer's of its own output.
+  const auto half = [](std::int64_t bytes) { return (bytes / 4 + 1) / 2 * 4; };  // bf16 of fp32 bytes
+  if (stash) {
+    constexpr int kNever = std::numeric_limits<int>::max();
+    std::vector<int> forward_last(buffers.size(), -1), backward_first(buffers.size(), kNever);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t b = arena.output[i];
+      forward_last[b] = std::max(forward_last[b], static_cast<int>(i) == graph.output ? loss : forward(i));
+      if (!graph.reads_own_output.empty() && graph.reads_own_output[i]) backward_first[b] = std::min(backward_first[b], backward(i));
+      for (std::size_t a = 0; a < graph.inputs[i].size(); ++a) {
+        const int j = graph.inputs[i][a];
+        if (j < 0) continue;
+        const std::size_t source = arena.output[static_cast<std::size_t>(j)];
+        if (graph.in_place[i]) {
+          if (reads(i, a)) backward_first[source] = std::min(backward_first[source], backward(i));
+          continue;
+        }
+        forward_last[source] = std::max(forward_last[source], forward(i));
+        if (!graph.released[static_cast<std::size_t>(j)] && graph.input_copy_bytes[i][a] == 0 && reads(i, a))
+          backward_first[source] = std::min(backward_first[source], backward(i));
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t b = arena.output[i];
+      // (two steps apart at least: one layer between, or the loss)
+      if (graph.in_place[i] || backward_first[b] == kNever || backward_first[b] - forward_last[b] < 4) continue;
+      const std::int64_t size = buffers[b].size;
+      const int last = buffers[b].last;
+      buffers[b].last = forward_last[b];
+      ArenaStash s;
+      s.layer = static_cast<int>(i);
+      s.from = b;
+      s.packed = forward_last[b] / 2;
+      s.widened = backward_first[b] / 2;
+      s.stash = add(half(size), forward_last[b], backward_first[b] - 1);
+      s.to = add(size, backward_first[b] - 1, last);
+      arena.stashes.push_back(s);
+    }
+  }
   arena.input_copy.resize(n);
   arena.input_copy_grad.resize(n);
   arena.partial.assign(n, TransientArena::kNone);
@@ -146,7 +225,19 @@ TransientArena transient_arena(const TransientGraph& graph) {
       const std::int64_t size = graph.input_copy_bytes[k][a];
       const bool graded = size > 0 && graph.inputs[k][a] >= 0;
       const int last = reads(k, a) ? backward(k) : forward(k);
-      arena.input_copy[k].push_back(size > 0 ? add(size, forward(k), last) : TransientArena::kNone);
+      const bool stashed = stash && size > 0 && last == backward(k);
+      arena.input_copy[k].push_back(size > 0 ? add(size, forward(k), stashed ? forward(k) : last) : TransientArena::kNone);
+      if (stashed) {
+        ArenaStash s;
+        s.layer = static_cast<int>(k);
+        s.input = a;
+        s.from = arena.input_copy[k].back();
+        s.packed = static_cast<int>(k);
+        s.widened = static_cast<int>(2 * n - k);
+        s.stash = add(half(size), forward(k), backward(k) - 1);
+        s.to = add(size, backward(k) - 1, backward(k));
+        arena.stashes.push_back(s);
+      }
       arena.input_copy_grad[k].push_back(graded ? add(size, backward(k), backward(k)) : TransientArena::kNone);
     }
     if (graph.partial_bytes[k] > 0) {
@@ -157,6 +248,17 @@ TransientArena transient_arena(const TransientGraph& graph) {
   arena.layout = lay_out_arena(buffers, kArenaAlignment);
   arena.buffers = std::move(buffers);
   return arena;
+}
+
+}  // namespace
+
+TransientArena transient_arena(const TransientGraph& graph) {
+  TransientArena plain = build_arena(graph, false);
+  if (!graph.bf16_stash) return plain;
+  // The bf16 copies add passes and buffers; where the peak is elsewhere (a layer's backward with
+  // its fp32 input and gradients) the layout can come out larger with them: keep the smaller.
+  TransientArena stashed = build_arena(graph, true);
+  return stashed.layout.size < plain.layout.size ? stashed : plain;
 }
 
 }  // namespace tessera

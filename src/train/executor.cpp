@@ -580,6 +580,7 @@ void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
   TransientGraph graph;
   graph.output = model_.output_node();
   graph.in_place = ex.in_place;
+  graph.bf16_stash = model_.activation_precision() == Precision::BF16;
   ex.output_extent.resize(n);
   ex.partial_extent.assign(n, {});
   ex.copy_extent.resize(n);
@@ -633,10 +634,7 @@ void Executor::place_transients(const Exchanges& ex, bool grow) {
     arena_ = Tensor(Shape{floats}, options_.device);
   }
   const auto view = [&](std::size_t buffer, const std::vector<std::int64_t>& extent) {
-    if (buffer == TransientArena::kNone) return Tensor();
-    const std::int64_t begin = arena.offset(buffer) / static_cast<std::int64_t>(sizeof(float));
-    Shape shape(extent);
-    return arena_.slice(begin, begin + shape.numel()).reshape(std::move(shape));
+    return arena_view(arena, buffer, extent);
   };
   for (std::size_t i = 0; i < outputs_.size(); ++i) {
     outputs_[i] = view(arena.output[i], ex.output_extent[i]);
@@ -650,15 +648,50 @@ void Executor::place_transients(const Exchanges& ex, bool grow) {
   }
 }
 
-void Executor::poison_ended(const Exchanges& ex, int time) {
-  if (!options_.poison_dead_tensors) return;
+Tensor Executor::arena_view(const TransientArena& arena, std::size_t buffer, const std::vector<std::int64_t>& extent) {
+  if (buffer == TransientArena::kNone) return Tensor();
+  const std::int64_t begin = arena.offset(buffer) / static_cast<std::int64_t>(sizeof(float));
+  Shape shape(extent);
+  return arena_.slice(begin, begin + shape.numel()).reshape(std::move(shape));
+}
+
+void Executor::begin_time(const Exchanges& ex, int time) {
   const TransientArena& arena = ex.arena;
   constexpr auto kFloat = static_cast<std::int64_t>(sizeof(float));
-  for (std::size_t b = 0; b < arena.buffers.size(); ++b) {
-    if (arena.buffers[b].last != time - 1) continue;
-    const std::int64_t begin = arena.offset(b) / kFloat;
-    arena_.slice(begin, begin + arena.buffers[b].size / kFloat).fill(std::numeric_limits<float>::quiet_NaN());
+  const auto stash_of = [&](const ArenaStash& s) {
+    return reinterpret_cast<std::uint16_t*>(arena_.data() + arena.offset(s.stash) / kFloat);
+  };
+  const auto kept = [&](const ArenaStash& s) -> Tensor& {
+    const auto k = static_cast<std::size_t>(s.layer);
+    return s.input == TransientArena::kNone ? outputs_[k] : windows_[k][s.input];
+  };
+  // NaNs into the buffers whose last half-step was `last` (ExecutorOptions::poison_dead_tensors).
+  const auto poison = [&](int last) {
+    if (!options_.poison_dead_tensors) return;
+    for (std::size_t b = 0; b < arena.buffers.size(); ++b)
+      if (arena.buffers[b].last == last) {
+        const std::int64_t begin = arena.offset(b) / kFloat;
+        arena_.slice(begin, begin + arena.buffers[b].size / kFloat).fill(std::numeric_limits<float>::quiet_NaN());
+      }
+  };
+  // Forward read these for the last time in the step before: keep them in bf16 until backward.
+  for (const ArenaStash& s : arena.stashes)
+    if (s.packed == time - 1) backend_->elementwise().to_bf16(kept(s).data(), stash_of(s), kept(s).numel());
+  poison(2 * time - 2);  // dead since the step before (the fp32 originals of those included)
+  // The first backward that reads these is now: widen them into their place for backward (whose
+  // memory may have been a tensor that died in the step before).
+  for (const ArenaStash& s : arena.stashes) {
+    if (s.widened != time) continue;
+    const auto k = static_cast<std::size_t>(s.layer);
+    if (s.input == TransientArena::kNone) {
+      for (std::size_t m = 0; m < outputs_.size(); ++m)  // the layers of an in-place chain share it
+        if (arena.output[m] == s.from) outputs_[m] = arena_view(arena, s.to, ex.output_extent[m]);
+    } else {
+      windows_[k][s.input] = arena_view(arena, s.to, ex.copy_extent[k][s.input]);
+    }
+    backend_->elementwise().from_bf16(stash_of(s), kept(s).data(), kept(s).numel());
   }
+  poison(2 * time - 1);  // the bf16 copies just widened
 }
 
 bool Executor::overlaps(const TileExchange& exchange) const {
@@ -734,7 +767,7 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
   auto& nodes = model_.nodes();
   std::vector<const Tensor*> in;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
-    if (training) poison_ended(ex, static_cast<int>(i));
+    if (training) begin_time(ex, static_cast<int>(i));
     const LayerTimer timer(*this, training ? i : kNotProfiled, /*forward=*/true);
     in.clear();
     const bool overlap = ex.overlap[i].interior;
@@ -851,7 +884,7 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
   const auto out = static_cast<std::size_t>(model_.output_node());
   const Tensor& local_targets = output_targets(targets, ex);
   LayerContext loss_ctx = context(out, batch_size, step, /*training=*/true);
-  poison_ended(ex, static_cast<int>(nodes.size()));
+  begin_time(ex, static_cast<int>(nodes.size()));
   const double loss_sum = model_.loss().forward_backward(outputs_[out], local_targets, grads_[out], loss_ctx);
   const std::int64_t correct = model_.loss().correct(outputs_[out], local_targets);
 
@@ -863,7 +896,7 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
   std::vector<Tensor*> grad_in;
   std::vector<Tensor> extra;
   for (std::size_t k = nodes.size(); k-- > 0;) {
-    poison_ended(ex, static_cast<int>(2 * nodes.size() - k));
+    begin_time(ex, static_cast<int>(2 * nodes.size() - k));
     const LayerTimer timer(*this, k, /*forward=*/false);
     auto& node = nodes[k];
     in.clear();

@@ -109,12 +109,12 @@ Model Model::parse_unchecked(const std::string& yaml_text, const std::string& so
     fail_input("model file '{}' is not valid YAML: {}", source, e.what());
   }
   if (!root.IsMap()) fail_input("model file '{}': expected a mapping with 'input', 'layers' and 'loss'", source);
-  static const std::set<std::string> known{"name", "input", "layers", "loss", "output", "precision"};
+  static const std::set<std::string> known{"name", "input", "layers", "loss", "output", "precision", "activations"};
   for (const auto& item : root) {
     const auto key = item.first.as<std::string>();
     if (!known.count(key))
-      fail_input("model file '{}': unknown key '{}' (known: name, input, layers, loss, output, precision)", source,
-                 key);
+      fail_input("model file '{}': unknown key '{}' (known: name, input, layers, loss, output, precision, "
+                 "activations)", source, key);
   }
   Model model;
   model.source_ = source;
@@ -125,6 +125,15 @@ Model Model::parse_unchecked(const std::string& yaml_text, const std::string& so
     model.precision_ = parse_precision(root["precision"].Scalar(), fmt::format("model file '{}'", source));
   }
   if (model_options.precision) model.precision_ = *model_options.precision;
+  model.activations_ = model.precision_;
+  if (root["activations"]) {
+    if (!root["activations"].IsScalar())
+      fail_input("model file '{}': 'activations' must be fp32 or bf16, not {}", source, describe(root["activations"]));
+    model.activations_ = parse_precision(root["activations"].Scalar(), fmt::format("model file '{}' ('activations')", source));
+    if (model.activations_ == Precision::BF16 && model.precision_ != Precision::BF16)
+      fail_input("model file '{}': 'activations: bf16' needs 'precision: bf16' (bf16 copies of what backward reads "
+                 "are exact only where it computes with bf16 operands)", source);
+  }
   model.name_ = root["name"] ? root["name"].as<std::string>() : std::string("model");
   if (!root["input"]) fail_input("model file '{}': missing 'input' (e.g. input: {{shape: [1, 28, 28]}})", source);
   model.sample_shape_ = parse_input_shape(root["input"], source);

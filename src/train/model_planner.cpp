@@ -9,6 +9,7 @@ PlannerGraph Model::planner_graph(std::int64_t global_batch) const {
   graph.model = name_;
   graph.batch = global_batch;
   graph.output = output_;
+  graph.bf16_activations = activations_ == Precision::BF16;
   const auto info = plan_info(global_batch);
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     const auto& n = nodes_[i];

@@ -437,11 +437,12 @@ TEST(GpuElementwise, Bf16RoundingEqualsTheHostBitForBit) {
     std::memcpy(&got, y.data() + i, 4);
     EXPECT_EQ(got, want) << "round_to_bf16 of " << values[static_cast<std::size_t>(i)];
   }
-  // Stored as bf16 (cuDNN's bf16 tensors) and widened back: the same values, bit for bit.
+  // Stored as bf16 (cuDNN's bf16 tensors, the executor's bf16 activations) and widened back: the
+  // same values, bit for bit.
   auto* stored = static_cast<std::uint16_t*>(cuda::allocate(static_cast<std::size_t>(n) * sizeof(std::uint16_t)));
   Tensor widened(Shape({n}), kGpu);
-  cuda_kernels::to_bf16(gx.data(), stored, n);
-  cuda_kernels::from_bf16(stored, widened.data(), n);
+  elementwise_kernels(kGpu).to_bf16(gx.data(), stored, n);
+  elementwise_kernels(kGpu).from_bf16(stored, widened.data(), n);
   const Tensor back = widened.to(Device::host());
   cuda::release(stored);
   for (std::int64_t i = 0; i < n; ++i) {

@@ -8,6 +8,11 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
 #include "invariant/invariant_harness.hpp"
 #include "tessera/parallel/machine.hpp"
 #include "tessera/parallel/planner.hpp"
@@ -122,6 +127,82 @@ TEST(Bf16Invariant, ABf16RunIsNotTheFp32Run) {
   const double relative = std::fabs(bf16_run.losses[0] - fp32_run.losses[0]) / std::fabs(fp32_run.losses[0]);
   EXPECT_GT(relative, 1e-6) << "bf16 loss " << bf16_run.losses[0] << ", fp32 loss " << fp32_run.losses[0];
   EXPECT_LT(relative, 1e-2);
+}
+
+// `precision: bf16` keeps the activations that backward reads in bf16 between forward and
+// backward (Model::activation_precision; the outputs of the layers and the windows and other
+// copies they read): rounded as the bf16 operands round them, so the convolutions' and linear
+// layers' gradients and the activations' and max pooling's masks are what fp32 copies give, to
+// the bit, at 1-4 ranks under sample, spatial (halo windows kept in bf16) and model-parallel
+// plans; and a rank holds less.
+TEST(Bf16Activations, KeptInBf16ChangeNothingButMemory) {
+  auto world = MpiCommunicator::world();
+  const std::string h_split = fmt::format("{{sample: 1, spatial: [{}, 1]}}", ranks());
+  const std::string d_split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
+  struct Case {
+    std::string model, plan;
+    std::int64_t batch;
+    OptimizerConfig optimizer = testing::sgd_momentum();
+    double lr = 0.05;
+  };
+  const std::vector<Case> cases = {
+      {kCnn, plan_for({}, ""), 12},
+      {kCnn, plan_for({"conv1", "act1", "conv2", "act2", "pool"}, h_split), 6},
+      {kCnn, plan_for({"conv2", "fc1"}, fmt::format("{{sample: 1, channel: {}}}", ranks())), 6},
+      {kCosmoStyle, plan_for({"conv1", "act1", "pool1", "conv2", "act2"}, d_split), 4, adamw(), 1e-3},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.plan);
+    const Plan plan = Plan::parse(c.plan, "bf16_activation_plan");
+    EXPECT_EQ(Model::parse(c.model, "m").activation_precision(), Precision::BF16) << "bf16 is precision bf16's default";
+    const testing::TrainingRun bf16 = testing::train(c.model, plan, world, c.batch, 3, c.optimizer, c.lr);
+    const testing::TrainingRun fp32 =
+        testing::train(c.model + "activations: fp32\n", plan, world, c.batch, 3, c.optimizer, c.lr);
+    ASSERT_EQ(bf16.losses.size(), fp32.losses.size());
+    for (std::size_t s = 0; s < bf16.losses.size(); ++s) {
+      EXPECT_TRUE(std::isfinite(bf16.losses[s]));
+      EXPECT_EQ(bf16.losses[s], fp32.losses[s]) << "step " << s;
+    }
+    EXPECT_EQ(bf16.evaluation_loss, fp32.evaluation_loss);
+    ASSERT_EQ(bf16.weights.size(), fp32.weights.size());
+    for (std::size_t i = 0; i < bf16.weights.size(); ++i) {
+      EXPECT_EQ(max_relative_difference(bf16.first_gradients[i], fp32.first_gradients[i]), 0.0) << "gradient " << i;
+      EXPECT_EQ(max_relative_difference(bf16.weights[i], fp32.weights[i]), 0.0) << "weight " << i;
+    }
+    const double most_bf16 = world->allreduce_value(static_cast<double>(bf16.training_activation_bytes), ReduceOp::Max);
+    // Never more (transient_arena keeps the copies only where the arena comes out smaller).
+    const double most_fp32 = world->allreduce_value(static_cast<double>(fp32.training_activation_bytes), ReduceOp::Max);
+    if (world->rank() == 0)
+      std::printf("activations per rank at %d ranks: %.0f B kept in bf16, %.0f B in fp32 (%.3f)\n", world->size(),
+                  most_bf16, most_fp32, most_bf16 / most_fp32);
+    EXPECT_LE(most_bf16, most_fp32);
+    // The planner lays out the same arena.
+    const Model model = Model::parse(c.model, "m");
+    PlannerOptions options;
+    options.ranks = world->size();
+    options.optimizer_state = c.optimizer.type == "adamw" ? 2 : 1;  // moments, or momentum
+    options.halo_overlap = HaloOverlap::Always;
+    Machine machine;
+    machine.ranks_per_node = machine.cores_per_node = world->size();
+    const PlanEstimate estimate = CostModel(model.planner_graph(c.batch), machine, options).estimate(plan);
+    double weights = 0;
+    for (const Tensor& w : bf16.weights) weights += static_cast<double>(w.numel()) * sizeof(float);
+    const double held = world->allreduce_value(
+        static_cast<double>(bf16.training_activation_bytes + bf16.optimizer_bytes + bf16.scratch_bytes) + 2 * weights,
+        ReduceOp::Max);
+    EXPECT_GE(estimate.memory_bytes, 0.98 * held);
+    EXPECT_LE(estimate.memory_bytes, 1.02 * held);
+  }
+}
+
+TEST(Bf16Activations, NeedBf16PrecisionAndAreItsDefault) {
+  std::string fp32 = kCnn;
+  fp32.replace(fp32.find("precision: bf16"), std::string("precision: bf16").size(), "precision: fp32");
+  EXPECT_EQ(Model::parse(fp32, "m").activation_precision(), Precision::F32);
+  EXPECT_EQ(Model::parse(std::string(kCnn) + "activations: fp32\n", "m").activation_precision(), Precision::F32);
+  EXPECT_THROW(Model::parse(fp32 + "activations: bf16\n", "m"), InputError);
+  EXPECT_THROW(Model::parse(std::string(kCnn) + "activations: fp16\n", "m"), InputError);
+  EXPECT_THROW(Model::parse(std::string(kCnn) + "activations: [bf16]\n", "m"), InputError);
 }
 
 }  // namespace

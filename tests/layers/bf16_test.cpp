@@ -83,6 +83,29 @@ TEST(Bf16Rounding, RoundsToNearestEvenOnTheBits) {
   EXPECT_EQ(x[1], one);
 }
 
+TEST(Bf16Rounding, StoredAsBf16AndWidenedIsTheRoundedValue) {
+  // The executor's bf16 activations (Model::activation_precision): to_bf16 keeps the upper 16
+  // bits of round_to_bf16's value, from_bf16 gives that value back exactly.
+  std::vector<float> x;
+  for (int e = -140; e <= 127; e += 7)
+    for (float m : {1.0f, 1.00390625f, 1.01171875f, -1.3f, 1.99999f}) x.push_back(std::ldexp(m, e));
+  x.push_back(std::numeric_limits<float>::infinity());
+  x.push_back(-0.0f);
+  x.push_back(std::numeric_limits<float>::max());
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  const auto n = static_cast<std::int64_t>(x.size());
+  std::vector<float> rounded(x.size()), widened(x.size());
+  std::vector<std::uint16_t> stored(x.size());
+  host_elementwise().round_to_bf16(x.data(), rounded.data(), n);
+  host_elementwise().to_bf16(x.data(), stored.data(), n);
+  host_elementwise().from_bf16(stored.data(), widened.data(), n);
+  for (std::size_t i = 0; i + 1 < x.size(); ++i) {
+    EXPECT_EQ(static_cast<std::uint32_t>(stored[i]) << 16, bits_of(rounded[i])) << x[i];
+    EXPECT_EQ(bits_of(widened[i]), bits_of(rounded[i])) << x[i];
+  }
+  EXPECT_TRUE(std::isnan(widened.back()));
+}
+
 struct LayerCase {
   const char* type;
   OptionList options;

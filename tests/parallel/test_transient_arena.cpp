@@ -17,6 +17,9 @@ namespace {
 
 constexpr std::int64_t kUnit = kArenaAlignment;
 
+/// A buffer alive from step `first` to step `last` (TransientArena's times are half-steps).
+ArenaBuffer steps(std::int64_t size, int first, int last) { return {size, 2 * first, 2 * last}; }
+
 /// The most bytes alive at any one time.
 std::int64_t most_alive(const std::vector<ArenaBuffer>& buffers) {
   std::int64_t most = 0;
@@ -98,12 +101,12 @@ TransientGraph chain() {
 /// variant of chain() here.
 std::vector<ArenaBuffer> expected_buffers(const TransientArena& arena,
                                           std::vector<std::pair<std::size_t, ArenaBuffer>> expected) {
-  expected.insert(expected.end(), {{arena.output[2], {2 * kUnit, 2, 7}},
-                                   {arena.output[3], {2 * kUnit, 3, 6}},
-                                   {arena.output[4], {kUnit, 4, 5}},
-                                   {arena.output_grad[4], {kUnit, 5, 6}},
-                                   {arena.output_grad[3], {2 * kUnit, 6, 7}},
-                                   {arena.output_grad[2], {2 * kUnit, 7, 8}}});
+  expected.insert(expected.end(), {{arena.output[2], steps(2 * kUnit, 2, 7)},
+                                   {arena.output[3], steps(2 * kUnit, 3, 6)},
+                                   {arena.output[4], steps(kUnit, 4, 5)},
+                                   {arena.output_grad[4], steps(kUnit, 5, 6)},
+                                   {arena.output_grad[3], steps(2 * kUnit, 6, 7)},
+                                   {arena.output_grad[2], steps(2 * kUnit, 7, 8)}});
   std::vector<ArenaBuffer> buffers(arena.layout.offsets.size());
   for (const auto& [b, buffer] : expected) {
     EXPECT_NE(b, TransientArena::kNone);
@@ -117,11 +120,11 @@ TEST(TransientArena, AChainHoldsWhatIsAliveAtOnce) {
   // The activation running in place shares its input's output and gradient buffers.
   EXPECT_EQ(arena.output[0], arena.output[1]);
   EXPECT_EQ(arena.output_grad[0], arena.output_grad[1]);
-  // Times (5 layers): forward i = i, the loss 5, backward k = 10 - k. Outputs until their first
+  // Steps (5 layers): forward i = i, the loss 5, backward k = 10 - k. Outputs until their first
   // reader's backward (the shared one until act's), gradients from their last reader's backward.
   const std::vector<ArenaBuffer> buffers =
-      expected_buffers(arena, {{arena.output[0], {8 * kUnit, 0, 9}},
-                               {arena.output_grad[0], {8 * kUnit, 8, 10}}});
+      expected_buffers(arena, {{arena.output[0], steps(8 * kUnit, 0, 9)},
+                               {arena.output_grad[0], steps(8 * kUnit, 8, 10)}});
   ASSERT_EQ(buffers.size(), 8u);
   EXPECT_EQ(lay_out_arena(buffers, kArenaAlignment).offsets, arena.layout.offsets);
   expect_valid(buffers, arena.layout, kArenaAlignment);
@@ -148,15 +151,15 @@ TEST(TransientArena, CopiesOutputsLetGoAndPartialSumsTakeTheirTimes) {
   EXPECT_NE(arena.output[0], arena.output[1]);
   EXPECT_EQ(arena.input_copy_grad[0][0], TransientArena::kNone);
   const std::vector<ArenaBuffer> buffers =
-      expected_buffers(arena, {{arena.output[0], {8 * kUnit, 0, 1}},
-                               {arena.output[1], {8 * kUnit, 1, 8}},
-                               {arena.output_grad[1], {8 * kUnit, 8, 9}},
-                               {arena.output_grad[0], {8 * kUnit, 9, 10}},
-                               {arena.input_copy[0][0], {kUnit, 0, 10}},
-                               {arena.input_copy[1][0], {9 * kUnit, 1, 9}},
-                               {arena.input_copy_grad[1][0], {9 * kUnit, 9, 9}},
-                               {arena.partial[3], {3 * kUnit, 3, 3}},
-                               {arena.partial_grad[3], {3 * kUnit, 7, 7}}});
+      expected_buffers(arena, {{arena.output[0], steps(8 * kUnit, 0, 1)},
+                               {arena.output[1], steps(8 * kUnit, 1, 8)},
+                               {arena.output_grad[1], steps(8 * kUnit, 8, 9)},
+                               {arena.output_grad[0], steps(8 * kUnit, 9, 10)},
+                               {arena.input_copy[0][0], steps(kUnit, 0, 10)},
+                               {arena.input_copy[1][0], steps(9 * kUnit, 1, 9)},
+                               {arena.input_copy_grad[1][0], steps(9 * kUnit, 9, 9)},
+                               {arena.partial[3], steps(3 * kUnit, 3, 3)},
+                               {arena.partial_grad[3], steps(3 * kUnit, 7, 7)}});
   ASSERT_EQ(buffers.size(), 15u);
   EXPECT_EQ(lay_out_arena(buffers, kArenaAlignment).offsets, arena.layout.offsets);
   expect_valid(buffers, arena.layout, kArenaAlignment);
@@ -177,14 +180,14 @@ TEST(TransientArena, OutputsLiveOnlyUntilTheLastBackwardThatReadsThem) {
   std::vector<ArenaBuffer> buffers(arena.layout.offsets.size());
   ASSERT_EQ(buffers.size(), 8u);
   const std::vector<std::pair<std::size_t, ArenaBuffer>> expected = {
-      {arena.output[0], {8 * kUnit, 0, 2}},  // conv's and act's: until pool's forward (was 9)
-      {arena.output[2], {2 * kUnit, 2, 8}},  // pool's: until its own backward (was flatten's, 7)
-      {arena.output[3], {2 * kUnit, 3, 6}},  // flatten's: fc reads it
-      {arena.output[4], {kUnit, 4, 5}},
-      {arena.output_grad[4], {kUnit, 5, 6}},
-      {arena.output_grad[3], {2 * kUnit, 6, 7}},
-      {arena.output_grad[2], {2 * kUnit, 7, 8}},
-      {arena.output_grad[0], {8 * kUnit, 8, 10}}};
+      {arena.output[0], steps(8 * kUnit, 0, 2)},  // conv's and act's: until pool's forward (was 9)
+      {arena.output[2], steps(2 * kUnit, 2, 8)},  // pool's: until its own backward (was flatten's, 7)
+      {arena.output[3], steps(2 * kUnit, 3, 6)},  // flatten's: fc reads it
+      {arena.output[4], steps(kUnit, 4, 5)},
+      {arena.output_grad[4], steps(kUnit, 5, 6)},
+      {arena.output_grad[3], steps(2 * kUnit, 6, 7)},
+      {arena.output_grad[2], steps(2 * kUnit, 7, 8)},
+      {arena.output_grad[0], steps(8 * kUnit, 8, 10)}};
   for (const auto& [b, buffer] : expected) {
     ASSERT_LT(b, buffers.size());
     buffers[b] = buffer;
@@ -201,14 +204,83 @@ TEST(TransientArena, OutputsLiveOnlyUntilTheLastBackwardThatReadsThem) {
   g.released[0] = true;
   g.backward_reads[1] = {false};
   const TransientArena copied = transient_arena(g);
-  EXPECT_EQ(copied.buffers[copied.input_copy[1][0]].first, 1);
-  EXPECT_EQ(copied.buffers[copied.input_copy[1][0]].last, 1);
-  EXPECT_EQ(copied.buffers[copied.output[0]].last, 1);
+  EXPECT_EQ(copied.buffers[copied.input_copy[1][0]].first, 2);
+  EXPECT_EQ(copied.buffers[copied.input_copy[1][0]].last, 2);
+  EXPECT_EQ(copied.buffers[copied.output[0]].last, 2);
   // One flag per input, or none at all.
   g.backward_reads[4] = {true, true};
   EXPECT_THROW(transient_arena(g), Error);
   g.backward_reads.pop_back();
   EXPECT_THROW(transient_arena(g), Error);
+}
+
+/// Every buffer of `arena` (its own record, TransientArena::buffers).
+std::int64_t most_alive_in(const TransientArena& arena) { return most_alive(arena.buffers); }
+
+TEST(TransientArena, WhatBackwardReadsIsKeptInBf16BetweenForwardAndBackward) {
+  // Four convolutions of 8 units each in a chain, then fc (1 unit), the loss on fc: every output
+  // is read by the next layer's backward (its weight gradient).
+  TransientGraph g;
+  g.inputs = {{-1}, {0}, {1}, {2}, {3}};
+  g.in_place.assign(5, false);
+  g.output = 4;
+  g.output_bytes = {8 * kUnit, 8 * kUnit, 8 * kUnit, 8 * kUnit, kUnit};
+  g.released.assign(5, false);
+  g.input_copy_bytes = {{0}, {0}, {0}, {0}, {0}};
+  g.partial_bytes.assign(5, 0);
+  const TransientArena fp32 = transient_arena(g);
+  EXPECT_TRUE(fp32.stashes.empty());
+  g.bf16_stash = true;
+  const TransientArena bf16 = transient_arena(g);
+  // Output i: fp32 until its reader's forward (step i + 1), bf16 (half the bytes) until just
+  // before that reader's backward (step 9 - i), fp32 again there. fc's output is read by the loss
+  // and no backward: no copy.
+  ASSERT_EQ(bf16.stashes.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE(i);
+    const ArenaStash& s = bf16.stashes[static_cast<std::size_t>(i)];
+    EXPECT_EQ(s.layer, i);
+    EXPECT_EQ(s.input, TransientArena::kNone);
+    EXPECT_EQ(s.from, bf16.output[static_cast<std::size_t>(i)]);
+    EXPECT_EQ(s.packed, i + 1);
+    EXPECT_EQ(s.widened, 9 - i);
+    const ArenaBuffer& from = bf16.buffers[s.from];
+    const ArenaBuffer& stash = bf16.buffers[s.stash];
+    const ArenaBuffer& to = bf16.buffers[s.to];
+    EXPECT_EQ(from.first, 2 * i);
+    EXPECT_EQ(from.last, 2 * (i + 1));
+    EXPECT_EQ(stash.size, 4 * kUnit);
+    EXPECT_EQ(stash.first, 2 * (i + 1));
+    EXPECT_EQ(stash.last, 2 * (9 - i) - 1);  // widened just before the step
+    EXPECT_EQ(to.size, 8 * kUnit);
+    EXPECT_EQ(to.first, 2 * (9 - i) - 1);
+    EXPECT_EQ(to.last, 2 * (9 - i));
+  }
+  expect_valid(bf16.buffers, bf16.layout, kArenaAlignment);
+  // At fc's backward in fp32: four outputs, fc's and conv4's gradients (32 + 1 + 8 units); in
+  // bf16 the peak is at conv4's backward: two bf16 copies, conv3's widened output, the gradients
+  // of conv4's and conv3's outputs (8 + 8 + 8 + 8).
+  EXPECT_EQ(most_alive_in(fp32), 41 * kUnit);
+  EXPECT_EQ(most_alive_in(bf16), 32 * kUnit);
+  EXPECT_LT(bf16.layout.size, fp32.layout.size);
+  // A copy that backward reads (conv2 reads a window of conv1's output): bf16 from its reader's
+  // forward to just before its backward.
+  g.input_copy_bytes[2] = {9 * kUnit};
+  g.released[1] = true;
+  const TransientArena copied = transient_arena(g);
+  const auto window = std::find_if(copied.stashes.begin(), copied.stashes.end(),
+                                   [](const ArenaStash& s) { return s.layer == 2 && s.input == 0; });
+  ASSERT_NE(window, copied.stashes.end());
+  EXPECT_EQ(window->from, copied.input_copy[2][0]);
+  EXPECT_EQ(window->packed, 2);
+  EXPECT_EQ(window->widened, 8);
+  EXPECT_EQ(copied.buffers[window->stash].size, 9 * kUnit / 2);
+  EXPECT_EQ(copied.buffers[window->to].first, 15);
+  EXPECT_EQ(copied.buffers[window->to].last, 16);
+  // conv1's output, let go after the copy, has no bf16 copy of its own.
+  EXPECT_TRUE(std::none_of(copied.stashes.begin(), copied.stashes.end(),
+                           [](const ArenaStash& s) { return s.layer == 1 && s.input == TransientArena::kNone; }));
+  expect_valid(copied.buffers, copied.layout, kArenaAlignment);
 }
 
 TEST(TransientArena, RefusesAGraphThatIsNotOne) {

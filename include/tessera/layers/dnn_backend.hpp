@@ -187,6 +187,11 @@ class ElementwiseKernels {
   /// y = x rounded to the nearest bf16 value (ties to even; infinities and NaNs stay what they
   /// are), as fp32; y may be x. The same bits on every device.
   virtual void round_to_bf16(const float* x, float* y, std::int64_t count) = 0;
+  /// y = x rounded as round_to_bf16 rounds it, stored as bf16 (the upper 16 bits of the rounded
+  /// fp32 value): the executor's bf16 copies of the activations that backward reads.
+  virtual void to_bf16(const float* x, std::uint16_t* y, std::int64_t count) = 0;
+  /// y = the fp32 value of bf16 x (exact).
+  virtual void from_bf16(const std::uint16_t* x, float* y, std::int64_t count) = 0;
   /// scales[i] = dropout_scale(mask, i) for the `count` elements of the local tensor.
   virtual void dropout_scales(const DropoutMask& mask, float* scales, std::int64_t count) = 0;
   /// y = a * b, element by element (y may be a or b).

@@ -91,6 +91,8 @@ struct PlannerGraph {
   std::vector<PlannerLayer> layers;  ///< in model order (topological)
   int output = -1;                   ///< the layer whose output the loss reads
   std::int64_t batch = 0;            ///< global batch the shapes are for
+  /// The activations that backward reads are kept in bf16 (Model::activation_precision).
+  bool bf16_activations = false;
   std::vector<PlanLayerInfo> plan_info() const;
 };
 

@@ -20,7 +20,8 @@
 
 namespace tessera {
 
-/// A buffer of `size` bytes alive at the times first..last (inclusive).
+/// A buffer of `size` bytes alive at the times first..last (inclusive; TransientArena's
+/// half-steps).
 struct ArenaBuffer {
   std::int64_t size = 0;
   int first = 0, last = 0;
@@ -33,9 +34,10 @@ struct ArenaLayout {
   std::int64_t size = 0;
 };
 
-/// Greedy by size (the largest buffer first, of equal sizes the longest-lived, each at the lowest
-/// aligned offset clear of every placed buffer alive at a common time): deterministic, and on
-/// layer graphs close to the most bytes alive at once (its lower bound). `alignment` > 0.
+/// Greedy: each buffer at the lowest aligned offset clear of every placed buffer alive at a common
+/// time, in three orders (the largest first, of equal sizes the longest-lived; the longest-lived
+/// first; the first born first), the smallest layout kept: deterministic, and on layer graphs
+/// close to the most bytes alive at once (its lower bound). `alignment` > 0.
 ArenaLayout lay_out_arena(const std::vector<ArenaBuffer>& buffers, std::int64_t alignment);
 
 /// One training step's layer graph, as transient_arena reads it (sizes in bytes, this rank's).
@@ -63,11 +65,31 @@ struct TransientGraph {
   /// Per layer: its backward reads its own output (max pooling through a leaky ReLU, LayerContext::
   /// leaky_relu_before). Empty: none does.
   std::vector<bool> reads_own_output;
+  /// Keep what backward reads in bf16 between its last forward read and its first backward read
+  /// (Model::activation_precision; ArenaStash), where that makes the arena smaller (where the
+  /// peak is a layer's backward with its fp32 input and gradients, the copies only add buffers).
+  bool bf16_stash = false;
 };
 
-/// The arena of a step. Times: layer i's forward is time i, the loss time n (the number of
-/// layers), layer k's backward time 2n - k. A chain of layers running in place shares one output
-/// buffer and one gradient buffer. kNone: no such tensor.
+/// A tensor that backward reads, kept in bf16 between forward and backward (TransientGraph::
+/// bf16_stash): its fp32 buffer `from` lives until the last time forward reads it, `packed` (the
+/// executor then rounds it into `stash`, half the bytes); just before step `widened`, the first
+/// backward that reads it (time 2 widened - 1, when the gradients that step writes are not yet
+/// alive), the executor widens `stash` into the fp32 buffer `to`, which backward reads from then
+/// on. Only where the gap is two steps or more. Steps as TransientArena's.
+struct ArenaStash {
+  int layer = 0;
+  /// kNone: the layer's output (shared by the layers of an in-place chain); else its copy of
+  /// that input.
+  std::size_t input = static_cast<std::size_t>(-1);
+  std::size_t from = 0, stash = 0, to = 0;
+  int packed = 0, widened = 0;
+};
+
+/// The arena of a step. Steps: layer i's forward is step i, the loss step n (the number of
+/// layers), layer k's backward step 2n - k. Buffers' times are half-steps: step s is time 2s, and
+/// time 2s - 1 the moment just before it (ArenaStash). A chain of layers running in place shares
+/// one output buffer and one gradient buffer. kNone: no such tensor.
 struct TransientArena {
   static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
   std::vector<ArenaBuffer> buffers;                       ///< every buffer's size and lifetime
@@ -78,6 +100,7 @@ struct TransientArena {
   std::vector<std::vector<std::size_t>> input_copy_grad;  ///< per layer and input: its copy's gradient's
   std::vector<std::size_t> partial;                       ///< per layer: its partial sums'
   std::vector<std::size_t> partial_grad;                  ///< per layer: its partial sums' gradient's
+  std::vector<ArenaStash> stashes;                        ///< the bf16 copies (TransientGraph::bf16_stash)
   /// Byte offset of buffer `b`.
   std::int64_t offset(std::size_t b) const { return layout.offsets[b]; }
 };

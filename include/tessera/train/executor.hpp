@@ -296,10 +296,14 @@ class Executor {
   /// batches may be larger, uses it where the layout fits and else lets forward allocate (and
   /// evaluate() let go) its own.
   void place_transients(const Exchanges& ex, bool grow);
-  /// ExecutorOptions::poison_dead_tensors: before time `time` of a training step (transient_arena:
-  /// forward i at i, the loss at n, backward k at 2n - k), NaNs into the buffers whose last time
-  /// was time - 1.
-  void poison_ended(const Exchanges& ex, int time);
+  /// A view of `extent` at `buffer` of the arena laid out as `arena` (none for kNone).
+  Tensor arena_view(const TransientArena& arena, std::size_t buffer, const std::vector<std::int64_t>& extent);
+  /// Before step `time` of a training step (TransientArena: forward i at i, the loss at n,
+  /// backward k at 2n - k): the bf16 copies of what forward read for the last time at step
+  /// time - 1 (ArenaStash), the widening of those whose first backward read is now (their views
+  /// then point at the widened tensors), and, with ExecutorOptions::poison_dead_tensors, NaNs into
+  /// the buffers that died since step time - 1 began.
+  void begin_time(const Exchanges& ex, int time);
   /// The names of the layers `chosen` picks from the exchanges of a batch of `batch_size` (none
   /// before its first step).
   std::vector<std::string> layers_where(std::int64_t batch_size,

@@ -11,6 +11,8 @@
 //   loss: softmax_cross_entropy          # or {type: mse}
 //   precision: bf16                      # optional: fp32 (default) or bf16 mixed precision for
 //                                        # every conv and linear layer without its own 'precision'
+//   activations: bf16                    # optional, with precision bf16 (its default there; fp32
+//                                        # otherwise): the activations kept for backward in bf16
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -56,6 +58,13 @@ class Model {
   const std::string& source() const { return source_; }
   /// The model-wide precision of conv and linear layers (a layer may name its own).
   Precision precision() const { return precision_; }
+  /// How a training step keeps the activations that backward reads (outputs and copies, between
+  /// their last forward reader and the first backward that reads them): fp32, or bf16 (half the
+  /// bytes; the values rounded as bf16 operands round them, so a bf16 convolution's or linear
+  /// layer's gradients and the activations' and max pooling's masks come out the same to the bit;
+  /// batch norm's backward reads the rounded input). `activations: bf16` needs `precision: bf16`,
+  /// whose default it is.
+  Precision activation_precision() const { return activations_; }
   /// One sample's shape (no batch dimension).
   const Shape& sample_shape() const { return sample_shape_; }
   /// The model's input for a batch of `batch` samples: batch x sample_shape().
@@ -87,6 +96,7 @@ class Model {
   std::string name_;
   std::string source_;
   Precision precision_ = Precision::F32;
+  Precision activations_ = Precision::F32;
   Shape sample_shape_;
   Shape target_shape_;
   std::vector<ModelNode> nodes_;
