@@ -151,6 +151,24 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
   return run;
 }
 
+/// Two runs of the same model, plan and data that must compute the same to the bit (running in
+/// place or not, dead tensors filled with NaNs or not, activations kept in bf16 or fp32): every
+/// loss (finite), the evaluation loss, every first gradient and every final weight.
+inline void expect_same_to_the_bit(const TrainingRun& a, const TrainingRun& b) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (std::size_t s = 0; s < a.losses.size(); ++s) {
+    EXPECT_TRUE(std::isfinite(a.losses[s])) << "step " << s;
+    EXPECT_EQ(a.losses[s], b.losses[s]) << "step " << s;
+  }
+  EXPECT_TRUE(std::isfinite(a.evaluation_loss));
+  EXPECT_EQ(a.evaluation_loss, b.evaluation_loss);
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  for (std::size_t i = 0; i < a.weights.size(); ++i) {
+    EXPECT_EQ(max_relative_difference(a.first_gradients[i], b.first_gradients[i]), 0.0) << "gradient " << i;
+    EXPECT_EQ(max_relative_difference(a.weights[i], b.weights[i]), 0.0) << "weight " << i;
+  }
+}
+
 /// Runs `model_text` under `plan_text` on every rank of the job and under one rank, and compares
 /// every rank's blocks with the same blocks of the 1-rank tensors.
 /// `device`: where the plan's run computes (the 1-rank reference always runs on the host).

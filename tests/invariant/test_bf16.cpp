@@ -158,17 +158,7 @@ TEST(Bf16Activations, KeptInBf16ChangeNothingButMemory) {
     const testing::TrainingRun bf16 = testing::train(c.model, plan, world, c.batch, 3, c.optimizer, c.lr);
     const testing::TrainingRun fp32 =
         testing::train(c.model + "activations: fp32\n", plan, world, c.batch, 3, c.optimizer, c.lr);
-    ASSERT_EQ(bf16.losses.size(), fp32.losses.size());
-    for (std::size_t s = 0; s < bf16.losses.size(); ++s) {
-      EXPECT_TRUE(std::isfinite(bf16.losses[s]));
-      EXPECT_EQ(bf16.losses[s], fp32.losses[s]) << "step " << s;
-    }
-    EXPECT_EQ(bf16.evaluation_loss, fp32.evaluation_loss);
-    ASSERT_EQ(bf16.weights.size(), fp32.weights.size());
-    for (std::size_t i = 0; i < bf16.weights.size(); ++i) {
-      EXPECT_EQ(max_relative_difference(bf16.first_gradients[i], fp32.first_gradients[i]), 0.0) << "gradient " << i;
-      EXPECT_EQ(max_relative_difference(bf16.weights[i], fp32.weights[i]), 0.0) << "weight " << i;
-    }
+    testing::expect_same_to_the_bit(bf16, fp32);
     const double most_bf16 = world->allreduce_value(static_cast<double>(bf16.training_activation_bytes), ReduceOp::Max);
     // Never more (transient_arena keeps the copies only where the arena comes out smaller).
     const double most_fp32 = world->allreduce_value(static_cast<double>(fp32.training_activation_bytes), ReduceOp::Max);

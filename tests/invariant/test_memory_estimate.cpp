@@ -213,15 +213,7 @@ loss: softmax_cross_entropy
     EXPECT_EQ(shared.backward_fused_layers, c.backward_fused);
     EXPECT_EQ(shared.in_place_layers, c.expected);
     EXPECT_EQ(shared.fused_layers, c.fused);
-    ASSERT_EQ(own.losses.size(), shared.losses.size());
-    for (std::size_t s = 0; s < own.losses.size(); ++s) EXPECT_EQ(own.losses[s], shared.losses[s]) << "step " << s;
-    EXPECT_TRUE(std::isfinite(own.evaluation_loss));
-    EXPECT_EQ(own.evaluation_loss, shared.evaluation_loss);
-    ASSERT_EQ(own.weights.size(), shared.weights.size());
-    for (std::size_t i = 0; i < own.weights.size(); ++i) {
-      EXPECT_EQ(max_relative_difference(own.first_gradients[i], shared.first_gradients[i]), 0.0) << "gradient " << i;
-      EXPECT_EQ(max_relative_difference(own.weights[i], shared.weights[i]), 0.0) << "weight " << i;
-    }
+    testing::expect_same_to_the_bit(own, shared);
     const double most_own = world->allreduce_value(static_cast<double>(own.training_activation_bytes), ReduceOp::Max);
     const double most_shared =
         world->allreduce_value(static_cast<double>(shared.training_activation_bytes), ReduceOp::Max);
@@ -343,19 +335,7 @@ TEST(Arena, TensorsFilledWithNaNsOnceDeadChangeNothing) {
       return testing::train(c.model, plan, world, c.batch, 3, testing::sgd_momentum(), 0.05, HaloOverlap::Always,
                             Device::host(), ExecutorOptions::GpuComm::Automatic, 0, true, poison);
     };
-    const testing::TrainingRun clean = run(false), poisoned = run(true);
-    ASSERT_EQ(clean.losses.size(), poisoned.losses.size());
-    for (std::size_t s = 0; s < clean.losses.size(); ++s) {
-      EXPECT_TRUE(std::isfinite(poisoned.losses[s])) << "step " << s;
-      EXPECT_EQ(clean.losses[s], poisoned.losses[s]) << "step " << s;
-    }
-    EXPECT_TRUE(std::isfinite(poisoned.evaluation_loss));
-    EXPECT_EQ(clean.evaluation_loss, poisoned.evaluation_loss);
-    ASSERT_EQ(clean.weights.size(), poisoned.weights.size());
-    for (std::size_t i = 0; i < clean.weights.size(); ++i) {
-      EXPECT_EQ(max_relative_difference(clean.first_gradients[i], poisoned.first_gradients[i]), 0.0) << "gradient " << i;
-      EXPECT_EQ(max_relative_difference(clean.weights[i], poisoned.weights[i]), 0.0) << "weight " << i;
-    }
+    testing::expect_same_to_the_bit(run(true), run(false));
   }
 }
 
