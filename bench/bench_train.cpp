@@ -83,7 +83,9 @@ int main(int argc, char** argv) {
                    "with --device cuda: native (bf16 tensors and results) or exact (fp32 results, TF32 tensor cores)")
         ->check(CLI::IsMember({"native", "exact"}));
     std::string precision;
-    app.add_option("--precision", precision, "fp32 or bf16 for the conv and linear layers (default: the model file's)")
+    app.add_option("--precision", precision,
+                   "fp32 or bf16 for the conv and linear layers (default: the model file's; bf16 also keeps the "
+                   "activations that backward reads in bf16, unless the model file says 'activations: fp32')")
         ->check(CLI::IsMember({"fp32", "bf16"}));
     bool profile = false;
     app.add_flag("--profile", profile,

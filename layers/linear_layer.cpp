@@ -32,6 +32,7 @@ class LinearLayer final : public Layer {
 
   bool model_splittable() const override { return true; }
   Precision precision() const override { return geometry_.precision; }
+  bool backward_reads_fp32() const override { return geometry_.precision == Precision::F32; }
 
   void set_model_split(const ModelSplit& split) override {
     if (split == model_split_) return;  // a second executor on the same model

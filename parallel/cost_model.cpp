@@ -693,7 +693,8 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
     }
   }
   // What each backward reads: a leaky ReLU running in place whose one reader, a max pooling that
-  // reads it as produced, does its backward reads nothing, and that pooling its own output.
+  // reads it as produced, does its backward reads nothing, and that pooling its own output. And
+  // which backwards need fp32 values (no bf16 copies of what they read).
   std::vector<bool> backward_fused(n, false);
   tensors.reads_own_output.assign(n, false);
   for (std::size_t r = 0; r < n; ++r) {
@@ -701,13 +702,15 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
     if (inputs.size() != 1 || inputs[0] < 0 || first_input_copied[r] || !graph_.layers[r].fuses_leaky_relu_backward)
       continue;
     const auto j = static_cast<std::size_t>(inputs[0]);
-    if (!tensors.in_place[j] || !graph_.layers[j].leaky_relu) continue;
+    if (!tensors.in_place[j] || !graph_.layers[j].leaky_relu || readers[j] != 1) continue;  // its only reader
     backward_fused[j] = true;
     tensors.reads_own_output[r] = true;
   }
-  for (std::size_t i = 0; i < n; ++i)
+  for (std::size_t i = 0; i < n; ++i) {
     tensors.backward_reads.emplace_back(graph_.layers[i].inputs.size(),
                                         !backward_fused[i] && graph_.layers[i].backward_reads_inputs);
+    tensors.backward_reads_fp32.push_back(graph_.layers[i].backward_reads_fp32);
+  }
   for (std::size_t j = 0; j < n; ++j)
     tensors.released.push_back(readers[j] > 0 && every_consumer_copies[j] && static_cast<int>(j) != graph_.output &&
                                !tensors.reads_own_output[j]);

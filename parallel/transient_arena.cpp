@@ -91,7 +91,8 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
                     graph.input_copy_bytes.size() == n && graph.partial_bytes.size() == n && graph.output >= 0 &&
                     static_cast<std::size_t>(graph.output) < n &&
                     (graph.backward_reads.empty() || graph.backward_reads.size() == n) &&
-                    (graph.reads_own_output.empty() || graph.reads_own_output.size() == n),
+                    (graph.reads_own_output.empty() || graph.reads_own_output.size() == n) &&
+                    (graph.backward_reads_fp32.empty() || graph.backward_reads_fp32.size() == n),
                 "transient_arena: a graph of {} layers with mismatched fields", n);
   // In half-steps (TransientArena): step s is time 2s.
   const int loss = 2 * static_cast<int>(n);
@@ -120,6 +121,7 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
   const auto reads = [&](std::size_t k, std::size_t a) {
     return graph.backward_reads.empty() || graph.backward_reads[k].at(a);
   };
+  const auto needs_fp32 = [&](std::size_t k) { return !graph.backward_reads_fp32.empty() && graph.backward_reads_fp32[k]; };
   // The last time each output is read: the last copy's forward when every reader copies it; else
   // each reader's backward where that reads it as produced, each reader's forward where it does
   // not; its own backward where that reads it; the loss for the loss's input.
@@ -179,27 +181,33 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
   if (stash) {
     constexpr int kNever = std::numeric_limits<int>::max();
     std::vector<int> forward_last(buffers.size(), -1), backward_first(buffers.size(), kNever);
+    std::vector<bool> fp32_read(buffers.size(), false);  // by a backward that needs fp32 values
+    const auto read_in_backward = [&](std::size_t b, std::size_t reader) {
+      backward_first[b] = std::min(backward_first[b], backward(reader));
+      if (needs_fp32(reader)) fp32_read[b] = true;
+    };
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t b = arena.output[i];
       forward_last[b] = std::max(forward_last[b], static_cast<int>(i) == graph.output ? loss : forward(i));
-      if (!graph.reads_own_output.empty() && graph.reads_own_output[i]) backward_first[b] = std::min(backward_first[b], backward(i));
+      if (!graph.reads_own_output.empty() && graph.reads_own_output[i]) read_in_backward(b, i);
       for (std::size_t a = 0; a < graph.inputs[i].size(); ++a) {
         const int j = graph.inputs[i][a];
         if (j < 0) continue;
         const std::size_t source = arena.output[static_cast<std::size_t>(j)];
         if (graph.in_place[i]) {
-          if (reads(i, a)) backward_first[source] = std::min(backward_first[source], backward(i));
+          if (reads(i, a)) read_in_backward(source, i);
           continue;
         }
         forward_last[source] = std::max(forward_last[source], forward(i));
         if (!graph.released[static_cast<std::size_t>(j)] && graph.input_copy_bytes[i][a] == 0 && reads(i, a))
-          backward_first[source] = std::min(backward_first[source], backward(i));
+          read_in_backward(source, i);
       }
     }
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t b = arena.output[i];
       // (two steps apart at least: one layer between, or the loss)
-      if (graph.in_place[i] || backward_first[b] == kNever || backward_first[b] - forward_last[b] < 4) continue;
+      if (graph.in_place[i] || backward_first[b] == kNever || backward_first[b] - forward_last[b] < 4 || fp32_read[b])
+        continue;
       const std::int64_t size = buffers[b].size;
       const int last = buffers[b].last;
       buffers[b].last = forward_last[b];
@@ -225,7 +233,7 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
       const std::int64_t size = graph.input_copy_bytes[k][a];
       const bool graded = size > 0 && graph.inputs[k][a] >= 0;
       const int last = reads(k, a) ? backward(k) : forward(k);
-      const bool stashed = stash && size > 0 && last == backward(k);
+      const bool stashed = stash && size > 0 && last == backward(k) && !needs_fp32(k);
       arena.input_copy[k].push_back(size > 0 ? add(size, forward(k), stashed ? forward(k) : last) : TransientArena::kNone);
       if (stashed) {
         ArenaStash s;

@@ -248,7 +248,8 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   cmd->add_option("--precision", args->precision,
                   "Arithmetic of the conv and linear layers, for the layers that do not name their own: fp32, or bf16 "
                   "(operands rounded to bf16, fp32 sums and results; on GPUs convolutions' results are rounded to "
-                  "bf16 too, see --bf16-convolutions; fp32 master weights and gradient reductions). Default: the "
+                  "bf16 too, see --bf16-convolutions; fp32 master weights and gradient reductions; the activations "
+                  "that backward reads kept in bf16 unless the model file says 'activations: fp32'). Default: the "
                   "model file's 'precision' (fp32 without one)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");

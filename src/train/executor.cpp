@@ -602,6 +602,7 @@ void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
     graph.backward_reads.emplace_back(nodes[i].inputs.size(),
                                       !ex.backward_fused[i] && nodes[i].layer->backward_reads_inputs());
     graph.reads_own_output.push_back(ex.leaky_relu_before[i].has_value());
+    graph.backward_reads_fp32.push_back(nodes[i].layer->backward_reads_fp32());
   }
   ex.arena = transient_arena(graph);
 }

@@ -131,8 +131,9 @@ Model Model::parse_unchecked(const std::string& yaml_text, const std::string& so
       fail_input("model file '{}': 'activations' must be fp32 or bf16, not {}", source, describe(root["activations"]));
     model.activations_ = parse_precision(root["activations"].Scalar(), fmt::format("model file '{}' ('activations')", source));
     if (model.activations_ == Precision::BF16 && model.precision_ != Precision::BF16)
-      fail_input("model file '{}': 'activations: bf16' needs 'precision: bf16' (bf16 copies of what backward reads "
-                 "are exact only where it computes with bf16 operands)", source);
+      fail_input("model file '{}': 'activations: bf16' needs precision bf16, and the model's is fp32{} (bf16 copies "
+                 "of what backward reads are exact only where it computes with bf16 operands)", source,
+                 model_options.precision ? " (--precision fp32 replaces the file's)" : "");
   }
   model.name_ = root["name"] ? root["name"].as<std::string>() : std::string("model");
   if (!root["input"]) fail_input("model file '{}': missing 'input' (e.g. input: {{shape: [1, 28, 28]}})", source);

@@ -28,6 +28,7 @@ PlannerGraph Model::planner_graph(std::int64_t global_batch) const {
     l.leaky_relu = layer.leaky_relu_slope().has_value();
     l.fuses_leaky_relu_backward = layer.fuses_leaky_relu_backward();
     l.backward_reads_inputs = layer.backward_reads_inputs();
+    l.backward_reads_fp32 = layer.backward_reads_fp32();
     l.precision = layer.precision();
     l.signature = name_ + "/" + l.name + (l.precision == Precision::BF16 ? "@bf16" : "");
     for (Parameter* p : layer.parameters()) {

@@ -129,6 +129,14 @@ TEST(Bf16Invariant, ABf16RunIsNotTheFp32Run) {
   EXPECT_LT(relative, 1e-2);
 }
 
+// kCnn with conv2 in fp32 (a layer's own precision wins over the model's).
+const std::string kCnnFp32Conv2 = [] {
+  std::string text = kCnn;
+  const std::string conv2 = "{name: conv2, type: conv, filters: 8, kernel: 3, padding: 1";
+  text.insert(text.find(conv2) + conv2.size(), ", precision: fp32");
+  return text;
+}();
+
 // `precision: bf16` keeps the activations that backward reads in bf16 between forward and
 // backward (Model::activation_precision; the outputs of the layers and the windows and other
 // copies they read): rounded as the bf16 operands round them, so the convolutions' and linear
@@ -150,6 +158,8 @@ TEST(Bf16Activations, KeptInBf16ChangeNothingButMemory) {
       {kCnn, plan_for({"conv1", "act1", "conv2", "act2", "pool"}, h_split), 6},
       {kCnn, plan_for({"conv2", "fc1"}, fmt::format("{{sample: 1, channel: {}}}", ranks())), 6},
       {kCosmoStyle, plan_for({"conv1", "act1", "pool1", "conv2", "act2"}, d_split), 4, adamw(), 1e-3},
+      // conv2 computes in fp32 (its own precision): what it reads stays fp32.
+      {kCnnFp32Conv2, plan_for({"conv1", "act1", "conv2", "act2", "pool"}, h_split), 6},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.plan);
@@ -191,6 +201,15 @@ TEST(Bf16Activations, NeedBf16PrecisionAndAreItsDefault) {
   EXPECT_EQ(Model::parse(fp32, "m").activation_precision(), Precision::F32);
   EXPECT_EQ(Model::parse(std::string(kCnn) + "activations: fp32\n", "m").activation_precision(), Precision::F32);
   EXPECT_THROW(Model::parse(fp32 + "activations: bf16\n", "m"), InputError);
+  // --precision fp32 over a bf16 file that asks for bf16 activations: the message says why.
+  ModelOptions cli;
+  cli.precision = Precision::F32;
+  try {
+    Model::parse(std::string(kCnn) + "activations: bf16\n", "m", cli);
+    ADD_FAILURE() << "accepted bf16 activations in an fp32 model";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--precision fp32"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(Model::parse(std::string(kCnn) + "activations: fp16\n", "m"), InputError);
   EXPECT_THROW(Model::parse(std::string(kCnn) + "activations: [bf16]\n", "m"), InputError);
 }

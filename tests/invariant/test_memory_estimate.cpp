@@ -56,6 +56,21 @@ layers:
 loss: softmax_cross_entropy
 )";
 
+// A leaky ReLU running in place read by max pooling and by a second branch: the pooling cannot
+// do its backward (it is not the only reader), so the ReLU's output lives until its own backward.
+const char* kTwoReaders = R"(
+input: {shape: [2, 16, 16]}
+layers:
+  - {name: conv1, type: conv, filters: 8, kernel: 3, padding: 1}
+  - {name: act1, type: leaky_relu, slope: 0.1}
+  - {name: pool, type: maxpool, kernel: 2}
+  - {name: side, type: avgpool, kernel: 2, inputs: act1}
+  - {name: merged, type: add, inputs: [pool, side]}
+  - {name: flatten, type: flatten}
+  - {name: fc, type: linear, out: 10}
+loss: softmax_cross_entropy
+)";
+
 struct Case {
   std::string model;
   std::string plan;
@@ -111,6 +126,7 @@ TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
       {cosmo, plan_for({"conv2", "act2", "pool2"}, d_split), 2},
       // The narrow branch first: its copy is half the wide one's.
       {kBranches, plan_for({"stem", "wide", "narrow"}, h_split), 4},
+      {kTwoReaders, plan_for({}, ""), 8},
   };
   // Halos overlapped nowhere, everywhere they can be (a convolution then keeps copies of its
   // boundary regions, Layer::workspace_bytes), and as Automatic decides with every rank its own

@@ -277,6 +277,16 @@ TEST(TransientArena, WhatBackwardReadsIsKeptInBf16BetweenForwardAndBackward) {
   EXPECT_EQ(copied.buffers[window->stash].size, 9 * kUnit / 2);
   EXPECT_EQ(copied.buffers[window->to].first, 15);
   EXPECT_EQ(copied.buffers[window->to].last, 16);
+  // A layer whose backward needs fp32 values (a convolution computing in fp32): no bf16 copy of
+  // what it reads.
+  g.backward_reads_fp32 = {false, false, true, false, false};
+  const TransientArena fp32_reader = transient_arena(g);
+  EXPECT_TRUE(std::none_of(fp32_reader.stashes.begin(), fp32_reader.stashes.end(),
+                           [](const ArenaStash& s) { return s.layer == 2 && s.input == 0; }));
+  EXPECT_EQ(fp32_reader.buffers[fp32_reader.input_copy[2][0]].last, 2 * 8);  // fp32 until conv2's backward
+  g.backward_reads_fp32.pop_back();
+  EXPECT_THROW(transient_arena(g), Error);
+  g.backward_reads_fp32.clear();
   // conv1's output, let go after the copy, has no bf16 copy of its own.
   EXPECT_TRUE(std::none_of(copied.stashes.begin(), copied.stashes.end(),
                            [](const ArenaStash& s) { return s.layer == 1 && s.input == TransientArena::kNone; }));

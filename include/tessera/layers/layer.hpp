@@ -176,6 +176,11 @@ class Layer {
   /// concat do not. A layer that says false and reads them anyway computes on dead memory: the
   /// tests fill dead tensors with NaNs (ExecutorOptions::poison_dead_tensors) to catch it.
   virtual bool backward_reads_inputs() const { return true; }
+  /// Whether backward needs its inputs' fp32 values (a convolution or linear layer computing in
+  /// fp32): the executor keeps no bf16 copy of what it reads (Model::activation_precision). Layers
+  /// with bf16 operands round what they read anyway, the activations read signs, batch norm takes
+  /// the rounded input (as under PyTorch's autocast).
+  virtual bool backward_reads_fp32() const { return false; }
   /// Bytes of what the layer keeps from its forward for its backward besides its output, on the
   /// tensors' device (max pooling's positions of the maxima, dropout's scales, a convolution's
   /// region copies when halos overlap its compute); grown as needed, kept between steps.

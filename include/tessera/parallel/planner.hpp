@@ -79,6 +79,8 @@ struct PlannerLayer {
   bool fuses_leaky_relu_backward = false;
   /// Its backward reads the values of its inputs (Layer::backward_reads_inputs).
   bool backward_reads_inputs = true;
+  /// ...and needs them in fp32 (Layer::backward_reads_fp32: no bf16 copies of them).
+  bool backward_reads_fp32 = false;
   /// conv and linear: fp32, or bf16 operands (priced at the machine's bf16_flops, plus the passes
   /// that round the operands).
   Precision precision = Precision::F32;
