@@ -1098,6 +1098,13 @@ std::vector<std::string> Executor::backward_fused_layers(std::int64_t batch_size
   return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.backward_fused[i]; });
 }
 
+std::vector<std::string> Executor::bf16_kept_layers(std::int64_t batch_size) const {
+  return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) {
+    return std::any_of(ex.arena.stashes.begin(), ex.arena.stashes.end(),
+                       [i](const ArenaStash& s) { return static_cast<std::size_t>(s.layer) == i; });
+  });
+}
+
 std::vector<std::string> Executor::backward_overlapped_layers(std::int64_t batch_size) const {
   return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.split_backward[i]; });
 }

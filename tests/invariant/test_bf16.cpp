@@ -129,6 +129,25 @@ TEST(Bf16Invariant, ABf16RunIsNotTheFp32Run) {
   EXPECT_LT(relative, 1e-2);
 }
 
+// Four convolutions at one resolution (with leaky ReLUs in place): every output waits for the next
+// convolution's backward, so the middle of the step holds them all, in bf16 here.
+const char* kDeep = R"(
+precision: bf16
+input: {shape: [2, 10, 10]}
+layers:
+  - {name: conv1, type: conv, filters: 8, kernel: 3, padding: 1}
+  - {name: act1, type: leaky_relu, slope: 0.1}
+  - {name: conv2, type: conv, filters: 8, kernel: 3, padding: 1}
+  - {name: act2, type: leaky_relu, slope: 0.1}
+  - {name: conv3, type: conv, filters: 8, kernel: 3, padding: 1}
+  - {name: act3, type: leaky_relu, slope: 0.1}
+  - {name: conv4, type: conv, filters: 8, kernel: 3, padding: 1}
+  - {name: act4, type: leaky_relu, slope: 0.1}
+  - {name: flatten, type: flatten}
+  - {name: fc, type: linear, out: 10}
+loss: softmax_cross_entropy
+)";
+
 // kCnn with conv2 in fp32 (a layer's own precision wins over the model's).
 const std::string kCnnFp32Conv2 = [] {
   std::string text = kCnn;
@@ -158,8 +177,11 @@ TEST(Bf16Activations, KeptInBf16ChangeNothingButMemory) {
       {kCnn, plan_for({"conv1", "act1", "conv2", "act2", "pool"}, h_split), 6},
       {kCnn, plan_for({"conv2", "fc1"}, fmt::format("{{sample: 1, channel: {}}}", ranks())), 6},
       {kCosmoStyle, plan_for({"conv1", "act1", "pool1", "conv2", "act2"}, d_split), 4, adamw(), 1e-3},
-      // conv2 computes in fp32 (its own precision): what it reads stays fp32.
+      // conv2 computes in fp32 (its own precision): what it reads stays fp32 (its weight gradient
+      // would differ from the fp32-kept run's otherwise).
       {kCnnFp32Conv2, plan_for({"conv1", "act1", "conv2", "act2", "pool"}, h_split), 6},
+      {kDeep, plan_for({}, ""), 8},
+      {kDeep, plan_for({"conv1", "act1", "conv2", "act2", "conv3", "act3", "conv4", "act4"}, h_split), 4},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.plan);
@@ -169,6 +191,12 @@ TEST(Bf16Activations, KeptInBf16ChangeNothingButMemory) {
     const testing::TrainingRun fp32 =
         testing::train(c.model + "activations: fp32\n", plan, world, c.batch, 3, c.optimizer, c.lr);
     testing::expect_same_to_the_bit(bf16, fp32);
+    EXPECT_TRUE(fp32.bf16_kept_layers.empty());
+    // The deep chain keeps its convolutions' outputs in bf16 on every rank count, so the bit
+    // equality above is about something there.
+    if (c.model == kDeep) {
+      EXPECT_FALSE(bf16.bf16_kept_layers.empty());
+    }
     const double most_bf16 = world->allreduce_value(static_cast<double>(bf16.training_activation_bytes), ReduceOp::Max);
     // Never more (transient_arena keeps the copies only where the arena comes out smaller).
     const double most_fp32 = world->allreduce_value(static_cast<double>(fp32.training_activation_bytes), ReduceOp::Max);
@@ -176,6 +204,9 @@ TEST(Bf16Activations, KeptInBf16ChangeNothingButMemory) {
       std::printf("activations per rank at %d ranks: %.0f B kept in bf16, %.0f B in fp32 (%.3f)\n", world->size(),
                   most_bf16, most_fp32, most_bf16 / most_fp32);
     EXPECT_LE(most_bf16, most_fp32);
+    if (bf16.bf16_kept_layers.empty()) {
+      EXPECT_EQ(bf16.training_activation_bytes, fp32.training_activation_bytes);
+    }
     // The planner lays out the same arena.
     const Model model = Model::parse(c.model, "m");
     PlannerOptions options;

@@ -199,6 +199,11 @@ class Executor {
   /// The layers running in place whose backward their reader does, in the same pass (a leaky
   /// ReLU before max pooling whose windows do not overlap), for a batch of `batch_size`.
   std::vector<std::string> backward_fused_layers(std::int64_t batch_size) const;
+  /// The layers whose output, or a copy of whose inputs, a training step keeps in bf16 between
+  /// forward and backward (Model::activation_precision, ArenaStash) for a batch of `batch_size`
+  /// (empty before its first step, for fp32 activations, and where the copies would not make the
+  /// arena smaller).
+  std::vector<std::string> bf16_kept_layers(std::int64_t batch_size) const;
   /// The layers whose input exchange's reverse overlaps their parameter gradients in backward,
   /// for a batch of `batch_size` (empty before its first step): the same on every rank.
   std::vector<std::string> backward_overlapped_layers(std::int64_t batch_size) const;
