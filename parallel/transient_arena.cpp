@@ -122,13 +122,24 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
     return graph.backward_reads.empty() || graph.backward_reads[k].at(a);
   };
   const auto needs_fp32 = [&](std::size_t k) { return !graph.backward_reads_fp32.empty() && graph.backward_reads_fp32[k]; };
-  // The last time each output is read: the last copy's forward when every reader copies it; else
-  // each reader's backward where that reads it as produced, each reader's forward where it does
-  // not; its own backward where that reads it; the loss for the loss's input.
-  std::vector<int> last_read(n);
+  // When each output is read: in forward by its layer and its readers (a copy is made in its
+  // reader's forward; the loss reads the loss's input), in backward by each reader that reads it as
+  // produced and whose backward reads values, and by its own backward where that reads it.
+  constexpr int kNever = std::numeric_limits<int>::max();
+  struct Reads {
+    int forward_last = 0;
+    int backward_first = kNever, backward_last = -1;
+    bool fp32 = false;  ///< by a backward that needs fp32 values (no bf16 copy)
+    void in_backward(int time, bool needs_fp32) {
+      backward_first = std::min(backward_first, time);
+      backward_last = std::max(backward_last, time);
+      fp32 = fp32 || needs_fp32;
+    }
+  };
+  std::vector<Reads> read(n);
   for (std::size_t i = 0; i < n; ++i) {
-    last_read[i] = static_cast<int>(i) == graph.output ? loss : forward(i);
-    if (!graph.reads_own_output.empty() && graph.reads_own_output[i]) last_read[i] = backward(i);
+    read[i].forward_last = static_cast<int>(i) == graph.output ? loss : forward(i);
+    if (!graph.reads_own_output.empty() && graph.reads_own_output[i]) read[i].in_backward(backward(i), needs_fp32(i));
   }
   for (std::size_t k = 0; k < n; ++k) {
     TESSERA_CHECK(graph.backward_reads.empty() || graph.backward_reads[k].size() == graph.inputs[k].size(),
@@ -138,14 +149,15 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
       const int j = graph.inputs[k][a];
       if (j < 0) continue;
       const auto u = static_cast<std::size_t>(j);
-      const bool as_produced = !graph.released[u] && graph.input_copy_bytes[k].at(a) == 0;
-      last_read[u] = std::max(last_read[u], as_produced && reads(k, a) ? backward(k) : forward(k));
+      read[u].forward_last = std::max(read[u].forward_last, forward(k));
+      if (!graph.released[u] && graph.input_copy_bytes[k].at(a) == 0 && reads(k, a))
+        read[u].in_backward(backward(k), needs_fp32(k));
     }
   }
   // Outputs, first layer first: a layer running in place takes its input's buffer.
   arena.output.assign(n, TransientArena::kNone);
   for (std::size_t i = 0; i < n; ++i) {
-    const int last = last_read[i];
+    const int last = std::max(read[i].forward_last, read[i].backward_last);
     if (graph.in_place[i]) {
       const std::size_t b = arena.output[static_cast<std::size_t>(graph.inputs[i][0])];
       arena.output[i] = b;
@@ -173,52 +185,40 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
     }
     if (graph.in_place[i]) arena.output_grad[static_cast<std::size_t>(graph.inputs[i][0])] = b;
   }
-  // bf16 copies of the outputs that backward reads, between the last forward read and the first
-  // backward read of each (shared) buffer: the forward reads are its last layer's readers (and the
-  // loss), the backward reads those readers' where they read it as produced, the in-place layers'
-  // of their input, and a layer's of its own output.
-  const auto half = [](std::int64_t bytes) { return (bytes / 4 + 1) / 2 * 4; };  // bf16 of fp32 bytes
+  // bf16 copies of what backward reads, from the last forward read to just before the first
+  // backward read (two steps apart at least: one layer between, or the loss): `from` ends at
+  // `packed`, the copy spans the gap, `to` lives from the widening to `last`.
+  const auto keep_in_bf16 = [&](std::size_t layer, std::size_t input, std::size_t from, int packed, int widened,
+                                int last) {
+    const std::int64_t size = buffers[from].size;
+    buffers[from].last = packed;
+    ArenaStash s;
+    s.layer = static_cast<int>(layer);
+    s.input = input;
+    s.from = from;
+    s.packed = packed / 2;
+    s.widened = widened / 2;
+    s.stash = add((size / 4 + 1) / 2 * 4, packed, widened - 1);  // bf16 of fp32 bytes
+    s.to = add(size, widened - 1, last);
+    arena.stashes.push_back(s);
+  };
   if (stash) {
-    constexpr int kNever = std::numeric_limits<int>::max();
-    std::vector<int> forward_last(buffers.size(), -1), backward_first(buffers.size(), kNever);
-    std::vector<bool> fp32_read(buffers.size(), false);  // by a backward that needs fp32 values
-    const auto read_in_backward = [&](std::size_t b, std::size_t reader) {
-      backward_first[b] = std::min(backward_first[b], backward(reader));
-      if (needs_fp32(reader)) fp32_read[b] = true;
-    };
+    // An in-place chain's buffer: what its layers' outputs see together.
+    std::vector<Reads> chain(buffers.size());
     for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t b = arena.output[i];
-      forward_last[b] = std::max(forward_last[b], static_cast<int>(i) == graph.output ? loss : forward(i));
-      if (!graph.reads_own_output.empty() && graph.reads_own_output[i]) read_in_backward(b, i);
-      for (std::size_t a = 0; a < graph.inputs[i].size(); ++a) {
-        const int j = graph.inputs[i][a];
-        if (j < 0) continue;
-        const std::size_t source = arena.output[static_cast<std::size_t>(j)];
-        if (graph.in_place[i]) {
-          if (reads(i, a)) read_in_backward(source, i);
-          continue;
-        }
-        forward_last[source] = std::max(forward_last[source], forward(i));
-        if (!graph.released[static_cast<std::size_t>(j)] && graph.input_copy_bytes[i][a] == 0 && reads(i, a))
-          read_in_backward(source, i);
+      Reads& c = chain[arena.output[i]];
+      c.forward_last = std::max(c.forward_last, read[i].forward_last);
+      if (read[i].backward_last >= 0) {
+        c.in_backward(read[i].backward_first, read[i].fp32);
+        c.in_backward(read[i].backward_last, false);
       }
     }
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t b = arena.output[i];
-      // (two steps apart at least: one layer between, or the loss)
-      if (graph.in_place[i] || backward_first[b] == kNever || backward_first[b] - forward_last[b] < 4 || fp32_read[b])
+      if (graph.in_place[i] || chain[b].fp32 || chain[b].backward_first == kNever ||
+          chain[b].backward_first - chain[b].forward_last < 4)
         continue;
-      const std::int64_t size = buffers[b].size;
-      const int last = buffers[b].last;
-      buffers[b].last = forward_last[b];
-      ArenaStash s;
-      s.layer = static_cast<int>(i);
-      s.from = b;
-      s.packed = forward_last[b] / 2;
-      s.widened = backward_first[b] / 2;
-      s.stash = add(half(size), forward_last[b], backward_first[b] - 1);
-      s.to = add(size, backward_first[b] - 1, last);
-      arena.stashes.push_back(s);
+      keep_in_bf16(i, TransientArena::kNone, b, chain[b].forward_last, chain[b].backward_first, buffers[b].last);
     }
   }
   arena.input_copy.resize(n);
@@ -232,20 +232,10 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
     for (std::size_t a = 0; a < graph.inputs[k].size(); ++a) {
       const std::int64_t size = graph.input_copy_bytes[k][a];
       const bool graded = size > 0 && graph.inputs[k][a] >= 0;
-      const int last = reads(k, a) ? backward(k) : forward(k);
-      const bool stashed = stash && size > 0 && last == backward(k) && !needs_fp32(k);
-      arena.input_copy[k].push_back(size > 0 ? add(size, forward(k), stashed ? forward(k) : last) : TransientArena::kNone);
-      if (stashed) {
-        ArenaStash s;
-        s.layer = static_cast<int>(k);
-        s.input = a;
-        s.from = arena.input_copy[k].back();
-        s.packed = static_cast<int>(k);
-        s.widened = static_cast<int>(2 * n - k);
-        s.stash = add(half(size), forward(k), backward(k) - 1);
-        s.to = add(size, backward(k) - 1, backward(k));
-        arena.stashes.push_back(s);
-      }
+      arena.input_copy[k].push_back(size > 0 ? add(size, forward(k), reads(k, a) ? backward(k) : forward(k))
+                                             : TransientArena::kNone);
+      if (stash && size > 0 && reads(k, a) && !needs_fp32(k))
+        keep_in_bf16(k, a, arena.input_copy[k].back(), forward(k), backward(k), backward(k));
       arena.input_copy_grad[k].push_back(graded ? add(size, backward(k), backward(k)) : TransientArena::kNone);
     }
     if (graph.partial_bytes[k] > 0) {

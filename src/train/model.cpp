@@ -119,17 +119,17 @@ Model Model::parse_unchecked(const std::string& yaml_text, const std::string& so
   Model model;
   model.source_ = source;
   std::int64_t weights = 0;  // whole parameter elements of the layers so far
-  if (root["precision"]) {
-    if (!root["precision"].IsScalar())
-      fail_input("model file '{}': 'precision' must be fp32 or bf16, not {}", source, describe(root["precision"]));
-    model.precision_ = parse_precision(root["precision"].Scalar(), fmt::format("model file '{}'", source));
-  }
+  // `precision` and `activations`: fp32 or bf16 (`context` names the key in parse_precision's error).
+  const auto precision_key = [&](const char* key, const std::string& context) {
+    if (!root[key].IsScalar())
+      fail_input("model file '{}': '{}' must be fp32 or bf16, not {}", source, key, describe(root[key]));
+    return parse_precision(root[key].Scalar(), context);
+  };
+  if (root["precision"]) model.precision_ = precision_key("precision", fmt::format("model file '{}'", source));
   if (model_options.precision) model.precision_ = *model_options.precision;
   model.activations_ = model.precision_;
   if (root["activations"]) {
-    if (!root["activations"].IsScalar())
-      fail_input("model file '{}': 'activations' must be fp32 or bf16, not {}", source, describe(root["activations"]));
-    model.activations_ = parse_precision(root["activations"].Scalar(), fmt::format("model file '{}' ('activations')", source));
+    model.activations_ = precision_key("activations", fmt::format("model file '{}' ('activations')", source));
     if (model.activations_ == Precision::BF16 && model.precision_ != Precision::BF16)
       fail_input("model file '{}': 'activations: bf16' needs precision bf16, and the model's is fp32{} (bf16 copies "
                  "of what backward reads are exact only where it computes with bf16 operands)", source,
