@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "src/tensor/box_walk.hpp"
+#include "tensor/box_walk.hpp"
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/tensor/box_ops.hpp"
