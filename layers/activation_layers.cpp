@@ -15,9 +15,11 @@ class LeakyReluLayer final : public Layer {
   bool spatially_splittable() const override { return true; }
   bool filter_splittable() const override { return true; }
   // The output has the input's sign (a slope >= 0), and backward only reads the sign (x > 0).
-  bool runs_in_place() const override { return slope_ >= 0.0f; }
-  std::optional<float> leaky_relu_slope() const override {
-    return runs_in_place() ? std::optional<float>(slope_) : std::nullopt;
+  LayerTraits traits() const override {
+    LayerTraits t;
+    t.runs_in_place = slope_ >= 0.0f;
+    if (t.runs_in_place) t.leaky_relu_slope = slope_;
+    return t;
   }
 
   void set_model_split(const ModelSplit& split) override {

@@ -70,7 +70,14 @@ class ConvolutionLayer final : public Layer {
 
   bool model_splittable() const override { return true; }
   Precision precision() const override { return geometry_.precision; }
-  bool backward_reads_fp32() const override { return geometry_.precision == Precision::F32; }
+  LayerTraits traits() const override {
+    LayerTraits t;
+    t.backward_reads_fp32 = geometry_.precision == Precision::F32;
+    t.fuses_leaky_relu = true;
+    t.computes_output_regions = true;
+    t.splits_backward = true;
+    return t;
+  }
 
   void set_model_split(const ModelSplit& split) override {
     if (split == model_split_) return;  // a second executor on the same model
@@ -146,11 +153,6 @@ class ConvolutionLayer final : public Layer {
     if (bias_ && !adds_bias()) bias_parameter_.grad.zero();  // the bias is channel block 0's
   }
 
-  bool computes_output_regions() const override { return true; }
-  bool fuses_leaky_relu(float slope, DnnBackend& backend) const override {
-    return backend.convolution().fuses_leaky_relu(slope);
-  }
-
   void forward_region(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx,
                       const std::vector<std::int64_t>& begin, const std::vector<std::int64_t>& extent) override {
     const Tensor& input = *inputs[0];
@@ -181,8 +183,6 @@ class ConvolutionLayer final : public Layer {
                                                   bias_ ? bias_parameter_.value.data() : nullptr, region_output_.data());
     copy_spatial_box(region_output_, std::vector<std::int64_t>(begin.size(), 0), output, begin, extent);
   }
-
-  bool splits_backward() const override { return true; }
 
   void backward_inputs(std::span<const Tensor* const> inputs, const Tensor& grad_output,
                        std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {

@@ -19,7 +19,12 @@ class DropoutLayer final : public Layer {
   }
 
   std::string_view type() const override { return "dropout"; }
-  bool backward_reads_inputs() const override { return false; }  // its scales, not its input
+  // Backward reads its scales, not its input.
+  LayerTraits traits() const override {
+    LayerTraits t;
+    t.backward_reads_inputs = false;
+    return t;
+  }
   bool spatially_splittable() const override { return true; }
   bool filter_splittable() const override { return true; }
 

@@ -10,7 +10,12 @@ class FlattenLayer final : public Layer {
   FlattenLayer(const std::string& name, int id) : Layer(name, id) {}
 
   std::string_view type() const override { return "flatten"; }
-  bool backward_reads_inputs() const override { return false; }  // the shape only
+  // Backward reads the shape only.
+  LayerTraits traits() const override {
+    LayerTraits t;
+    t.backward_reads_inputs = false;
+    return t;
+  }
 
   Shape setup(const std::vector<Shape>& inputs) override {
     check_input_count(*this, inputs, 1);

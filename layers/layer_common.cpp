@@ -195,15 +195,15 @@ void Layer::set_model_split(const ModelSplit& split) {
 
 void Layer::forward_region(std::span<const Tensor* const>, Tensor&, LayerContext&, const std::vector<std::int64_t>&,
                            const std::vector<std::int64_t>&) {
-  fail("{} cannot compute part of its output tile (executor bug: computes_output_regions() is false)", describe(*this));
+  fail("{} cannot compute part of its output tile (executor bug: its traits do not compute output regions)", describe(*this));
 }
 
 void Layer::backward_inputs(std::span<const Tensor* const>, const Tensor&, std::span<Tensor* const>, LayerContext&) {
-  fail("{} has no separate input-gradient pass (executor bug: splits_backward() is false)", describe(*this));
+  fail("{} has no separate input-gradient pass (executor bug: its traits do not split backward)", describe(*this));
 }
 
 void Layer::backward_parameters(std::span<const Tensor* const>, const Tensor&, LayerContext&) {
-  fail("{} has no separate parameter-gradient pass (executor bug: splits_backward() is false)", describe(*this));
+  fail("{} has no separate parameter-gradient pass (executor bug: its traits do not split backward)", describe(*this));
 }
 
 void copy_spatial_box(const Tensor& source, const std::vector<std::int64_t>& source_begin,

@@ -32,7 +32,11 @@ class LinearLayer final : public Layer {
 
   bool model_splittable() const override { return true; }
   Precision precision() const override { return geometry_.precision; }
-  bool backward_reads_fp32() const override { return geometry_.precision == Precision::F32; }
+  LayerTraits traits() const override {
+    LayerTraits t;
+    t.backward_reads_fp32 = geometry_.precision == Precision::F32;
+    return t;
+  }
 
   void set_model_split(const ModelSplit& split) override {
     if (split == model_split_) return;  // a second executor on the same model

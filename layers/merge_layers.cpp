@@ -9,7 +9,12 @@ class AddLayer final : public Layer {
   AddLayer(const std::string& name, int id) : Layer(name, id) {}
 
   std::string_view type() const override { return "add"; }
-  bool backward_reads_inputs() const override { return false; }
+  // Backward reads the shapes only.
+  LayerTraits traits() const override {
+    LayerTraits t;
+    t.backward_reads_inputs = false;
+    return t;
+  }
   bool spatially_splittable() const override { return true; }
   int arity() const override { return -1; }
 
@@ -53,7 +58,12 @@ class ConcatLayer final : public Layer {
   ConcatLayer(const std::string& name, int id) : Layer(name, id) {}
 
   std::string_view type() const override { return "concat"; }
-  bool backward_reads_inputs() const override { return false; }  // the shapes only
+  // Backward reads the shapes only.
+  LayerTraits traits() const override {
+    LayerTraits t;
+    t.backward_reads_inputs = false;
+    return t;
+  }
   bool spatially_splittable() const override { return true; }
   int arity() const override { return -1; }
 

@@ -21,13 +21,18 @@ class PoolingLayer final : public Layer {
 
   std::string_view type() const override { return mode_ == PoolingMode::Max ? "maxpool" : "avgpool"; }
   bool spatially_splittable() const override { return true; }
+  bool filter_splittable() const override { return true; }
   // Backward reads the maxima's positions (max) or nothing (average) and, through a leaky ReLU,
   // the output: never the input's values.
-  bool backward_reads_inputs() const override { return false; }
-  bool filter_splittable() const override { return true; }
+  LayerTraits traits() const override {
+    LayerTraits t;
+    t.backward_reads_inputs = false;
+    t.fuses_leaky_relu_backward = windows_apart();
+    return t;
+  }
   // Max pooling whose windows do not overlap (after setup: per dimension): each input takes one
   // output's gradient at most, so the product is the two passes' to the bit.
-  bool fuses_leaky_relu_backward() const override {
+  bool windows_apart() const {
     if (mode_ != PoolingMode::Max || geometry_.kernel.empty()) return false;
     for (std::size_t d = 0; d < geometry_.kernel.size(); ++d)
       if (geometry_.stride[d] < geometry_.kernel[d]) return false;
@@ -109,7 +114,7 @@ class PoolingLayer final : public Layer {
     grad_inputs[0]->resize(input.shape(), input.device());
     if (call_.batch == 0) return;
     if (ctx.leaky_relu_before) {
-      TESSERA_CHECK(fuses_leaky_relu_backward(), "{}: a leaky ReLU's backward fused into pooling whose windows "
+      TESSERA_CHECK(windows_apart(), "{}: a leaky ReLU's backward fused into pooling whose windows "
                     "overlap (executor bug)", describe(*this));
       TESSERA_CHECK(output.shape() == grad_output.shape(), "{}: backward through a leaky ReLU needs the output "
                     "(executor bug)", describe(*this));

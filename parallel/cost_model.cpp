@@ -90,14 +90,13 @@ CostModel::CostModel(const PlannerGraph& graph, const Machine& machine, PlannerO
   if (options_.ranks > capacity)
     fail_input("machine '{}' has {} nodes x {} ranks per node = {} ranks; cannot plan for {}", machine_.name,
                machine_.nodes, machine_.ranks_per_node, capacity, options_.ranks);
-  std::vector<int> readers(graph_.layers.size(), 0);
-  for (const PlannerLayer& layer : graph_.layers)
-    for (int j : layer.inputs)
-      if (j >= 0) ++readers.at(static_cast<std::size_t>(j));
-  for (const PlannerLayer& layer : graph_.layers)
-    may_run_in_place_.push_back(layer.in_place && layer.inputs.size() == 1 && layer.inputs[0] >= 0 &&
-                                readers[static_cast<std::size_t>(layer.inputs[0])] == 1 &&
-                                layer.inputs[0] != graph_.output);
+  std::vector<std::vector<int>> inputs;
+  std::vector<LayerTraits> traits;
+  for (const PlannerLayer& layer : graph_.layers) {
+    inputs.push_back(layer.inputs);
+    traits.push_back(layer.traits);
+  }
+  may_run_in_place_ = in_place_candidates(inputs, traits, graph_.output);
 }
 
 Workload CostModel::workload(int layer, const LayerSplit& split) const {
@@ -640,81 +639,37 @@ double CostModel::input_copy_bytes(int consumer, std::size_t input, const LayerE
 }
 
 double CostModel::activation_bytes(const PlanEstimate& estimate) const {
-  // As the executor holds them: a step's tensors in one arena laid out by their lifetimes, as the
-  // executor lays it out (transient_arena.hpp): every layer's output (shared by a layer that
-  // runs in place: the only reader of its input, read as produced, Executor::in_place_layers),
-  // let go after the last copy where every reader copies it (a window with halos, a
-  // redistribution to another split, a gather of channels); those copies; channel-split layers'
-  // partial sums; every gradient. An output lives until the last backward that reads its values
-  // (Layer::backward_reads_inputs; a leaky ReLU whose backward max pooling does, Executor::
-  // backward_fused_layers, reads none, and that pooling reads its own output). Beside it, the
-  // layers' own buffers (max pooling's maxima, dropout's scales, a convolution's boundary regions
-  // when its halos overlap its forward).
+  // As the executor holds them: the step plan of this plan's largest tiles (step_plan.hpp), whose
+  // arena holds every output, copy, partial sum and gradient by lifetime; beside it, the layers'
+  // own buffers (max pooling's maxima, dropout's scales, a convolution's boundary regions when its
+  // halos overlap its forward).
   const std::size_t n = estimate.layers.size();
-  std::vector<bool> every_consumer_copies(n, true), first_input_copied(n, false);
-  std::vector<int> readers(n, 0);
   const auto whole = [](double bytes) { return static_cast<std::int64_t>(std::llround(bytes)); };
-  TransientGraph tensors;
-  tensors.output = graph_.output;
-  tensors.bf16_stash = graph_.bf16_activations;
+  const auto held = [&](int j) { return j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split; };
+  StepGraph step;
+  step.output = graph_.output;
+  step.bf16_activations = graph_.bf16_activations;
   double bytes = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    const LayerEstimate& l = estimate.layers[i];
-    tensors.inputs.push_back(graph_.layers[i].inputs);
-    tensors.input_copy_bytes.emplace_back();
-    bool in_place = false;
-    for (std::size_t a = 0; a < graph_.layers[i].inputs.size(); ++a) {
-      const int j = graph_.layers[i].inputs[a];
-      const bool copied =
-          copies_input(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
-                       static_cast<int>(i), l.split, l);
-      in_place = may_run_in_place(static_cast<int>(i)) && !copied;
-      if (a == 0) first_input_copied[i] = copied;
-      tensors.input_copy_bytes.back().push_back(copied ? whole(input_copy_bytes(static_cast<int>(i), a, l)) : 0);
-      if (j >= 0) {
-        const auto u = static_cast<std::size_t>(j);
-        ++readers[u];
-        every_consumer_copies[u] = every_consumer_copies[u] && copied;
-      }
+    const LayerEstimate& e = estimate.layers[i];
+    const PlannerLayer& layer = graph_.layers[i];
+    StepLayer& l = step.layers.emplace_back();
+    l.inputs = layer.inputs;
+    l.traits = layer.traits;
+    for (std::size_t a = 0; a < layer.inputs.size(); ++a) {
+      const int j = layer.inputs[a];
+      const bool copied = copies_input(j, held(j), static_cast<int>(i), e.split, e);
+      l.copies_input.push_back(copied);
+      l.input_copy_bytes.push_back(copied ? whole(input_copy_bytes(static_cast<int>(i), a, e)) : 0);
     }
-    tensors.in_place.push_back(in_place);
-    tensors.output_bytes.push_back(whole(l.output_bytes));
-    tensors.partial_bytes.push_back(whole(l.partial_bytes));
-    // What the layer keeps for its backward besides its output: max pooling the position of each
-    // output's maximum (4 bytes), dropout its scales (its output's size), a convolution whose
-    // halos overlap its forward its boundary regions' copies.
-    const std::string& type = graph_.layers[i].type;
-    if (type == "maxpool" || type == "dropout") bytes += l.output_bytes;
-    const auto& inputs = graph_.layers[i].inputs;
-    if (inputs.size() == 1) {
-      const int j = inputs[0];
-      bytes += overlap_region_bytes(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
-                                    static_cast<int>(i), l.split);
-    }
+    l.output_bytes = whole(e.output_bytes);
+    l.partial_bytes = whole(e.partial_bytes);
+    l.channel_split = layer.model_splittable && e.split.channel > 1;
+    if (layer.type == "maxpool" || layer.type == "dropout") bytes += e.output_bytes;
+    if (layer.inputs.size() == 1)
+      bytes += overlap_region_bytes(layer.inputs[0], held(layer.inputs[0]), static_cast<int>(i), e.split);
   }
-  // What each backward reads: a leaky ReLU running in place whose one reader, a max pooling that
-  // reads it as produced, does its backward reads nothing, and that pooling its own output. And
-  // which backwards need fp32 values (no bf16 copies of what they read).
-  std::vector<bool> backward_fused(n, false);
-  tensors.reads_own_output.assign(n, false);
-  for (std::size_t r = 0; r < n; ++r) {
-    const auto& inputs = graph_.layers[r].inputs;
-    if (inputs.size() != 1 || inputs[0] < 0 || first_input_copied[r] || !graph_.layers[r].fuses_leaky_relu_backward)
-      continue;
-    const auto j = static_cast<std::size_t>(inputs[0]);
-    if (!tensors.in_place[j] || !graph_.layers[j].leaky_relu || readers[j] != 1) continue;  // its only reader
-    backward_fused[j] = true;
-    tensors.reads_own_output[r] = true;
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    tensors.backward_reads.emplace_back(graph_.layers[i].inputs.size(),
-                                        !backward_fused[i] && graph_.layers[i].backward_reads_inputs);
-    tensors.backward_reads_fp32.push_back(graph_.layers[i].backward_reads_fp32);
-  }
-  for (std::size_t j = 0; j < n; ++j)
-    tensors.released.push_back(readers[j] > 0 && every_consumer_copies[j] && static_cast<int>(j) != graph_.output &&
-                               !tensors.reads_own_output[j]);
-  return bytes + static_cast<double>(transient_arena(tensors).layout.size);
+  return bytes + static_cast<double>(plan_step(step, StepOptions{}).arena.layout.size);
 }
 
 void CostModel::finish(PlanEstimate& estimate) const {

@@ -24,7 +24,6 @@ using Clock = std::chrono::steady_clock;
 // Axes of every layer's processor grid (row-major: W varies fastest, samples slowest).
 constexpr int kSampleAxis = 0, kFilterAxis = 1, kChannelAxis = 2, kFirstSpatialAxis = 3;
 constexpr const char* kSpatialNames[3] = {"D", "H", "W"};
-constexpr std::size_t kKeep = static_cast<std::size_t>(-1);
 /// A node index no layer has: evaluation's forward is not profiled.
 constexpr std::size_t kNotProfiled = static_cast<std::size_t>(-1);
 
@@ -451,7 +450,7 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
     const TileExchange* exchange = nodes[i].inputs.size() == 1 ? ex.inputs[i][0].get() : nullptr;
     const int producer = nodes[i].inputs.empty() ? Model::kModelInput : nodes[i].inputs[0];
     if (!exchange || !overlaps(*exchange) || !placement_[i].tiled ||
-        placement_[i].split.channel > 1 || !nodes[i].layer->computes_output_regions() ||
+        placement_[i].split.channel > 1 || !nodes[i].layer->traits().computes_output_regions ||
         exchange->transport() != TileExchange::Transport::PointToPoint ||
         (producer != Model::kModelInput && !(placement_[static_cast<std::size_t>(producer)].split == placement_[i].split)))
       continue;
@@ -491,58 +490,6 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
   }
   ex.split_backward.resize(nodes.size());
   for (std::size_t i = 0; i < nodes.size(); ++i) ex.split_backward[i] = split_backward(ex, i);
-  // Outputs read only through exchanges are released after their last consumer's exchange.
-  const auto output = static_cast<std::size_t>(model_.output_node());
-  ex.release.assign(nodes.size(), kKeep);
-  std::vector<bool> copied_by_all(nodes.size(), true);
-  for (std::size_t i = 0; i < nodes.size(); ++i)
-    for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
-      const int j = nodes[i].inputs[a];
-      if (j == Model::kModelInput) continue;
-      const auto uj = static_cast<std::size_t>(j);
-      copied_by_all[uj] = copied_by_all[uj] && ex.inputs[i][a] != nullptr;
-      ex.release[uj] = i;  // the last consumer (consumers come later in the list)
-    }
-  for (std::size_t j = 0; j < nodes.size(); ++j)
-    if (!copied_by_all[j] || j == output) ex.release[j] = kKeep;
-  // Layers that run in place: the only reader of their input, which they read as produced.
-  std::vector<int> readers(nodes.size(), 0);
-  for (const auto& node : nodes)
-    for (int j : node.inputs)
-      if (j != Model::kModelInput) ++readers[static_cast<std::size_t>(j)];
-  ex.in_place.assign(nodes.size(), false);
-  for (std::size_t i = 0; i < nodes.size(); ++i) {
-    if (!options_.in_place || !nodes[i].layer->runs_in_place() || nodes[i].inputs.size() != 1 || ex.inputs[i][0] ||
-        ex.reduce[i])
-      continue;
-    const int j = nodes[i].inputs[0];
-    ex.in_place[i] = j != Model::kModelInput && readers[static_cast<std::size_t>(j)] == 1 && static_cast<std::size_t>(j) != output;
-  }
-  // Of those, the leaky ReLUs whose producer applies them in its own forward.
-  ex.fused.assign(nodes.size(), false);
-  ex.leaky_relu_after.assign(nodes.size(), std::nullopt);
-  for (std::size_t i = 0; i < nodes.size(); ++i) {
-    if (!options_.fuse || !ex.in_place[i]) continue;
-    const auto j = static_cast<std::size_t>(nodes[i].inputs[0]);
-    const std::optional<float> slope = nodes[i].layer->leaky_relu_slope();
-    if (!slope || !nodes[j].layer->fuses_leaky_relu(*slope, *backend_) || ex.reduce[j]) continue;
-    ex.fused[i] = true;
-    ex.leaky_relu_after[j] = slope;
-  }
-  // And those whose one reader does their backward.
-  ex.backward_fused.assign(nodes.size(), false);
-  ex.leaky_relu_before.assign(nodes.size(), std::nullopt);
-  for (std::size_t r = 0; r < nodes.size(); ++r) {
-    if (!options_.fuse || nodes[r].inputs.size() != 1 || nodes[r].inputs[0] == Model::kModelInput ||
-        ex.inputs[r][0] || !nodes[r].layer->fuses_leaky_relu_backward())
-      continue;
-    const auto i = static_cast<std::size_t>(nodes[r].inputs[0]);
-    const std::optional<float> slope = nodes[i].layer->leaky_relu_slope();
-    if (!ex.in_place[i] || !slope || readers[i] != 1) continue;
-    ex.backward_fused[i] = true;
-    ex.leaky_relu_before[r] = slope;
-    ex.release[r] = kKeep;  // its backward reads its output (the maxima)
-  }
   // Targets: read with the input layer's samples, needed with the output layer's.
   const auto out = static_cast<std::size_t>(model_.output_node());
   Shape target_shape = targets.shape().with(0, batch);
@@ -577,38 +524,38 @@ void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
     for (std::int64_t e : extent) elements *= e;
     return elements * static_cast<std::int64_t>(sizeof(float));
   };
-  TransientGraph graph;
+  StepGraph graph;
   graph.output = model_.output_node();
-  graph.in_place = ex.in_place;
-  graph.bf16_stash = model_.activation_precision() == Precision::BF16;
+  graph.bf16_activations = model_.activation_precision() == Precision::BF16;
   ex.output_extent.resize(n);
   ex.partial_extent.assign(n, {});
   ex.copy_extent.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
-    graph.inputs.push_back(nodes[i].inputs);
+    StepLayer& l = graph.layers.emplace_back();
+    l.inputs = nodes[i].inputs;
+    l.traits = nodes[i].layer->traits();
     ex.output_extent[i] = output_box(i, me, batch).extent;
-    graph.output_bytes.push_back(bytes(ex.output_extent[i]));
-    graph.released.push_back(ex.release[i] != kKeep);
+    l.output_bytes = bytes(ex.output_extent[i]);
     ex.copy_extent[i].assign(nodes[i].inputs.size(), {});
-    graph.input_copy_bytes.emplace_back();
     for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
       const TileExchange* exchange = ex.inputs[i][a].get();
       if (exchange) ex.copy_extent[i][a] = exchange->needed_box().extent;
-      graph.input_copy_bytes.back().push_back(exchange ? bytes(ex.copy_extent[i][a]) : 0);
+      l.copies_input.push_back(exchange != nullptr);
+      l.input_copy_bytes.push_back(exchange ? bytes(ex.copy_extent[i][a]) : 0);
     }
-    if (ex.reduce[i]) ex.partial_extent[i] = partial_box(i, me, batch).extent;
-    graph.partial_bytes.push_back(ex.reduce[i] ? bytes(ex.partial_extent[i]) : 0);
-    // What backward reads: a layer whose reader does its backward reads nothing.
-    graph.backward_reads.emplace_back(nodes[i].inputs.size(),
-                                      !ex.backward_fused[i] && nodes[i].layer->backward_reads_inputs());
-    graph.reads_own_output.push_back(ex.leaky_relu_before[i].has_value());
-    graph.backward_reads_fp32.push_back(nodes[i].layer->backward_reads_fp32());
+    l.channel_split = ex.reduce[i] != nullptr;
+    if (l.channel_split) ex.partial_extent[i] = partial_box(i, me, batch).extent;
+    l.partial_bytes = l.channel_split ? bytes(ex.partial_extent[i]) : 0;
   }
-  ex.arena = transient_arena(graph);
+  StepOptions options;
+  options.in_place = options_.in_place;
+  options.fuse = options_.fuse;
+  options.fuses_zero_slope = backend_->convolution().fuses_leaky_relu(0.0f);
+  ex.step = plan_step(graph, options);
 }
 
 void Executor::place_transients(const Exchanges& ex, bool grow) {
-  const TransientArena& arena = ex.arena;
+  const TransientArena& arena = ex.step.arena;
   const std::int64_t floats = arena.layout.size / static_cast<std::int64_t>(sizeof(float));
   const bool fits = arena_.defined() && arena_.numel() >= floats;
   const auto drop_forward_tensors = [&] {
@@ -657,7 +604,7 @@ Tensor Executor::arena_view(const TransientArena& arena, std::size_t buffer, con
 }
 
 void Executor::begin_time(const Exchanges& ex, int time) {
-  const TransientArena& arena = ex.arena;
+  const TransientArena& arena = ex.step.arena;
   constexpr auto kFloat = static_cast<std::int64_t>(sizeof(float));
   const auto stash_of = [&](const ArenaStash& s) {
     return reinterpret_cast<std::uint16_t*>(arena_.data() + arena.offset(s.stash) / kFloat);
@@ -708,7 +655,7 @@ bool Executor::overlaps(const TileExchange& exchange) const {
 TileExchange* Executor::split_backward(const Exchanges& ex, std::size_t node) const {
   const auto& n = model_.nodes()[node];
   if (options_.halo_overlap == HaloOverlap::Never || n.inputs.size() != 1 || n.inputs[0] == Model::kModelInput ||
-      ex.reduce[node] || !n.layer->splits_backward())
+      ex.reduce[node] || !n.layer->traits().splits_backward)
     return nullptr;
   TileExchange* exchange = ex.inputs[node][0].get();
   return exchange && exchange->transport() == TileExchange::Transport::PointToPoint && ex.overlapping[node] ? exchange
@@ -790,13 +737,13 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
     // reads the copies): release it, so a split layer holds its tile once, not twice.
     for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
       const int j = nodes[i].inputs[a];
-      if (j != Model::kModelInput && ex.release[static_cast<std::size_t>(j)] == i) outputs_[static_cast<std::size_t>(j)] = Tensor();
+      if (j != Model::kModelInput && ex.step.release_after[static_cast<std::size_t>(j)] == static_cast<int>(i)) outputs_[static_cast<std::size_t>(j)] = Tensor();
     }
     // Its output is its input, overwritten (Layer::runs_in_place; in the arena, the same view).
-    if (ex.in_place[i]) outputs_[i] = outputs_[static_cast<std::size_t>(nodes[i].inputs[0])];
-    if (ex.fused[i]) continue;  // its producer computed its output
+    if (ex.step.in_place[i]) outputs_[i] = outputs_[static_cast<std::size_t>(nodes[i].inputs[0])];
+    if (ex.step.fused[i]) continue;  // its producer computed its output
     LayerContext ctx = context(i, batch_size, step, training);
-    ctx.leaky_relu_after = ex.leaky_relu_after[i];
+    ctx.leaky_relu_after = ex.step.leaky_relu_after[i];
     if (TileExchange* reduce = ex.reduce[i].get()) {
       // A partial sum over this rank's input channels: summed over the channel group into the
       // output tiles (backward never reads a layer's output, so the partial sum goes).
@@ -923,13 +870,13 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
       }
     }
     if (!has_grad[k]) fail("Executor: layer '{}' got no gradient", node.layer->name());
-    if (ex.backward_fused[k]) {
+    if (ex.step.backward_fused[k]) {
       // Its reader applied its factor: the output gradient is its input gradient (in place).
       has_grad[static_cast<std::size_t>(node.inputs[0])] = true;
       continue;
     }
     LayerContext ctx = context(k, batch_size, step, /*training=*/true);
-    ctx.leaky_relu_before = ex.leaky_relu_before[k];
+    ctx.leaky_relu_before = ex.step.leaky_relu_before[k];
     if (TileExchange* reduce = ex.reduce[k].get()) {
       // The gradient of a partial sum is the output gradient over the whole partial box.
       const auto start = Clock::now();
@@ -1087,20 +1034,20 @@ std::vector<std::string> Executor::layers_where(std::int64_t batch_size,
 }
 
 std::vector<std::string> Executor::in_place_layers(std::int64_t batch_size) const {
-  return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.in_place[i]; });
+  return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.step.in_place[i]; });
 }
 
 std::vector<std::string> Executor::fused_layers(std::int64_t batch_size) const {
-  return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.fused[i]; });
+  return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.step.fused[i]; });
 }
 
 std::vector<std::string> Executor::backward_fused_layers(std::int64_t batch_size) const {
-  return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.backward_fused[i]; });
+  return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.step.backward_fused[i]; });
 }
 
 std::vector<std::string> Executor::bf16_kept_layers(std::int64_t batch_size) const {
   return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) {
-    return std::any_of(ex.arena.stashes.begin(), ex.arena.stashes.end(),
+    return std::any_of(ex.step.arena.stashes.begin(), ex.step.arena.stashes.end(),
                        [i](const ArenaStash& s) { return static_cast<std::size_t>(s.layer) == i; });
   });
 }

@@ -24,11 +24,7 @@ PlannerGraph Model::planner_graph(std::int64_t global_batch) const {
     l.model_splittable = info[i].model_splittable;
     l.filter_splittable = info[i].filter_splittable;
     l.batch_norm = l.type == "batchnorm";
-    l.in_place = layer.runs_in_place();
-    l.leaky_relu = layer.leaky_relu_slope().has_value();
-    l.fuses_leaky_relu_backward = layer.fuses_leaky_relu_backward();
-    l.backward_reads_inputs = layer.backward_reads_inputs();
-    l.backward_reads_fp32 = layer.backward_reads_fp32();
+    l.traits = layer.traits();
     l.precision = layer.precision();
     l.signature = name_ + "/" + l.name + (l.precision == Precision::BF16 ? "@bf16" : "");
     for (Parameter* p : layer.parameters()) {

@@ -239,7 +239,7 @@ TEST(GpuLayers, NansGoThroughLeakyRelusAsOnTheHost) {
         gpu_conv->forward(gin, gconv_out, gpu_ctx);
         const Tensor* gact_in[] = {&gconv_out};
         act->forward(gact_in, gy, gpu_ctx);
-        ASSERT_TRUE(gpu_conv->fuses_leaky_relu(slope, *gpu_backend));
+        ASSERT_TRUE(gpu_conv->traits().fuses_leaky_relu && gpu_backend->convolution().fuses_leaky_relu(slope));
         gpu_ctx.leaky_relu_after = slope;
         gpu_conv->forward(gin, gfused, gpu_ctx);
         const Tensor layer = gy.to(Device::host()), fused = gfused.to(Device::host());

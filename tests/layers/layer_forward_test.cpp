@@ -129,8 +129,8 @@ TEST(LayerForward, FusedAndInPlaceLeakyReluEqualTheLayerApart) {
             auto act = make_layer("leaky_relu", {{"slope", {fmt::format("{}", slope)}}}, 4);
             const Shape out_shape = conv->setup({shape});
             act->setup({out_shape});
-            ASSERT_TRUE(act->runs_in_place());
-            ASSERT_EQ(act->leaky_relu_slope(), slope);
+            ASSERT_TRUE(act->traits().runs_in_place);
+            ASSERT_EQ(act->traits().leaky_relu_slope, slope);
             conv->init_parameters(1);
             if (conv->parameters().size() > 1) conv->parameters()[1]->value.copy_from(random_tensor(Shape{16}, 41));
             Tensor input = random_tensor(shape, 40);
@@ -143,7 +143,7 @@ TEST(LayerForward, FusedAndInPlaceLeakyReluEqualTheLayerApart) {
             const Tensor* act_in[] = {&conv_out};
             act->forward(act_in, apart, ctx);
             // oneDNN's relu post-op turns NaNs into 0: only leaky ReLUs with a slope fuse here.
-            const bool fuses = conv->fuses_leaky_relu(slope, *backend);
+            const bool fuses = conv->traits().fuses_leaky_relu && backend->convolution().fuses_leaky_relu(slope);
             EXPECT_EQ(fuses, slope > 0.0f);
             if (fuses) {
               ctx.leaky_relu_after = slope;
@@ -183,9 +183,9 @@ TEST(LayerForward, FusedAndInPlaceLeakyReluEqualTheLayerApart) {
             }
           }
   }
-  EXPECT_FALSE(make_layer("leaky_relu", {{"slope", {"-0.5"}}})->runs_in_place()) << "its output's sign is not its input's";
-  EXPECT_FALSE(make_layer("leaky_relu", {{"slope", {"-0.5"}}})->leaky_relu_slope());
-  EXPECT_FALSE(make_layer("conv", {{"filters", {"2"}}, {"kernel", {"1"}}})->runs_in_place());
+  EXPECT_FALSE(make_layer("leaky_relu", {{"slope", {"-0.5"}}})->traits().runs_in_place) << "its output's sign is not its input's";
+  EXPECT_FALSE(make_layer("leaky_relu", {{"slope", {"-0.5"}}})->traits().leaky_relu_slope);
+  EXPECT_FALSE(make_layer("conv", {{"filters", {"2"}}, {"kernel", {"1"}}})->traits().runs_in_place);
 }
 
 // Max pooling whose windows do not overlap, doing the backward of the leaky ReLU before it
@@ -201,7 +201,7 @@ TEST(LayerForward, MaxPoolingThroughALeakyReluEqualsTheTwoBackwardPasses) {
       auto pool = make_layer("maxpool", {{"kernel", {"2"}}}, 4);
       act->setup({shape});
       const Shape pooled = pool->setup({shape});
-      ASSERT_TRUE(pool->fuses_leaky_relu_backward());
+      ASSERT_TRUE(pool->traits().fuses_leaky_relu_backward);
       Tensor x = random_tensor(shape, 50);
       for (std::int64_t i = 0; i < x.numel(); ++i) x.data()[i] -= 0.6f;  // windows with no positive value too
       const Tensor dy = random_tensor(pooled, 51);
@@ -233,7 +233,7 @@ TEST(LayerForward, MaxPoolingThroughALeakyReluEqualsTheTwoBackwardPasses) {
   const auto fuses = [](const std::string& type, const OptionList& options) {
     auto layer = make_layer(type, options);
     layer->setup({Shape::image(1, 2, {9, 9, 9})});
-    return layer->fuses_leaky_relu_backward();
+    return layer->traits().fuses_leaky_relu_backward;
   };
   EXPECT_TRUE(fuses("maxpool", {{"kernel", {"2", "2", "3"}}, {"stride", {"2", "3", "3"}}}));
   EXPECT_FALSE(fuses("maxpool", {{"kernel", {"3"}}, {"stride", {"2"}}}));

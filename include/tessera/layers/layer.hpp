@@ -14,6 +14,7 @@
 
 #include "tessera/core/precision.hpp"
 #include "tessera/layers/options.hpp"
+#include "tessera/parallel/step_plan.hpp"
 #include "tessera/tensor/distribution.hpp"
 #include "tessera/tensor/shape.hpp"
 #include "tessera/tensor/tensor.hpp"
@@ -55,15 +56,12 @@ struct LayerContext {
   /// Optimizer step (keys dropout masks together with the layer id and the global element index).
   std::int64_t step = 0;
   bool training = true;
-  /// Set on a layer that fuses_leaky_relu when its only reader is a relu/leaky_relu running in
-  /// place over its output (Executor::fused_layers): the forward applies that layer's leaky ReLU
-  /// (this slope; relu: 0) to its output in the same pass, and the reader's forward is skipped.
+  /// The leaky ReLU (this slope; relu: 0) forward applies to its output in the same pass, for
+  /// the reader running in place whose forward is then skipped (StepPlan::leaky_relu_after).
   std::optional<float> leaky_relu_after;
-  /// Set on a layer that fuses_leaky_relu_backward when its one input is a relu/leaky_relu
-  /// running in place that it alone reads, as produced (no exchange; Executor::
-  /// backward_fused_layers): backward multiplies
-  /// its input gradient by that layer's factor (1 where the input > 0, else this slope), and that
-  /// layer's backward is skipped.
+  /// The leaky ReLU running in place before it whose backward this backward does: the input
+  /// gradient times that layer's factor (1 where the input > 0, else this slope); that layer's
+  /// backward is then skipped (StepPlan::leaky_relu_before).
   std::optional<float> leaky_relu_before;
 };
 
@@ -152,35 +150,11 @@ class Layer {
 
   /// Non-trainable state that evaluation and checkpoints need (batch-norm running statistics).
   virtual std::vector<Tensor*> buffers() { return {}; }
-  /// Whether the layer can run in place: forward may write its output over its input (the same
-  /// tensor passed as both), and backward, given that tensor (its output) where it would read its
-  /// input, writes the same input gradient, possibly over its output gradient (the same tensor
-  /// passed as both). The executor runs a layer so where its one input is another layer's output
-  /// that it alone reads, read as produced (no exchange), and not the loss's (Executor::
-  /// in_place_layers): relu and leaky_relu with a slope >= 0, whose output has the sign of its
-  /// input. Saves a copy of the activation and of its gradient.
-  virtual bool runs_in_place() const { return false; }
-  /// A layer that runs in place and computes a leaky ReLU (relu: slope 0): its slope, which a
-  /// producer that fuses_leaky_relu can apply instead; else none.
-  virtual std::optional<float> leaky_relu_slope() const { return std::nullopt; }
-  /// Whether forward can apply a leaky ReLU of this slope to its output on `backend`
-  /// (LayerContext::leaky_relu_after: convolution, where the backend's kernels do it exactly).
-  virtual bool fuses_leaky_relu(float /*slope*/, DnnBackend& /*backend*/) const { return false; }
-  /// Whether backward applies LayerContext::leaky_relu_before (max pooling whose windows do not
-  /// overlap: the leaky ReLU's factor times each input's one gradient).
-  virtual bool fuses_leaky_relu_backward() const { return false; }
-  /// Whether backward reads the values of its inputs (else only their shapes): the executor lets
-  /// an output go after its readers' forward when none of their backwards reads it (a leaky ReLU
-  /// read by max pooling that does its backward: the largest activations of a CosmoFlow block).
-  /// Convolution, linear, batch norm and the activations do; pooling, dropout, flatten, add and
-  /// concat do not. A layer that says false and reads them anyway computes on dead memory: the
-  /// tests fill dead tensors with NaNs (ExecutorOptions::poison_dead_tensors) to catch it.
-  virtual bool backward_reads_inputs() const { return true; }
-  /// Whether backward needs its inputs' fp32 values (a convolution or linear layer computing in
-  /// fp32): the executor keeps no bf16 copy of what it reads (Model::activation_precision). Layers
-  /// with bf16 operands round what they read anyway, the activations read signs, batch norm takes
-  /// the rounded input (as under PyTorch's autocast).
-  virtual bool backward_reads_fp32() const { return false; }
+  /// What the step plan may do with the layer: run it in place, fuse it into its producer's
+  /// forward or its reader's backward, let its inputs go after forward, overlap its halos.
+  /// A layer whose traits say its backward reads no input values and reads them anyway computes
+  /// on dead memory: the tests fill dead tensors with NaNs to catch it.
+  virtual LayerTraits traits() const { return {}; }
   /// Bytes of what the layer keeps from its forward for its backward besides its output, on the
   /// tensors' device (max pooling's positions of the maxima, dropout's scales, a convolution's
   /// region copies when halos overlap its compute); grown as needed, kept between steps.
@@ -204,20 +178,16 @@ class Layer {
                         LayerContext& ctx) = 0;
 
   // Halo overlap (see Executor): a layer on a spatial tile whose halos are still travelling.
-  /// Whether the layer can compute part of its output tile on its own (convolution). The executor
-  /// then runs forward on the window before the halos arrived (the outputs that read no halo are
-  /// right; the others are not yet) and, once they arrived, forward_region on each part of the
-  /// tile that reads them.
-  virtual bool computes_output_regions() const { return false; }
+  /// With traits().computes_output_regions, the executor runs forward on the window before the
+  /// halos arrived and, once they arrived, forward_region on each part of the tile that reads them.
   /// Recomputes the local outputs [begin, begin + extent) (spatial dimensions; all samples and
   /// channels) of the tile from the same inputs, into `output` as forward sized it. Only on a
   /// spatial tile (ctx.tile), after forward with the same inputs and context.
   virtual void forward_region(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx,
                               const std::vector<std::int64_t>& begin, const std::vector<std::int64_t>& extent);
-  /// Whether backward splits into backward_inputs and backward_parameters (convolution): the
-  /// executor sends the input gradients' halos to their owners while the parameter gradients are
-  /// computed. backward_inputs + backward_parameters write what backward writes.
-  virtual bool splits_backward() const { return false; }
+  /// With traits().splits_backward, backward in two passes (backward_inputs, then
+  /// backward_parameters, writing what backward writes): the executor sends the input gradients'
+  /// halos to their owners while the parameter gradients are computed.
   virtual void backward_inputs(std::span<const Tensor* const> inputs, const Tensor& grad_output,
                                std::span<Tensor* const> grad_inputs, LayerContext& ctx);
   virtual void backward_parameters(std::span<const Tensor* const> inputs, const Tensor& grad_output,

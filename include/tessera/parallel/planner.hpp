@@ -35,6 +35,7 @@
 #include "tessera/parallel/halo_overlap_mode.hpp"
 #include "tessera/parallel/machine.hpp"
 #include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/step_plan.hpp"
 #include "tessera/tensor/shape.hpp"
 
 namespace tessera {
@@ -68,19 +69,8 @@ struct PlannerLayer {
   bool filter_splittable = false;
   /// Batch norm: two allreduces of 2 x channels values per step (forward and backward).
   bool batch_norm = false;
-  /// Runs in place where it is its input's only reader and reads it as produced (relu and
-  /// leaky_relu with a slope >= 0, Layer::runs_in_place): no output or gradient of its own.
-  bool in_place = false;
-  /// relu or leaky_relu (Layer::leaky_relu_slope).
-  bool leaky_relu = false;
-  /// Max pooling whose windows do not overlap (Layer::fuses_leaky_relu_backward): it does the
-  /// backward of a leaky ReLU running in place that it alone reads as produced, and then reads its
-  /// own output in its backward (Executor::backward_fused_layers).
-  bool fuses_leaky_relu_backward = false;
-  /// Its backward reads the values of its inputs (Layer::backward_reads_inputs).
-  bool backward_reads_inputs = true;
-  /// ...and needs them in fp32 (Layer::backward_reads_fp32: no bf16 copies of them).
-  bool backward_reads_fp32 = false;
+  /// What the step plan may do with it (Layer::traits): run in place, fuse, let inputs go.
+  LayerTraits traits;
   /// conv and linear: fp32, or bf16 operands (priced at the machine's bf16_flops, plus the passes
   /// that round the operands).
   Precision precision = Precision::F32;
@@ -200,8 +190,7 @@ class CostModel {
   /// the first input's, scaled by that input's channels (a concat's inputs differ in width).
   double input_copy_bytes(int consumer, std::size_t input, const LayerEstimate& e) const;
   /// Whether `layer` runs in place (no output or gradient of its own) wherever it reads its input
-  /// as produced (copies_input false): it can (PlannerLayer::in_place) and is the only reader of
-  /// its one input, another layer's output that the loss does not read (Executor::in_place_layers).
+  /// as produced (copies_input false): in_place_candidates of the step plan.
   bool may_run_in_place(int layer) const { return may_run_in_place_.at(static_cast<std::size_t>(layer)); }
   /// The local workload of `layer` under `split`.
   Workload workload(int layer, const LayerSplit& split) const;

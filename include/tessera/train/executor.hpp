@@ -42,7 +42,7 @@
 #include "tessera/layers/dnn_backend.hpp"
 #include "tessera/layers/layer.hpp"
 #include "tessera/parallel/grad_reducer.hpp"
-#include "tessera/parallel/transient_arena.hpp"
+#include "tessera/parallel/step_plan.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/tile_exchange.hpp"
 #include "tessera/tensor/distribution.hpp"
@@ -241,9 +241,6 @@ class Executor {
     /// the output tiles, each rank one channel sub-block (a reduce-scatter); its forward gathers
     /// the output gradient back to the partial box. Null when the layer is not split by channel.
     std::vector<std::unique_ptr<TileExchange>> reduce;
-    /// Per node: the consumer after whose exchange its output is released (every consumer reads
-    /// a copy), or -1: kept.
-    std::vector<std::size_t> release;
     /// Per node: its one input's halo exchange overlaps its forward (interior set): the output
     /// regions to recompute once the halos arrived.
     std::vector<HaloSplit> overlap;
@@ -253,24 +250,10 @@ class Executor {
     /// Per node: the exchange whose reverse runs while the layer's parameter gradients are
     /// computed (see split_backward), or null.
     std::vector<TileExchange*> split_backward;
-    /// Per node: it runs in place (Layer::runs_in_place) over its one input, the output of a
-    /// layer that it alone reads, read as produced (no exchange): its output is that tensor, and
-    /// its producer's output gradient is its own.
-    std::vector<bool> in_place;
-    /// Per node: it runs in place and its producer does its forward (fused: the producer's
-    /// Layer::fuses_leaky_relu, not split by channel), so its own forward is skipped.
-    std::vector<bool> fused;
-    /// Per node: the leaky ReLU its forward applies for the node fused into it (LayerContext).
-    std::vector<std::optional<float>> leaky_relu_after;
-    /// Per node: it runs in place and its one reader does its backward (fused: the reader's
-    /// Layer::fuses_leaky_relu_backward, reading it as produced), so its own backward is skipped.
-    std::vector<bool> backward_fused;
-    /// Per node: the leaky ReLU whose backward its backward applies (LayerContext).
-    std::vector<std::optional<float>> leaky_relu_before;
-    /// Where a training step's tensors lie in arena_ (transient_arena.hpp), and their extents:
-    /// per node its output's (and its gradient's), per node and input its copy's (exchanged
-    /// inputs only), per channel-split node its partial sums'.
-    TransientArena arena;
+    /// What the step does with each layer's tensors (in place, fused, released, the arena).
+    StepPlan step;
+    /// Extents of the step's tensors: per node its output's (and its gradient's), per node and
+    /// input its copy's (exchanged inputs only), per channel-split node its partial sums'.
     std::vector<std::vector<std::int64_t>> output_extent, partial_extent;
     std::vector<std::vector<std::vector<std::int64_t>>> copy_extent;
   };

@@ -1,0 +1,101 @@
+#pragma once
+// The step plan: what one training step does with each layer's tensors on one rank — which
+// layers run in place, which fuse into their producer's forward or their reader's backward,
+// which outputs are let go after their readers' copies, and where every tensor lives in the
+// arena. A pure function of the layer graph, the layers' traits, what each layer reads through an
+// exchange, and the options: the executor carries it out and the planner's cost model prices the
+// same plan, so the two cannot disagree.
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "tessera/parallel/transient_arena.hpp"
+
+namespace tessera {
+
+/// What a layer's kind lets the step plan do with it (Layer::traits, PlannerLayer::traits).
+struct LayerTraits {
+  /// Forward may write its output over its input, backward its input gradient over its output
+  /// gradient (relu and leaky_relu with a slope >= 0, whose output has the sign of its input).
+  bool runs_in_place = false;
+  /// relu (0) or leaky_relu: the slope a producer's kernels can apply instead.
+  std::optional<float> leaky_relu_slope;
+  /// Its forward kernels can apply a leaky ReLU to its output in the same pass (convolution;
+  /// which slopes, StepOptions::fuses_zero_slope says).
+  bool fuses_leaky_relu = false;
+  /// Its backward can do the backward of a leaky ReLU it reads (max pooling whose windows do not
+  /// overlap), and then reads its own output.
+  bool fuses_leaky_relu_backward = false;
+  /// Its backward reads the values of its inputs (else only their shapes).
+  bool backward_reads_inputs = true;
+  /// ...and needs them in fp32 (a convolution or linear layer computing in fp32).
+  bool backward_reads_fp32 = false;
+  /// It can recompute part of its output tile once halos arrived (convolution).
+  bool computes_output_regions = false;
+  /// Its backward splits into input gradients and parameter gradients (convolution).
+  bool splits_backward = false;
+};
+
+/// One layer of a step as this rank runs it (sizes in bytes).
+struct StepLayer {
+  /// The layers it reads (negative: the model's input).
+  std::vector<int> inputs;
+  LayerTraits traits;
+  /// Per input: it reads a copy an exchange makes (a window with halos, a redistribution, a
+  /// gather of channels), not the producer's tensor as produced.
+  std::vector<bool> copies_input;
+  /// Split by channel: it computes partial sums that an exchange reduce-scatters into its output.
+  bool channel_split = false;
+  std::int64_t output_bytes = 0;
+  /// Per input: the size of its copy (0 where it reads the tensor as produced).
+  std::vector<std::int64_t> input_copy_bytes;
+  /// Its partial sums' size (channel splits; else 0).
+  std::int64_t partial_bytes = 0;
+};
+
+struct StepGraph {
+  std::vector<StepLayer> layers;  ///< in model order (topological)
+  int output = 0;                 ///< the layer whose output the loss reads
+  /// The activations backward reads are kept in bf16 between forward and backward where that
+  /// makes the arena smaller (Model::activation_precision).
+  bool bf16_activations = false;
+};
+
+struct StepOptions {
+  /// Layers run in place where they can (false: every layer keeps an output of its own).
+  bool in_place = true;
+  /// Leaky ReLUs running in place fuse into their producer's forward or their reader's backward.
+  bool fuse = true;
+  /// The backend's convolutions also fuse a slope of 0 (a plain ReLU): on GPUs; oneDNN's relu
+  /// post-op drops NaNs, so on the host only slopes > 0 fuse.
+  bool fuses_zero_slope = false;
+};
+
+/// The step plan of one rank: per layer, what its forward and backward do with its tensors.
+struct StepPlan {
+  /// It runs in place over its one input: its output is that tensor, its input gradient its own
+  /// output gradient.
+  std::vector<bool> in_place;
+  /// It runs in place and its producer applies it in its own forward (its forward is skipped).
+  std::vector<bool> fused;
+  /// The leaky ReLU slope its forward applies for the layer fused into it.
+  std::vector<std::optional<float>> leaky_relu_after;
+  /// It runs in place and its one reader does its backward (its backward is skipped).
+  std::vector<bool> backward_fused;
+  /// The leaky ReLU whose backward its backward applies (it then reads its own output).
+  std::vector<std::optional<float>> leaky_relu_before;
+  /// The reader after whose input exchange its output is let go (every reader copies it); -1:
+  /// kept for the step.
+  std::vector<int> release_after;
+  /// Where every tensor of the step lives.
+  TransientArena arena;
+};
+
+/// Per layer: whether it runs in place wherever it reads its input as produced: it can, and it
+/// is the only reader of its one input, another layer's output that the loss does not read.
+std::vector<bool> in_place_candidates(const std::vector<std::vector<int>>& inputs,
+                                      const std::vector<LayerTraits>& traits, int output);
+
+StepPlan plan_step(const StepGraph& graph, const StepOptions& options);
+
+}  // namespace tessera

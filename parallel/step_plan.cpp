@@ -1,0 +1,109 @@
+#include "tessera/parallel/step_plan.hpp"
+
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+
+std::vector<bool> in_place_candidates(const std::vector<std::vector<int>>& inputs,
+                                      const std::vector<LayerTraits>& traits, int output) {
+  const std::size_t n = inputs.size();
+  TESSERA_CHECK(traits.size() == n, "in_place_candidates: {} layers but {} traits", n, traits.size());
+  std::vector<int> readers(n, 0);
+  for (const auto& in : inputs)
+    for (int j : in)
+      if (j >= 0) ++readers.at(static_cast<std::size_t>(j));
+  std::vector<bool> candidate(n, false);
+  for (std::size_t i = 0; i < n; ++i)
+    candidate[i] = traits[i].runs_in_place && inputs[i].size() == 1 && inputs[i][0] >= 0 &&
+                   readers[static_cast<std::size_t>(inputs[i][0])] == 1 && inputs[i][0] != output;
+  return candidate;
+}
+
+StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
+  const std::size_t n = graph.layers.size();
+  std::vector<std::vector<int>> inputs;
+  std::vector<LayerTraits> traits;
+  for (const StepLayer& l : graph.layers) {
+    TESSERA_CHECK(l.copies_input.size() == l.inputs.size() && l.input_copy_bytes.size() == l.inputs.size(),
+                  "plan_step: a layer with {} inputs but {} copy flags and {} copy sizes", l.inputs.size(),
+                  l.copies_input.size(), l.input_copy_bytes.size());
+    inputs.push_back(l.inputs);
+    traits.push_back(l.traits);
+  }
+  std::vector<int> readers(n, 0);
+  for (const auto& in : inputs)
+    for (int j : in)
+      if (j >= 0) ++readers[static_cast<std::size_t>(j)];
+  const auto reads_as_produced = [&](std::size_t i) {
+    return inputs[i].size() == 1 && inputs[i][0] >= 0 && !graph.layers[i].copies_input[0];
+  };
+
+  StepPlan plan;
+  // In place: a candidate that reads its input as produced and makes no partial sums.
+  const std::vector<bool> candidate = in_place_candidates(inputs, traits, graph.output);
+  plan.in_place.assign(n, false);
+  for (std::size_t i = 0; i < n; ++i)
+    plan.in_place[i] = options.in_place && candidate[i] && reads_as_produced(i) && !graph.layers[i].channel_split;
+
+  // Forward fusion: a leaky ReLU running in place whose producer's kernels apply its slope (not a
+  // producer whose output comes from partial sums).
+  plan.fused.assign(n, false);
+  plan.leaky_relu_after.assign(n, std::nullopt);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::optional<float> slope = traits[i].leaky_relu_slope;
+    if (!options.fuse || !plan.in_place[i] || !slope) continue;
+    const auto j = static_cast<std::size_t>(inputs[i][0]);
+    if (!traits[j].fuses_leaky_relu || (*slope == 0.0f && !options.fuses_zero_slope) || graph.layers[j].channel_split)
+      continue;
+    plan.fused[i] = true;
+    plan.leaky_relu_after[j] = slope;
+  }
+
+  // Backward fusion: a leaky ReLU running in place whose one reader, reading it as produced, does
+  // its backward; that reader then reads its own output.
+  plan.backward_fused.assign(n, false);
+  plan.leaky_relu_before.assign(n, std::nullopt);
+  for (std::size_t r = 0; r < n; ++r) {
+    if (!options.fuse || !reads_as_produced(r) || !traits[r].fuses_leaky_relu_backward) continue;
+    const auto i = static_cast<std::size_t>(inputs[r][0]);
+    if (!plan.in_place[i] || !traits[i].leaky_relu_slope || readers[i] != 1) continue;
+    plan.backward_fused[i] = true;
+    plan.leaky_relu_before[r] = traits[i].leaky_relu_slope;
+  }
+
+  // Outputs every reader copies are let go after the last reader's exchange, unless the loss or
+  // the layer's own backward reads them.
+  plan.release_after.assign(n, -1);
+  std::vector<bool> copied_by_all(n, true);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t a = 0; a < inputs[i].size(); ++a) {
+      const int j = inputs[i][a];
+      if (j < 0) continue;
+      const auto u = static_cast<std::size_t>(j);
+      copied_by_all[u] = copied_by_all[u] && graph.layers[i].copies_input[a];
+      plan.release_after[u] = static_cast<int>(i);  // readers come later in model order
+    }
+  for (std::size_t j = 0; j < n; ++j)
+    if (!copied_by_all[j] || static_cast<int>(j) == graph.output || plan.leaky_relu_before[j]) plan.release_after[j] = -1;
+
+  // The arena of the step's tensors.
+  TransientGraph tensors;
+  tensors.output = graph.output;
+  tensors.bf16_stash = graph.bf16_activations;
+  tensors.inputs = inputs;
+  tensors.in_place = plan.in_place;
+  for (std::size_t i = 0; i < n; ++i) {
+    const StepLayer& l = graph.layers[i];
+    tensors.output_bytes.push_back(l.output_bytes);
+    tensors.released.push_back(plan.release_after[i] >= 0);
+    tensors.input_copy_bytes.push_back(l.input_copy_bytes);
+    tensors.partial_bytes.push_back(l.partial_bytes);
+    tensors.backward_reads.emplace_back(l.inputs.size(), !plan.backward_fused[i] && l.traits.backward_reads_inputs);
+    tensors.reads_own_output.push_back(plan.leaky_relu_before[i].has_value());
+    tensors.backward_reads_fp32.push_back(l.traits.backward_reads_fp32);
+  }
+  plan.arena = transient_arena(tensors);
+  return plan;
+}
+
+}  // namespace tessera
