@@ -59,13 +59,10 @@ class ConvolutionLayer final : public Layer {
     return Shape::image(input[0], filters_, geometry_.output_size);
   }
 
-  std::pair<std::int64_t, std::int64_t> input_range(int dim, std::int64_t begin, std::int64_t end) const override {
+  SpatialWindow spatial_window(int dim) const override {
     // Output o reads inputs o*stride - padding ... + (kernel-1)*dilation.
     const auto u = static_cast<std::size_t>(dim);
-    const std::int64_t reach = (geometry_.kernel[u] - 1) * geometry_.dilation[u] + 1;
-    const std::int64_t first = begin * geometry_.stride[u] - geometry_.padding[u];
-    if (end <= begin) return {first, first};
-    return {first, (end - 1) * geometry_.stride[u] - geometry_.padding[u] + reach};
+    return {(geometry_.kernel[u] - 1) * geometry_.dilation[u] + 1, geometry_.stride[u], geometry_.padding[u]};
   }
 
   bool model_splittable() const override { return true; }

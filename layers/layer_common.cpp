@@ -193,6 +193,12 @@ void Layer::set_model_split(const ModelSplit& split) {
   model_split_ = split;
 }
 
+std::vector<SpatialWindow> Layer::spatial_windows(int dims) const {
+  std::vector<SpatialWindow> windows;
+  for (int j = 0; j < dims; ++j) windows.push_back(spatial_window(j));
+  return windows;
+}
+
 void Layer::forward_region(std::span<const Tensor* const>, Tensor&, LayerContext&, const std::vector<std::int64_t>&,
                            const std::vector<std::int64_t>&) {
   fail("{} cannot compute part of its output tile (executor bug: its traits do not compute output regions)", describe(*this));

@@ -76,11 +76,9 @@ class PoolingLayer final : public Layer {
     return Shape::image(input[0], input[1], geometry_.output_size);
   }
 
-  std::pair<std::int64_t, std::int64_t> input_range(int dim, std::int64_t begin, std::int64_t end) const override {
+  SpatialWindow spatial_window(int dim) const override {
     const auto u = static_cast<std::size_t>(dim);
-    const std::int64_t first = begin * geometry_.stride[u] - geometry_.padding[u];
-    if (end <= begin) return {first, first};
-    return {first, (end - 1) * geometry_.stride[u] - geometry_.padding[u] + geometry_.kernel[u]};
+    return {geometry_.kernel[u], geometry_.stride[u], geometry_.padding[u]};
   }
 
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {

@@ -12,6 +12,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/planner.hpp"
+#include "tessera/parallel/tile_geometry.hpp"
 #include "tessera/parallel/tile_exchange.hpp"
 #include "tessera/parallel/transient_arena.hpp"
 #include "tessera/tensor/distribution.hpp"
@@ -25,21 +26,12 @@ constexpr double kBytes = 4;  // fp32
 /// off the node); above, in aggregate.
 constexpr double kListSources = 64;
 
-/// A split's spatial parts, one per spatial dimension of a tensor with `dims` of them (a plan's
-/// D/H/W list on a 2-D layer starts with D = 1).
+/// A split's spatial parts, one per spatial dimension of a tensor with `dims` of them.
 std::vector<int> spatial_parts(const LayerSplit& split, int dims) {
-  std::vector<int> parts(static_cast<std::size_t>(dims), 1);
-  const int given = static_cast<int>(split.spatial.size());
-  for (int j = 0; j < dims && j < given; ++j)
-    parts[static_cast<std::size_t>(dims - 1 - j)] = split.spatial[static_cast<std::size_t>(given - 1 - j)];
+  const std::vector<int> grid = layer_grid(split);
+  std::vector<int> parts;
+  for (int j = 0; j < dims; ++j) parts.push_back(grid[static_cast<std::size_t>(spatial_axis(j, dims))]);
   return parts;
-}
-
-/// The grid [sample, filter, channel, s0, s1, ...] of a split over a tensor with `dims` spatial dims.
-std::vector<int> grid_of(const LayerSplit& split, int dims) {
-  std::vector<int> grid{split.sample, split.filter, split.channel};
-  for (int p : spatial_parts(split, dims)) grid.push_back(p);
-  return grid;
 }
 
 struct Interval {
@@ -299,15 +291,14 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
   const LayerSplit& hs = from_data ? split : held_split;
   const Shape shape = from_data ? c.input : graph_.layers.at(static_cast<std::size_t>(producer)).output;
   const int dims = shape.spatial_dims();
-  const bool tiled = split.spatial_product() > 1;
   const bool held_tiled = hs.spatial_product() > 1;
-  const auto hgrid = grid_of(hs, dims);
-  const auto ngrid = grid_of(split, dims);
+  const auto hgrid = layer_grid(hs);
+  const auto ngrid = layer_grid(split);
+  const auto axis = [dims](int j) { return static_cast<std::size_t>(spatial_axis(j, dims)); };
   const bool point_to_point = from_data || hs == split || P > TileExchange::kAllToAllVUpTo;
   const int rpn = machine_.ranks_on_node(P);
   const double bandwidth = machine_.rank_memory_bandwidth(P);
   const std::int64_t channels = shape.rank() > 1 ? shape[1] : 1;
-  const std::int64_t out_channels = c.output.rank() > 1 ? c.output[1] : 1;
 
   // Per dimension of the tensor, the held partition's intervals and which grid coordinates own them.
   struct Part {
@@ -332,7 +323,7 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
       }
     } else {
       const int j = d - 2;
-      const int n = held_tiled ? hgrid[static_cast<std::size_t>(3 + j)] : 1;
+      const int n = held_tiled ? hgrid[axis(j)] : 1;
       for (int i = 0; i < n; ++i) parts.push_back({block(shape[d], n, i), 0, 0, 0, i});
     }
     return parts;
@@ -347,44 +338,25 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
   } else {
     for (int i = 0; i < 12; ++i) ranks.push_back(static_cast<int>((static_cast<std::int64_t>(P - 1) * i) / 11));
   }
-  // Elements of `need` that rank r holds itself (its own block of the held layout).
+  // Elements of `need` that rank r holds itself: its own block of the held layout (from the data:
+  // every rank reads all channels of its sample x spatial block).
   auto own_overlap = [&](int r, const std::vector<Interval>& need) {
     const auto hc = grid_coords(hgrid, r);
+    const Box mine = from_data ? sample_spatial_block(hs, shape, hc) : output_box(hs, shape, hc);
     double elems = 1;
-    for (std::size_t d = 0; d < need.size(); ++d) {
-      Interval mine{0, shape[static_cast<int>(d)]};
-      if (d == 0) {
-        mine = block(shape[0], hs.sample, hc[0]);
-      } else if (d == 1 && !from_data) {  // from the data: every rank reads all channels
-        const Interval fb = block(channels, hs.filter, hc[1]);
-        const Interval cb = block(fb.size(), hs.channel, hc[2]);
-        mine = {fb.begin + cb.begin, fb.begin + cb.end};
-      } else if (d >= 2 && held_tiled) {
-        mine = block(shape[static_cast<int>(d)], hgrid[3 + (d - 2)], hc[3 + (d - 2)]);
-      }
-      elems *= static_cast<double>(intersect(mine, need[d]).size());
-    }
+    for (std::size_t d = 0; d < need.size(); ++d)
+      elems *= static_cast<double>(intersect({mine.begin[d], mine.begin[d] + mine.extent[d]}, need[d]).size());
     return elems;
   };
   double worst = 0;
   for (int r : ranks) {
     const auto cc = grid_coords(ngrid, r);
-    // The consumer's needed box.
-    std::vector<Interval> need(static_cast<std::size_t>(shape.rank()));
-    need[0] = block(shape[0], split.sample, cc[0]);
-    need[1] = {0, channels};
-    if (c.model_splittable && split.channel > 1) need[1] = block(channels, split.channel, cc[2]);
-    else if (!c.model_splittable && split.filter > 1) need[1] = block(out_channels, split.filter, cc[1]);
-    for (int j = 0; j < dims; ++j) {
-      const int d = j + 2;
-      if (!tiled) {
-        need[static_cast<std::size_t>(d)] = {0, shape[d]};
-        continue;
-      }
-      const Interval ob = block(c.output[d], ngrid[static_cast<std::size_t>(3 + j)], cc[static_cast<std::size_t>(3 + j)]);
-      const auto& win = c.windows.at(static_cast<std::size_t>(j));
-      const Interval window{ob.begin * win.stride - win.pad, (ob.end - 1) * win.stride - win.pad + win.kernel};
-      need[static_cast<std::size_t>(d)] = intersect(window, {0, shape[d]});
+    // The consumer's needed box, within the tensor.
+    const Box box = input_box(split, c.model_splittable, shape, c.output, c.windows, cc);
+    std::vector<Interval> need;
+    for (int d = 0; d < shape.rank(); ++d) {
+      const auto u = static_cast<std::size_t>(d);
+      need.push_back(intersect({box.begin[u], box.begin[u] + box.extent[u]}, {0, shape[d]}));
     }
     double needed = 1;
     for (const auto& n : need) needed *= static_cast<double>(n.size());
@@ -427,7 +399,7 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
           elems *= static_cast<double>(o);
           if (d == 0) hc[0] = part->s;
           else if (d == 1) hc[1] = part->f, hc[2] = part->ch;
-          else hc[3 + (d - 2)] = part->sp;
+          else hc[axis(static_cast<int>(d) - 2)] = part->sp;
         }
         if (from_data) hc[1] = cc[1], hc[2] = cc[2];  // its own filter/channel group's reader
         const int q = grid_rank(hgrid, hc);
@@ -460,13 +432,6 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
   return worst > 0 ? 2.0 * (worst + machine_.sync_wait_for(P)) : 0.0;
 }
 
-namespace {
-LayerSplit normalised(LayerSplit split) {
-  while (split.spatial.size() < 3) split.spatial.insert(split.spatial.begin(), 1);
-  return split;
-}
-}  // namespace
-
 bool CostModel::copies_input(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
                              const LayerEstimate& e) const {
   if (producer < 0) return e.halo || (graph_.layers[static_cast<std::size_t>(consumer)].model_splittable && split.channel > 1);
@@ -494,7 +459,8 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
   if (cached != overlap_cache_.end()) return cached->second;
   const int P = options_.ranks;
   const int dims = c.output.spatial_dims();
-  const auto grid = grid_of(split, dims);
+  const auto grid = layer_grid(split);
+  const auto axis = [dims](std::size_t u) { return static_cast<std::size_t>(spatial_axis(static_cast<int>(u), dims)); };
   const int rpn = machine_.ranks_on_node(P);
   const std::int64_t samples = ceil_div(c.output[0], split.sample);
   const std::int64_t in_channels = c.input[1];
@@ -510,9 +476,9 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
   for (std::size_t u = 0; u < rows.size(); ++u) {
     const int j = static_cast<int>(u);
     const auto& win = c.windows.at(u);
-    for (int coord = 0; coord < grid[3 + u]; ++coord) {
-      const Interval out = block(c.output[j + 2], grid[3 + u], coord);
-      const Interval ready = block(c.input[j + 2], grid[3 + u], coord);
+    for (int coord = 0; coord < grid[axis(u)]; ++coord) {
+      const Interval out = block(c.output[j + 2], grid[axis(u)], coord);
+      const Interval ready = block(c.input[j + 2], grid[axis(u)], coord);
       const std::int64_t low = ready.begin == 0 ? std::numeric_limits<std::int64_t>::min() : ready.begin;
       const std::int64_t high = ready.end == c.input[j + 2] ? std::numeric_limits<std::int64_t>::max() : ready.end;
       Row row{out.size(), 0, 0};
@@ -576,13 +542,13 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
         const int o = offset[u];
         if (o == 0) continue;
         moved = true;
-        q[3 + u] += o;
-        if (q[3 + u] < 0 || q[3 + u] >= grid[3 + u]) {
+        q[axis(u)] += o;
+        if (q[axis(u)] < 0 || q[axis(u)] >= grid[axis(u)]) {
           exists = false;
           break;
         }
-        const Row& mine = rows[u][static_cast<std::size_t>(coords[3 + u])];
-        const Row& theirs = rows[u][static_cast<std::size_t>(q[3 + u])];
+        const Row& mine = rows[u][static_cast<std::size_t>(coords[axis(u)])];
+        const Row& theirs = rows[u][static_cast<std::size_t>(q[axis(u)])];
         incoming = incoming && (o < 0 ? mine.below > 0 : mine.above > 0);
         outgoing = outgoing && (o < 0 ? theirs.above > 0 : theirs.below > 0);
       }
@@ -603,7 +569,7 @@ double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int
     for (int r = 0; r < P; ++r) {
       const std::vector<int> coords = grid_coords(grid, r);
       std::vector<Row> tile;
-      for (std::size_t u = 0; u < rows.size(); ++u) tile.push_back(rows[u][static_cast<std::size_t>(coords[3 + u])]);
+      for (std::size_t u = 0; u < rows.size(); ++u) tile.push_back(rows[u][static_cast<std::size_t>(coords[axis(u)])]);
       const double region = tile_region(tile);
       if (region > largest && (options_.halo_overlap == HaloOverlap::Always || off_node_peer(r, coords)))
         largest = region;

@@ -13,6 +13,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
 #include "tessera/parallel/nccl_communicator.hpp"
+#include "tessera/parallel/tile_geometry.hpp"
 #include "tessera/parallel/watchdog.hpp"
 #include "tessera/tensor/proc_grid.hpp"
 
@@ -21,20 +22,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Axes of every layer's processor grid (row-major: W varies fastest, samples slowest).
-constexpr int kSampleAxis = 0, kFilterAxis = 1, kChannelAxis = 2, kFirstSpatialAxis = 3;
 constexpr const char* kSpatialNames[3] = {"D", "H", "W"};
 /// A node index no layer has: evaluation's forward is not profiled.
 constexpr std::size_t kNotProfiled = static_cast<std::size_t>(-1);
-
-/// The split with its spatial parts as three entries (D, H, W); 2-D layers have D = 1.
-LayerSplit normalised(LayerSplit split) {
-  while (split.spatial.size() < 3) split.spatial.insert(split.spatial.begin(), 1);
-  return split;
-}
-
-/// Grid axis of spatial dimension `j` of a tensor with `dims` spatial dimensions.
-int spatial_axis(int j, int dims) { return kFirstSpatialAxis + (3 - dims) + j; }
 
 /// The node of each rank from the host names (one allgather of fixed-size names).
 std::vector<int> nodes_by_host_name(Communicator& world) {
@@ -134,9 +124,9 @@ Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator>
   for (std::size_t i = 0; i < n; ++i) {
     Placement& p = placement_[i];
     p.split = normalised(plan.split_for(nodes[i].layer->name()));
-    p.grid = {p.split.sample, p.split.filter, p.split.channel, p.split.spatial[0], p.split.spatial[1],
-              p.split.spatial[2]};
+    p.grid = layer_grid(p.split);
     p.tiled = p.split.spatial_product() > 1;
+    p.windows = nodes[i].layer->spatial_windows(nodes[i].output.spatial_dims());
     windows_[i].resize(nodes[i].inputs.size());
     window_grads_[i].resize(nodes[i].inputs.size());
     if (!found_input && std::find(nodes[i].inputs.begin(), nodes[i].inputs.end(), Model::kModelInput) !=
@@ -259,87 +249,29 @@ Communicator& Executor::replica_group(std::size_t node, const Parameter& param) 
 Communicator& Executor::buffer_group(std::size_t node) { return group_or_self(placement_[node].sample_comm); }
 
 Box Executor::output_box(std::size_t node, int rank, std::int64_t batch) const {
-  Box box = partial_box(node, rank, batch);
   const Placement& p = placement_[node];
-  if (p.split.channel > 1) {
-    // The reduced partial sums are scattered over the channel group by output channel.
-    const int c = grid_coords(p.grid, rank)[kChannelAxis];
-    const std::int64_t extent = box.extent[1];
-    box.begin[1] += block_begin(extent, p.split.channel, c);
-    box.extent[1] = block_extent(extent, p.split.channel, c);
-  }
-  return box;
+  return tessera::output_box(p.split, model_.nodes()[node].output.with(0, batch), grid_coords(p.grid, rank));
 }
 
 Box Executor::partial_box(std::size_t node, int rank, std::int64_t batch) const {
   const Placement& p = placement_[node];
-  Box box = sample_spatial_block(p, model_.nodes()[node].output, rank, batch);
-  if (p.split.filter > 1) {
-    const int c = grid_coords(p.grid, rank)[kFilterAxis];
-    box.begin[1] = block_begin(box.extent[1], p.split.filter, c);
-    box.extent[1] = block_extent(box.extent[1], p.split.filter, c);
-  }
-  return box;
-}
-
-Box Executor::sample_spatial_block(const Placement& p, const Shape& shape, int rank, std::int64_t batch) {
-  const std::vector<int> c = grid_coords(p.grid, rank);
-  Box box;
-  box.begin.assign(static_cast<std::size_t>(shape.rank()), 0);
-  box.extent = shape.dims();
-  box.begin[0] = block_begin(batch, p.split.sample, c[kSampleAxis]);
-  box.extent[0] = block_extent(batch, p.split.sample, c[kSampleAxis]);
-  if (p.tiled) {
-    const int dims = shape.rank() - 2;
-    for (int j = 0; j < dims; ++j) {
-      const auto u = static_cast<std::size_t>(j + 2);
-      const auto axis = static_cast<std::size_t>(spatial_axis(j, dims));
-      box.begin[u] = block_begin(shape[j + 2], p.grid[axis], c[axis]);
-      box.extent[u] = block_extent(shape[j + 2], p.grid[axis], c[axis]);
-    }
-  }
-  return box;
+  return tessera::partial_box(p.split, model_.nodes()[node].output.with(0, batch), grid_coords(p.grid, rank));
 }
 
 Box Executor::input_box(std::size_t node, std::size_t input, int rank, std::int64_t batch) const {
-  const auto& nodes = model_.nodes();
-  const int producer = nodes[node].inputs[input];
+  const auto& n = model_.nodes()[node];
+  const int producer = n.inputs[input];
   const Shape shape = producer == Model::kModelInput ? model_.input_shape(batch)
-                                                     : nodes[static_cast<std::size_t>(producer)].output.with(0, batch);
-  const Box out = partial_box(node, rank, batch);
-  Box box;
-  box.begin.assign(static_cast<std::size_t>(shape.rank()), 0);
-  box.extent = shape.dims();
-  box.begin[0] = out.begin[0];
-  box.extent[0] = out.extent[0];
+                                                     : model_.nodes()[static_cast<std::size_t>(producer)].output.with(0, batch);
   const Placement& p = placement_[node];
-  if (p.split.channel > 1) {
-    // A channel-split layer reads its block of the input channels (features).
-    const int c = grid_coords(p.grid, rank)[kChannelAxis];
-    box.begin[1] = block_begin(shape[1], p.split.channel, c);
-    box.extent[1] = block_extent(shape[1], p.split.channel, c);
-  }
-  if (p.split.filter > 1 && !nodes[node].layer->model_splittable()) {
-    // A point-wise layer split by filter reads the channels it writes.
-    box.begin[1] = out.begin[1];
-    box.extent[1] = out.extent[1];
-  }
-  if (p.tiled) {
-    // Every spatial dimension of a tiled layer reads exactly its window, padding included (as
-    // zeros), so the layer computes without padding of its own.
-    for (int j = 0; j < shape.rank() - 2; ++j) {
-      const auto u = static_cast<std::size_t>(j + 2);
-      const auto [first, last] = nodes[node].layer->input_range(j, out.begin[u], out.begin[u] + out.extent[u]);
-      box.begin[u] = first;
-      box.extent[u] = last - first;
-    }
-  }
-  return box;
+  return tessera::input_box(p.split, n.layer->model_splittable(), shape, n.output.with(0, batch), p.windows,
+                            grid_coords(p.grid, rank));
 }
 
 Box Executor::data_box(int rank, std::int64_t batch) const {
   // The input layer's own blocks of the model's input (its halos come by exchange).
-  return sample_spatial_block(placement_[input_node_], model_.input_shape(batch), rank, batch);
+  const Placement& p = placement_[input_node_];
+  return sample_spatial_block(p.split, model_.input_shape(batch), grid_coords(p.grid, rank));
 }
 
 void Executor::check_halos() const {

@@ -32,13 +32,7 @@ PlannerGraph Model::planner_graph(std::int64_t global_batch) const {
       for (auto d : p->whole_shape()) count *= d;
       l.parameters += count;
     }
-    const int dims = l.output.spatial_dims();
-    // The window of output position i along each spatial dimension: [i*stride - pad, ... + kernel).
-    for (int j = 0; j < dims; ++j) {
-      const auto [first0, last0] = layer.input_range(j, 0, 1);
-      const auto [first1, last1] = layer.input_range(j, 1, 2);
-      l.windows.push_back({last0 - first0, first1 - first0, -first0});
-    }
+    l.windows = layer.spatial_windows(l.output.spatial_dims());
     if (l.type == "conv" || l.type == "linear") {
       // 2 x multiply-adds: every output element costs one multiply-add per weight of its filter.
       const auto params = layer.parameters();

@@ -15,6 +15,7 @@
 #include "tessera/core/precision.hpp"
 #include "tessera/layers/options.hpp"
 #include "tessera/parallel/step_plan.hpp"
+#include "tessera/parallel/tile_geometry.hpp"
 #include "tessera/tensor/distribution.hpp"
 #include "tessera/tensor/shape.hpp"
 #include "tessera/tensor/tensor.hpp"
@@ -120,12 +121,16 @@ class Layer {
   /// Whether the layer can run on spatial tiles (SpatialTile): convolution, pooling, batch norm
   /// and the element-wise layers can; flatten and linear cannot.
   virtual bool spatially_splittable() const { return false; }
-  /// The input positions [first, last) along spatial dimension `dim` (0 = the first spatial
-  /// dimension) that outputs [begin, end) read; may reach outside the input (padding). Point-wise
-  /// layers read exactly their own positions.
-  virtual std::pair<std::int64_t, std::int64_t> input_range(int dim, std::int64_t begin, std::int64_t end) const {
-    return {begin, end};
+  /// What its outputs read along spatial dimension `dim` (0 = the first spatial dimension):
+  /// point-wise layers their own positions.
+  virtual SpatialWindow spatial_window(int /*dim*/) const { return {}; }
+  /// The input positions [first, last) along spatial dimension `dim` that outputs [begin, end)
+  /// read; may reach outside the input (padding).
+  std::pair<std::int64_t, std::int64_t> input_range(int dim, std::int64_t begin, std::int64_t end) const {
+    return spatial_window(dim).inputs(begin, end);
   }
+  /// spatial_window of each of the `dims` spatial dimensions.
+  std::vector<SpatialWindow> spatial_windows(int dims) const;
 
   /// Whether the layer accepts filter/channel (model-parallel) splits: convolution and linear.
   virtual bool model_splittable() const { return false; }

@@ -36,16 +36,10 @@
 #include "tessera/parallel/machine.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/step_plan.hpp"
+#include "tessera/parallel/tile_geometry.hpp"
 #include "tessera/tensor/shape.hpp"
 
 namespace tessera {
-
-/// The footprint of a layer's output positions along one spatial dimension: output i reads
-/// inputs [i * stride - pad, i * stride - pad + kernel).
-struct SpatialWindow {
-  std::int64_t kernel = 1, stride = 1, pad = 0;
-  bool operator==(const SpatialWindow&) const = default;
-};
 
 /// What the planner knows of one layer.
 struct PlannerLayer {

@@ -220,6 +220,7 @@ class Executor {
     LayerSplit split;            ///< spatial normalised to three entries (D, H, W)
     std::vector<int> grid;       ///< [sample, filter, channel, D, H, W]
     bool tiled = false;          ///< split spatially: runs on SpatialTiles
+    std::vector<SpatialWindow> windows;  ///< what its outputs read along each spatial dimension
     SpatialTile tile;            ///< this rank's tile (when tiled)
     Communicator* sample_comm = nullptr;   ///< replica group of the weights: sample x spatial
     Communicator* spatial_comm = nullptr;  ///< spatial tiles of the same samples
@@ -264,9 +265,6 @@ class Executor {
   Box partial_box(std::size_t node, int rank, std::int64_t batch) const;
   /// The box of input `input` of node `node` that `rank` reads (its tile plus halos).
   Box input_box(std::size_t node, std::size_t input, int rank, std::int64_t batch) const;
-  /// The block of a tensor of `shape` (dimension 0: `batch` samples) that `rank` holds under the
-  /// sample and spatial parts of `p`; the other dimensions whole.
-  static Box sample_spatial_block(const Placement& p, const Shape& shape, int rank, std::int64_t batch);
   /// The tile of the model's input that `rank` reads from the data.
   Box data_box(int rank, std::int64_t batch) const;
   /// The communicator of the ranks that differ from this one only along `axes` of `grid`.
