@@ -14,7 +14,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <random>
@@ -22,6 +21,7 @@
 
 #include "layers/cuda_kernels.hpp"
 #include "layers/pool_box.hpp"
+#include "tessera/core/clock.hpp"
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/layers/dnn_backend.hpp"
@@ -217,10 +217,6 @@ class CosmoFlowStep {
   std::vector<LinearStage> linears_;
 };
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 /// FLOP/s of an n^3 GEMM through the backend's linear kernels (cuBLAS; in bf16 with the operands'
 /// conversions, O(n^2) beside the GEMM's O(n^3)).
 double matmul_rate(DnnBackend& backend, std::int64_t n, Precision precision) {
@@ -232,7 +228,7 @@ double matmul_rate(DnnBackend& backend, std::int64_t n, Precision precision) {
   g.precision = precision;
   for (int i = 0; i < 3; ++i) backend.linear().forward(g, a.data(), b.data(), nullptr, c.data());
   cuda::synchronize();
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   constexpr int kRepeats = 10;
   for (int i = 0; i < kRepeats; ++i) backend.linear().forward(g, a.data(), b.data(), nullptr, c.data());
   cuda::synchronize();
@@ -259,7 +255,7 @@ int run(const Options& options) {
                                   : "bf16: convolutions on bf16 tensors (bf16 results), GEMMs on bf16 tensor cores");
 
   CosmoFlowStep step(options, *backend);
-  const auto warm_start = std::chrono::steady_clock::now();
+  const auto warm_start = Clock::now();
   for (int i = 0; i < options.warmup; ++i) step.step();
   cuda::synchronize();
   const double warmup_s = seconds_since(warm_start);
@@ -268,12 +264,12 @@ int run(const Options& options) {
   // steady-state throughput, as the peer's CUDA events measure it).
   std::vector<double> per_step;
   for (int i = 0; i < options.steps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     step.step();
     cuda::synchronize();
     per_step.push_back(seconds_since(start) * 1e3);
   }
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   for (int i = 0; i < options.steps; ++i) step.step();
   cuda::synchronize();
   const double mean_ms = seconds_since(start) * 1e3 / options.steps;

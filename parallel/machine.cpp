@@ -5,10 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "tessera/core/error.hpp"
+#include "tessera/parallel/yaml_file.hpp"
 
 namespace tessera {
 namespace {
@@ -89,21 +88,12 @@ std::string level_yaml(const CommLevel& l) {
 }  // namespace
 
 Machine Machine::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail_input("cannot open machine file '{}'", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse(text.str(), path);
+  return parse(read_input_file(path, "machine file"), path);
 }
 
 Machine Machine::parse(const std::string& yaml_text, const std::string& source_name) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    fail_input("machine file '{}': not valid YAML: {}", source_name, e.what());
-  }
-  if (!root.IsMap()) fail_input("machine file '{}': expected a mapping (name, device, nodes, ...)", source_name);
+  YAML::Node root = parse_yaml_mapping(yaml_text, fmt::format("machine file '{}'", source_name),
+                                       "a mapping (name, device, nodes, ...)", ": not valid YAML");
   Machine m;
   bool has_intra = false, has_inter = false;
   try {

@@ -3,11 +3,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include <climits>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "tessera/core/error.hpp"
+#include "tessera/parallel/yaml_file.hpp"
 
 namespace tessera {
 namespace {
@@ -80,11 +79,7 @@ Plan Plan::sample_parallel(int ranks) {
 }
 
 Plan Plan::load(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) fail_input("cannot open plan file '{}'", path);
-  std::stringstream text;
-  text << file.rdbuf();
-  return parse(text.str(), path);
+  return parse(read_input_file(path, "plan file"), path);
 }
 
 Plan Plan::parse(const std::string& yaml_text, const std::string& source_name) {
@@ -98,13 +93,8 @@ Plan Plan::parse(const std::string& yaml_text, const std::string& source_name) {
 }
 
 Plan Plan::parse_unchecked(const std::string& yaml_text, const std::string& source_name) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    fail_input("plan file '{}' is not valid YAML: {}", source_name, e.what());
-  }
-  if (!root.IsMap()) fail_input("plan file '{}': expected a mapping with 'ranks', 'default' and 'layers'", source_name);
+  YAML::Node root = parse_yaml_mapping(yaml_text, fmt::format("plan file '{}'", source_name),
+                                       "a mapping with 'ranks', 'default' and 'layers'");
   Plan plan;
   plan.source_ = source_name;
   bool has_ranks = false, has_default = false;

@@ -2,12 +2,11 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "tessera/core/error.hpp"
+#include "tessera/parallel/yaml_file.hpp"
 
 namespace tessera {
 namespace {
@@ -84,11 +83,7 @@ Shape with_batch(const Shape& sample, std::int64_t batch) {
 }  // namespace
 
 Model Model::load(const std::string& path, const ModelOptions& options) {
-  std::ifstream file(path);
-  if (!file) fail_input("cannot open model file '{}'", path);
-  std::stringstream text;
-  text << file.rdbuf();
-  return parse(text.str(), path, options);
+  return parse(read_input_file(path, "model file"), path, options);
 }
 
 Model Model::parse(const std::string& yaml_text, const std::string& source, const ModelOptions& options) {
@@ -102,13 +97,8 @@ Model Model::parse(const std::string& yaml_text, const std::string& source, cons
 }
 
 Model Model::parse_unchecked(const std::string& yaml_text, const std::string& source, const ModelOptions& model_options) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    fail_input("model file '{}' is not valid YAML: {}", source, e.what());
-  }
-  if (!root.IsMap()) fail_input("model file '{}': expected a mapping with 'input', 'layers' and 'loss'", source);
+  YAML::Node root = parse_yaml_mapping(yaml_text, fmt::format("model file '{}'", source),
+                                       "a mapping with 'input', 'layers' and 'loss'");
   static const std::set<std::string> known{"name", "input", "layers", "loss", "output", "precision", "activations"};
   for (const auto& item : root) {
     const auto key = item.first.as<std::string>();

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <thread>
 
+#include "tessera/core/clock.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
 #include "tessera/io/checkpoint.hpp"
@@ -19,11 +20,6 @@
 
 namespace tessera {
 namespace {
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 std::string format_duration(double seconds) {
   const auto s = static_cast<std::int64_t>(seconds);

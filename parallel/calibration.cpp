@@ -1,0 +1,256 @@
+#include "tessera/parallel/calibration.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <thread>
+#include <tuple>
+
+#include "tessera/core/clock.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/parallel/collective_guard.hpp"
+
+namespace tessera {
+namespace {
+
+void require_two_ranks(const Communicator& comm) {
+  if (comm.size() < 2)
+    fail("calibration: the communication probes need at least 2 ranks, and {} has {}", comm.name(), comm.size());
+}
+
+std::vector<std::size_t> message_sizes(std::size_t largest) {
+  std::vector<std::size_t> sizes;
+  for (std::size_t s = 8; s <= largest; s *= 4) sizes.push_back(s);
+  return sizes;
+}
+
+std::size_t largest_message(bool quick) { return quick ? (1u << 20) : (16u << 20); }
+
+int iterations_for(std::size_t bytes, bool quick) {
+  const double budget = quick ? 2e6 : 2e7;  // bytes moved per size, roughly
+  return static_cast<int>(std::clamp(budget / static_cast<double>(bytes), quick ? 3.0 : 10.0, quick ? 200.0 : 2000.0));
+}
+
+/// Seconds per call of `op` over all ranks: the slowest rank's mean, the best of 3 rounds.
+template <typename Op>
+double time_collective(Communicator& comm, int iterations, Op&& op) {
+  double best = 1e300;
+  for (int rep = 0; rep < 3; ++rep) {
+    comm.barrier();
+    op();  // warm-up
+    comm.barrier();
+    const auto start = Clock::now();
+    for (int i = 0; i < iterations; ++i) op();
+    const double mean = comm.allreduce_value(seconds_since(start) / iterations, ReduceOp::Max);
+    best = std::min(best, mean);
+  }
+  return best;
+}
+
+/// Busy arithmetic for `iterations` steps (not optimized away).
+double spin(std::int64_t iterations) {
+  volatile double x = 1.0;
+  for (std::int64_t i = 0; i < iterations; ++i) x = x * 1.0000001 + 1e-9;
+  return x;
+}
+
+}  // namespace
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// Minimizes sum ((t_i - a - b x_i) / t_i)^2, so that small messages (which set a) count as much
+// as large ones (which set b).
+std::pair<double, double> fit_line(const std::vector<double>& x, const std::vector<double>& t) {
+  if (x.empty() || x.size() != t.size())
+    fail("fit_line: needs as many times as sizes and at least one of each, got {} and {}", x.size(), t.size());
+  double s00 = 0, s01 = 0, s11 = 0, r0 = 0, r1 = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double w = 1.0 / (t[i] * t[i]);
+    s00 += w;
+    s01 += w * x[i];
+    s11 += w * x[i] * x[i];
+    r0 += w * t[i];
+    r1 += w * x[i] * t[i];
+  }
+  const double det = s00 * s11 - s01 * s01;
+  double a = (r0 * s11 - r1 * s01) / det;
+  double b = (s00 * r1 - s01 * r0) / det;
+  if (!(b > 0)) {  // degenerate: a pure latency; keep a tiny positive beta
+    b = 1e-15;
+    a = r0 / s00;
+  }
+  if (!(a >= 0)) {  // a line through the origin
+    a = 0;
+    b = r1 / s11;
+  }
+  return {a, b};
+}
+
+// A point more than 3x off the line (a rank descheduled by another process) is dropped and the
+// line refitted, at most twice.
+AlphaBeta fit_level(const std::vector<CommPoint>& points, double alpha_factor, double beta_factor) {
+  std::vector<double> x, t;
+  for (const auto& p : points) {
+    x.push_back(p.bytes);
+    t.push_back(p.seconds);
+  }
+  auto [a, b] = fit_line(x, t);
+  for (int round = 0; round < 2 && x.size() > 3; ++round) {
+    std::size_t worst = 0;
+    double worst_ratio = 1;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double model = a + b * x[i];
+      const double ratio = std::max(t[i] / model, model / t[i]);
+      if (ratio > worst_ratio) worst = i, worst_ratio = ratio;
+    }
+    if (worst_ratio < 3) break;
+    x.erase(x.begin() + static_cast<std::ptrdiff_t>(worst));
+    t.erase(t.begin() + static_cast<std::ptrdiff_t>(worst));
+    std::tie(a, b) = fit_line(x, t);
+  }
+  return {a / alpha_factor, b / beta_factor};
+}
+
+// A nonblocking allreduce polled with sleeps: a blocking MPI wait spins a core.
+void idle_barrier(Communicator& comm) {
+  std::int32_t token = 0;
+  const auto request = comm.iallreduce(&token, 1, DType::I32, ReduceOp::Sum);
+  while (!request->test()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
+void on_rank0_alone(Communicator& comm, const std::function<void()>& work) {
+  std::exception_ptr error;
+  if (comm.rank() == 0) {
+    try {
+      work();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  idle_barrier(comm);
+  collectively(comm, [&] {
+    if (error) std::rethrow_exception(error);
+  });
+}
+
+std::vector<CommPoint> ping_pong(Communicator& comm, bool quick) {
+  require_two_ranks(comm);
+  const int rank = comm.rank();
+  std::vector<CommPoint> points;
+  const std::size_t largest = largest_message(quick);
+  std::vector<std::uint8_t> buffer(largest, 1);
+  for (std::size_t bytes : message_sizes(largest)) {
+    const int iterations = iterations_for(bytes, quick);
+    std::vector<double> one_way;
+    for (int rep = 0; rep < 3 && rank <= 1; ++rep) {
+      const int peer = 1 - rank;
+      // Warm-up exchange, then the timed ones.
+      Clock::time_point start;
+      for (int i = -1; i < iterations; ++i) {
+        if (i == 0) start = Clock::now();
+        if (rank == 0) {
+          comm.send(buffer.data(), bytes, DType::U8, peer, 9);
+          comm.recv(buffer.data(), bytes, DType::U8, peer, 9);
+        } else {
+          comm.recv(buffer.data(), bytes, DType::U8, peer, 9);
+          comm.send(buffer.data(), bytes, DType::U8, peer, 9);
+        }
+      }
+      one_way.push_back(seconds_since(start) / (2.0 * iterations));
+    }
+    if (rank == 0) points.push_back({static_cast<double>(bytes), *std::min_element(one_way.begin(), one_way.end())});
+  }
+  idle_barrier(comm);
+  return points;
+}
+
+std::vector<CommPoint> allreduce_points(Communicator& comm, bool quick) {
+  require_two_ranks(comm);
+  std::vector<CommPoint> points;
+  const std::size_t largest = largest_message(quick);
+  std::vector<float> data(largest / sizeof(float), 1.0f);
+  for (std::size_t bytes : message_sizes(largest)) {
+    const std::size_t count = bytes / sizeof(float);
+    if (count < 1) continue;
+    const double seconds = time_collective(comm, iterations_for(bytes, quick),
+                                           [&] { comm.allreduce(data.data(), count, DType::F32, ReduceOp::Sum); });
+    points.push_back({static_cast<double>(count * sizeof(float)), seconds});
+  }
+  return points;
+}
+
+// n = bytes each rank sends in all, spread evenly over the other ranks.
+std::vector<CommPoint> alltoall_points(Communicator& comm, bool quick) {
+  require_two_ranks(comm);
+  const int size = comm.size(), rank = comm.rank();
+  std::vector<CommPoint> points;
+  const std::size_t largest = largest_message(quick);
+  std::vector<std::uint8_t> send(largest), recv(largest);
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
+  for (std::size_t bytes : message_sizes(largest)) {
+    const std::size_t per_peer = std::max<std::size_t>(1, bytes / static_cast<std::size_t>(size - 1));
+    std::int64_t offset = 0;
+    for (int r = 0; r < size; ++r) {
+      counts[static_cast<std::size_t>(r)] = r == rank ? 0 : static_cast<std::int64_t>(per_peer);
+      displs[static_cast<std::size_t>(r)] = offset;
+      offset += counts[static_cast<std::size_t>(r)];
+    }
+    const double seconds = time_collective(comm, iterations_for(bytes, quick), [&] {
+      comm.alltoallv(send.data(), counts, displs, recv.data(), counts, displs, DType::U8);
+    });
+    points.push_back({static_cast<double>(per_peer * static_cast<std::size_t>(size - 1)), seconds});
+  }
+  return points;
+}
+
+// Each rank alternates about 5 ms of work with a small exchange with its ring neighbours (as a
+// halo exchange between layers does); a round's time beyond the work (stretched by the node's
+// oversubscription) and two messages is the wait.
+double measure_sync_wait(Communicator& comm, const Machine& machine, int cores, int repeats) {
+  require_two_ranks(comm);
+  const int size = comm.size();
+  std::int64_t iterations = 1 << 20;
+  double solo = 0;
+  on_rank0_alone(comm, [&] {
+    // About 5 ms of work on one core.
+    const auto start = Clock::now();
+    spin(iterations);
+    const double t = seconds_since(start);
+    iterations = std::max<std::int64_t>(
+        1000, static_cast<std::int64_t>(static_cast<double>(iterations) * 0.005 / std::max(t, 1e-6)));
+    const auto again = Clock::now();
+    spin(iterations);
+    solo = seconds_since(again);
+  });
+  comm.broadcast(&iterations, 1, DType::I64, 0);
+  comm.broadcast(&solo, 1, DType::F64, 0);
+  const int left = (comm.rank() + size - 1) % size, right = (comm.rank() + 1) % size;
+  constexpr std::size_t kBytes = 64;
+  std::uint8_t out[kBytes] = {}, in_left[kBytes], in_right[kBytes];
+  constexpr int kRounds = 40;
+  std::vector<double> waits;
+  const double stretch = std::max(1.0, static_cast<double>(machine.ranks_on_node(size)) / cores);
+  const double expected = solo * stretch + machine.intra.p2p.alpha + kBytes * machine.intra.p2p.beta;
+  for (int repeat = 0; repeat < repeats; ++repeat) {
+    comm.barrier();
+    const auto start = Clock::now();
+    for (int round = 0; round < kRounds; ++round) {
+      spin(iterations);
+      std::unique_ptr<CommRequest> requests[4] = {
+          comm.irecv(in_left, kBytes, DType::U8, left, 7), comm.irecv(in_right, kBytes, DType::U8, right, 8),
+          comm.isend(out, kBytes, DType::U8, right, 7), comm.isend(out, kBytes, DType::U8, left, 8)};
+      for (auto& request : requests) request->wait();
+    }
+    const double per_round = comm.allreduce_value(seconds_since(start) / kRounds, ReduceOp::Max);
+    waits.push_back(std::max(0.0, per_round - expected));
+  }
+  return median(waits);  // the same on every rank (from allreduced values)
+}
+
+}  // namespace tessera
