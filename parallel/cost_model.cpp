@@ -444,14 +444,9 @@ bool CostModel::copies_input(int producer, const LayerSplit& held, int consumer,
 
 double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int consumer,
                                        const LayerSplit& split) const {
-  // The executor's conditions (Executor::exchanges): a convolution on spatial tiles, not split by
-  // channel, reading the tiles of a producer split as itself (its halo exchange) or the model's
-  // input, with all the channels it reads held (a producer split by filter holds a block).
   const auto& c = graph_.layers.at(static_cast<std::size_t>(consumer));
-  if (options_.halo_overlap == HaloOverlap::Never || c.type != "conv" || split.spatial_product() <= 1 ||
-      split.channel > 1)
+  if (options_.halo_overlap == HaloOverlap::Never || !halo_overlap_candidate(c.traits, split, producer < 0 ? nullptr : &held))
     return 0;
-  if (producer >= 0 && (!(normalised(held) == normalised(split)) || split.filter > 1)) return 0;
   std::vector<int> key{consumer, producer, split.sample, split.filter, split.channel};
   for (int p : normalised(split).spatial) key.push_back(p);
   // (held equals split where it matters: a producer's; the model's input has none)

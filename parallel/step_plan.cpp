@@ -1,6 +1,7 @@
 #include "tessera/parallel/step_plan.hpp"
 
 #include "tessera/core/error.hpp"
+#include "tessera/parallel/tile_geometry.hpp"
 
 namespace tessera {
 
@@ -17,6 +18,11 @@ std::vector<bool> in_place_candidates(const std::vector<std::vector<int>>& input
     candidate[i] = traits[i].runs_in_place && inputs[i].size() == 1 && inputs[i][0] >= 0 &&
                    readers[static_cast<std::size_t>(inputs[i][0])] == 1 && inputs[i][0] != output;
   return candidate;
+}
+
+bool halo_overlap_candidate(const LayerTraits& traits, const LayerSplit& split, const LayerSplit* producer) {
+  if (!traits.computes_output_regions || split.spatial_product() <= 1 || split.channel > 1) return false;
+  return !producer || (normalised(*producer) == normalised(split) && split.filter == 1);
 }
 
 StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {

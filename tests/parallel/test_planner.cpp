@@ -57,6 +57,9 @@ PlannerLayer conv(const std::string& name, int input, std::int64_t n, std::int64
   l.forward_flops = 2.0 * static_cast<double>(n * cout * hw * hw * cin * 9);
   l.windows = {{3, 1, 1}, {3, 1, 1}};
   l.spatially_splittable = l.model_splittable = l.filter_splittable = true;
+  // As the convolution layer says of itself (Layer::traits).
+  l.traits.fuses_leaky_relu = l.traits.computes_output_regions = l.traits.splits_backward = true;
+  l.traits.backward_reads_fp32 = true;
   l.signature = cat("test/", name);
   return l;
 }

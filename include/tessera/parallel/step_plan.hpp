@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/transient_arena.hpp"
 
 namespace tessera {
@@ -97,5 +98,11 @@ std::vector<bool> in_place_candidates(const std::vector<std::vector<int>>& input
                                       const std::vector<LayerTraits>& traits, int output);
 
 StepPlan plan_step(const StepGraph& graph, const StepOptions& options);
+
+/// Whether a layer's halo exchange may overlap its forward (the interior computed while the halos
+/// travel): it computes output regions, is split spatially and not by channel, and reads the model's
+/// input (`producer` null) or the tiles of a producer split as itself that hold every channel it
+/// reads (no filter split). Which ranks overlap is then geometry and the HaloOverlap option.
+bool halo_overlap_candidate(const LayerTraits& traits, const LayerSplit& split, const LayerSplit* producer);
 
 }  // namespace tessera

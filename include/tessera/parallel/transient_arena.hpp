@@ -64,7 +64,7 @@ struct TransientGraph {
   /// Per layer: its backward reads its own output (max pooling through a leaky ReLU, LayerContext::
   /// leaky_relu_before). Empty: none does.
   std::vector<bool> reads_own_output;
-  /// Per layer: its backward needs the fp32 values of what it reads (Layer::backward_reads_fp32):
+  /// Per layer: its backward needs the fp32 values of what it reads (LayerTraits::backward_reads_fp32):
   /// no bf16 copy of those. Empty: none does.
   std::vector<bool> backward_reads_fp32;
   /// Keep what backward reads in bf16 between its last forward read and its first backward read

@@ -1,34 +1,8 @@
 #pragma once
-// Runs a model under a plan: each rank computes its tile of every layer, and the executor does
-// the communication the plan implies.
-//
-// Every layer has its own processor grid [sample, filter, channel, D, H, W] over all ranks (from
-// its plan entry) and so its own tile of each tensor. Wherever a layer needs a different part of
-// its input than the producing layer holds — halos for a spatially split convolution or pooling,
-// or a whole different layout (spatial -> sample before the first linear layer, or between two
-// spatial splits) — one mechanism moves it: a TileExchange from the producer's tiles to the
-// boxes this layer reads (point to point with the neighbours for halos, one alltoallv for
-// redistributions). Backward runs the same exchange in reverse, summing halo gradients into
-// their owners. Layers see only local tensors and a LayerContext (SpatialTile, communicators for
-// batch-norm statistics). Weight gradients are summed over each weight's replica group by the
-// GradReducer, bucket by bucket while backward continues.
-//
-// Halo exchanges overlap compute (ExecutorOptions::halo_overlap). Forward: the exchange starts
-// (own block and padding copied into the window, halos in flight), the layer computes its
-// interior, the halos arrive, the layer recomputes the outputs that read them (halo_overlap.hpp).
-// Backward: the layer writes its input gradient, the halo gradients start back to their owners,
-// the layer computes its parameter gradients, then the halo gradients are summed.
-//
-// Model parallelism uses the same mechanism. A layer split by `filter` computes its block of the
-// output channels/features and reads all input channels of its samples: the exchange gathers
-// them (the filter ranks need the same box), and its reverse sums the ranks' partial input
-// gradients into the holders (the dX all-reduce, as a reduce-scatter). A layer split by
-// `channel` reads its block of the input channels and computes a partial sum of its filter
-// block; the reverse of a second exchange (held: the output tiles, the filter block cut again by
-// channel rank; needed: the partial boxes) reduce-scatters the partial sums, and its forward
-// gathers the output gradient for backward. Each rank keeps only its block of the weights (and
-// so of their gradients and optimizer state), reduced over the ranks with the same filter and
-// channel coordinates.
+// Runs a model under a plan: each rank computes its tile of every layer (tile_geometry.hpp) and
+// carries out the step plan of its tensors (step_plan.hpp); TileExchanges move halos,
+// redistributions and channel splits' partial sums, and the GradReducer sums weight gradients
+// while backward continues. How a plan runs: parallel/README.md.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -80,25 +54,17 @@ struct ExecutorOptions {
   /// The CUDA backend's options (device on a GPU): TF32 for fp32, how bf16 convolutions run
   /// (Bf16Convolutions::Native by default: bf16 tensor cores, bf16 results), the workspace limit.
   CudaBackendOptions cuda;
-  /// Layers run in place where they can (Layer::runs_in_place, Executor::in_place_layers), as the
-  /// planner prices them. False: every layer keeps an output and a gradient of its own (to check
-  /// that running in place changes nothing but memory).
+  /// Layers run in place where the step plan lets them (StepOptions::in_place). False: every
+  /// layer keeps an output and a gradient of its own, to check that this changes nothing but memory.
   bool in_place = true;
-  /// A convolution does the forward of the leaky ReLU running in place over its output, in its own
-  /// pass, where its kernels fuse that slope (Layer::fuses_leaky_relu: oneDNN slopes > 0, its relu
-  /// would drop NaNs; GPUs any slope, relu included; Executor::fused_layers); needs in_place.
-  /// The same for the backward of a leaky ReLU (any slope >= 0) that max pooling whose windows do
-  /// not overlap reads as produced (Layer::fuses_leaky_relu_backward,
-  /// Executor::backward_fused_layers). False: the activation's passes run on their own (to
-  /// measure what fusing saves).
+  /// Leaky ReLUs running in place fuse into their producer's forward and their reader's backward
+  /// where the step plan lets them (StepOptions::fuse). False: to measure what fusing saves.
   bool fuse = true;
   /// Time every layer of every training step (Executor::layer_profile). Costs a clock read per
   /// layer on the host; on a GPU it also waits for each layer's kernels, which slows the step.
   bool profile = false;
   /// Fills each of a training step's tensors with NaNs as soon as its lifetime in the arena ends
-  /// (transient_arena.hpp), so that a layer reading a tensor the arena let go (one whose
-  /// Layer::backward_reads_inputs is wrong, a lifetime rule that is) computes NaNs, not the
-  /// tensor's old values. For tests; costs a pass over every tensor of the step.
+  /// (step_plan.hpp), so that a layer reading a tensor the arena let go computes NaNs. For tests.
   bool poison_dead_tensors = false;
 };
 
@@ -189,9 +155,8 @@ class Executor {
   /// The layers whose halo exchange overlaps their forward on this rank (halo_overlap.hpp), for
   /// a batch of `batch_size` (empty before its first step).
   std::vector<std::string> overlapped_layers(std::int64_t batch_size) const;
-  /// The layers that run in place over their input (Layer::runs_in_place: the input has no other
-  /// reader and is read as produced) for a batch of `batch_size` (empty before its first step):
-  /// each shares its output with its input and its input gradient with its output gradient.
+  /// The layers that run in place over their input (StepPlan::in_place) for a batch of
+  /// `batch_size` (empty before its first step).
   std::vector<std::string> in_place_layers(std::int64_t batch_size) const;
   /// The layers running in place whose forward their producer does, in the same pass (a
   /// convolution's leaky ReLU), for a batch of `batch_size` (empty before its first step).

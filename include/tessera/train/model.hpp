@@ -63,7 +63,7 @@ class Model {
   /// bytes; the values rounded as bf16 operands round them, so a bf16 convolution's or linear
   /// layer's gradients and the activations' and max pooling's masks come out the same to the bit,
   /// but for positive values below 9e-41, which round to zero; batch norm's backward reads the
-  /// rounded input; nothing a layer computing in fp32 reads is copied, Layer::backward_reads_fp32).
+  /// rounded input; nothing a layer computing in fp32 reads is copied, LayerTraits::backward_reads_fp32).
   /// `activations: bf16` needs `precision: bf16`, whose default it is.
   Precision activation_precision() const { return activations_; }
   /// One sample's shape (no batch dimension).
