@@ -15,8 +15,8 @@
 #include "tessera/parallel/tile_geometry.hpp"
 #include "tessera/parallel/tile_exchange.hpp"
 #include "tessera/parallel/transient_arena.hpp"
-#include "tessera/tensor/distribution.hpp"
-#include "tessera/tensor/proc_grid.hpp"
+#include "tessera/tensor/box.hpp"
+#include "tessera/tensor/grid.hpp"
 
 namespace tessera {
 namespace {

@@ -12,7 +12,7 @@
 #include "tessera/parallel/collective_guard.hpp"
 #include "tessera/parallel/nccl_communicator.hpp"
 #include "tessera/parallel/tile_geometry.hpp"
-#include "tessera/tensor/proc_grid.hpp"
+#include "tessera/tensor/grid.hpp"
 
 namespace tessera {
 namespace {

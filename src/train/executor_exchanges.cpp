@@ -5,7 +5,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/tile_geometry.hpp"
-#include "tessera/tensor/proc_grid.hpp"
+#include "tessera/tensor/grid.hpp"
 #include "tessera/train/executor.hpp"
 
 namespace tessera {

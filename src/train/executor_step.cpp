@@ -9,7 +9,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
 #include "tessera/parallel/watchdog.hpp"
-#include "tessera/tensor/proc_grid.hpp"
+#include "tessera/tensor/grid.hpp"
 #include "tessera/train/executor.hpp"
 
 namespace tessera {

@@ -15,7 +15,7 @@
 #include "tessera/core/rng.hpp"
 #include "tessera/layers/options.hpp"
 #include "tessera/parallel/calibration.hpp"
-#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/box.hpp"
 
 namespace tessera {
 namespace {

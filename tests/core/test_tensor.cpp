@@ -1,4 +1,4 @@
-// Tensor level, without MPI: Shape, the local Tensor, uneven blocks and Distribution.
+// Tensor level, without MPI: Shape, the local Tensor, uneven blocks and grid arithmetic.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +12,8 @@
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/tensor/box_ops.hpp"
-#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/box.hpp"
+#include "tessera/tensor/grid.hpp"
 #include "tessera/tensor/shape.hpp"
 #include "tessera/tensor/tensor.hpp"
 
@@ -281,108 +282,11 @@ TEST(Blocks, NoOverflowForLargeExtents) {
   EXPECT_EQ(block_extent(extent, 4096, 17), extent / 4096);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Distribution
-
-// N x C x H x W on a 2 x 3 grid: samples over axis 0, H over axis 1 with a halo of 1.
-Distribution sample_and_height() {
-  return Distribution({2, 3}, {DimSplit{0, 0}, DimSplit{}, DimSplit{1, 1}, DimSplit{}});
-}
-
-TEST(Distribution, PartsAndGridSize) {
-  const auto d = sample_and_height();
-  EXPECT_EQ(d.tensor_rank(), 4);
-  EXPECT_EQ(d.grid_size(), 6);
-  EXPECT_EQ(d.parts(0), 2);
-  EXPECT_EQ(d.parts(1), 1);
-  EXPECT_EQ(d.parts(2), 3);
-  EXPECT_EQ(d.parts(3), 1);
-  EXPECT_EQ(d.to_string(), "{grid [2,3], dims [axis0, *, axis1+h1, *]}");
-}
-
-TEST(Distribution, LocalBoxesTileTheGlobalShape) {
-  const auto d = sample_and_height();
-  const Shape global = Shape::image(10, 3, {7, 5});
-  // Coordinates (1, 2): samples [5, 10), rows [4, 7).
-  const Box box = d.local_box(global, {1, 2});
-  EXPECT_EQ(box.begin, (Dims{5, 0, 4, 0}));
-  EXPECT_EQ(box.extent, (Dims{5, 3, 3, 5}));
-  EXPECT_EQ(box.numel(), 5 * 3 * 3 * 5);
-  const Box first = d.local_box(global, {0, 0});
-  EXPECT_EQ(first.begin, (Dims{0, 0, 0, 0}));
-  EXPECT_EQ(first.extent, (Dims{5, 3, 2, 5}));
-  // The tiles cover the tensor exactly once.
-  std::int64_t total = 0;
-  for (int a = 0; a < 2; ++a)
-    for (int b = 0; b < 3; ++b) total += d.local_box(global, {a, b}).numel();
-  EXPECT_EQ(total, global.numel());
-  EXPECT_THROW((void)d.local_box(global, {0}), Error);
-  EXPECT_THROW((void)d.local_box(Shape::flat(10, 3), {0, 0}), Error);
-}
-
-TEST(Distribution, LocalShapeWithHalo) {
-  const auto d = sample_and_height();
-  const Shape global = Shape::image(10, 3, {7, 5});
-  const Shape local = d.local_shape_with_halo(global, {1, 2});
-  EXPECT_EQ(local.dims(), (Dims{5, 3, 3 + 2, 5}));
-  EXPECT_EQ(local.kinds(), global.kinds());
-  EXPECT_EQ(d.local_shape_with_halo(global, {0, 1}).dims(), (Dims{5, 3, 2 + 2, 5}));
-}
-
-TEST(Distribution, ReplicatedAxes) {
-  EXPECT_EQ(sample_and_height().replicated_axes(), (std::vector<int>{}));
-  EXPECT_EQ(Distribution::sample_split({2, 2}, 4, 0).replicated_axes(), (std::vector<int>{1}));
-  EXPECT_EQ(Distribution::sample_split({2, 2}, 4, 1).replicated_axes(), (std::vector<int>{0}));
-  EXPECT_EQ(Distribution::replicated({2, 3, 4}, 2).replicated_axes(), (std::vector<int>{0, 1, 2}));
-  const auto r = Distribution::replicated({4}, 3);
-  const Box box = r.local_box(Shape({6, 7, 8}), {3});
-  EXPECT_EQ(box.begin, (Dims{0, 0, 0}));
-  EXPECT_EQ(box.extent, (Dims{6, 7, 8}));
-}
-
-TEST(Distribution, SampleSplit) {
-  const auto d = Distribution::sample_split({4}, 2);
-  EXPECT_EQ(d.splits()[0].grid_axis, 0);
-  EXPECT_EQ(d.splits()[1].grid_axis, -1);
-  const Box box = d.local_box(Shape::flat(10, 6), {3});
-  EXPECT_EQ(box.begin, (Dims{7, 0}));
-  EXPECT_EQ(box.extent, (Dims{3, 6}));
-}
-
-TEST(Distribution, ValidateRefusesMorePartsThanElements) {
-  const auto d = Distribution::sample_split({4}, 2);
-  EXPECT_NO_THROW(d.validate(Shape::flat(4, 3)));
-  expect_throw_containing<InputError>([&] { d.validate(Shape::flat(3, 3)); },
-                                      "has 3 elements but is split into 4 parts");
-  expect_throw_containing<InputError>([&] { d.validate(Shape::flat(3, 3)); }, "(sample)");
-}
-
-TEST(Distribution, ValidateRefusesHaloWiderThanABlock) {
-  // H = 7 over 3 parts: the smallest block has 2 rows.
-  const Shape global = Shape::image(4, 1, {7, 5});
-  Distribution ok({3}, {DimSplit{}, DimSplit{}, DimSplit{0, 2}, DimSplit{}});
-  EXPECT_NO_THROW(ok.validate(global));
-  Distribution wide({3}, {DimSplit{}, DimSplit{}, DimSplit{0, 3}, DimSplit{}});
-  expect_throw_containing<InputError>([&] { wide.validate(global); }, "halo 3 of dimension 2 is wider");
-}
-
-TEST(Distribution, ValidateRefusesAShapeOfAnotherRank) {
-  expect_throw_containing<InputError>([] { Distribution::sample_split({2}, 4).validate(Shape::flat(4, 4)); },
-                                      "does not fit shape");
-}
-
-TEST(Distribution, BadConstructions) {
-  expect_throw_containing<Error>([] { (void)Distribution({2, 2}, {DimSplit{0, 0}, DimSplit{0, 0}}); },
-                                 "grid axis 0 splits two dimensions");
-  expect_throw_containing<Error>([] { (void)Distribution({2}, {DimSplit{1, 0}}); }, "grid axis 1 outside a 1-axis grid");
-  expect_throw_containing<Error>([] { (void)Distribution({2}, {DimSplit{0, -1}}); }, "negative halo");
-  expect_throw_containing<Error>([] { (void)Distribution({0}, {DimSplit{}}); }, "grid axis of extent 0");
-}
-
-TEST(Distribution, Equality) {
-  EXPECT_EQ(sample_and_height(), sample_and_height());
-  EXPECT_NE(Distribution::sample_split({2, 2}, 4, 0), Distribution::sample_split({2, 2}, 4, 1));
-  EXPECT_NE(Distribution::sample_split({2}, 4), Distribution::sample_split({4}, 4));
+TEST(Grid, CoordinatesAreRowMajorAndInvertible) {
+  const std::vector<int> grid{2, 1, 3};
+  EXPECT_EQ(grid_coords(grid, 0), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(grid_coords(grid, 4), (std::vector<int>{1, 0, 1}));
+  for (int r = 0; r < 6; ++r) EXPECT_EQ(grid_rank(grid, grid_coords(grid, r)), r);
 }
 
 /// Row-major flat index of global point `p` in a tile of `box`.

@@ -15,7 +15,7 @@
 #include "tessera/parallel/mpi_communicator.hpp"
 #include "tessera/parallel/nccl_communicator.hpp"
 #include "tessera/parallel/tile_exchange.hpp"
-#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/box.hpp"
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera {

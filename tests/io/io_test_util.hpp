@@ -17,7 +17,7 @@
 
 #include "expect_input_error.hpp"
 #include "tessera/core/error.hpp"
-#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/box.hpp"
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera::io_test {

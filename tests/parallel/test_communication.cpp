@@ -1,5 +1,5 @@
 // Communication at 1-4 ranks: MpiCommunicator (every collective, point to point, split and
-// duplicate), ProcGrid (coordinates, sub-communicators), GradReducer (bucketed nonblocking
+// duplicate), GradReducer (bucketed nonblocking
 // allreduce) and `collectively` (every rank fails together).
 //
 // Every rank runs every test; a test never returns early on one rank while others enter a
@@ -23,7 +23,7 @@
 #include "tessera/parallel/collective_guard.hpp"
 #include "tessera/parallel/grad_reducer.hpp"
 #include "tessera/parallel/mpi_communicator.hpp"
-#include "tessera/tensor/proc_grid.hpp"
+#include "tessera/tensor/grid.hpp"
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera {
@@ -311,90 +311,6 @@ TEST(MpiCommunicator, DuplicateIsIndependent) {
   EXPECT_EQ(on_dup, 200 + previous);
   auto dup_of_dup = dup->duplicate();
   EXPECT_EQ(dup_of_dup->allreduce_value(1), n);
-}
-
-// ---------------------------------------------------------------------------------------------
-// ProcGrid
-
-TEST(ProcGrid, OneAxis) {
-  auto comm = world();
-  const int n = comm->size(), r = comm->rank();
-  ProcGrid grid(comm, {n});
-  EXPECT_EQ(grid.size(), n);
-  EXPECT_EQ(grid.ndims(), 1);
-  EXPECT_EQ(grid.rank(), r);
-  EXPECT_EQ(grid.coords(), (std::vector<int>{r}));
-  for (int q = 0; q < n; ++q) {
-    EXPECT_EQ(grid.coords_of(q), (std::vector<int>{q}));
-    EXPECT_EQ(grid.rank_of(grid.coords_of(q)), q);
-  }
-  Communicator& all = grid.sub_comm({0});
-  EXPECT_EQ(all.size(), n);
-  EXPECT_EQ(all.rank(), r);
-  Communicator& none = grid.sub_comm({});
-  EXPECT_EQ(none.size(), 1);
-  EXPECT_EQ(none.rank(), 0);
-  EXPECT_EQ(&grid.sub_comm({0}), &all);
-  EXPECT_EQ(&grid.sub_comm({}), &none);
-}
-
-TEST(ProcGrid, TwoAxesWhenTheSizeIsEven) {
-  auto comm = world();
-  const int n = comm->size(), r = comm->rank();
-  if (n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";  // same decision on every rank
-  const int cols = n / 2;
-  ProcGrid grid(comm, {2, cols});
-  EXPECT_EQ(grid.coords(), (std::vector<int>{r / cols, r % cols}));
-  for (int q = 0; q < n; ++q) {
-    EXPECT_EQ(grid.coords_of(q), (std::vector<int>{q / cols, q % cols})) << q;  // last axis fastest
-    EXPECT_EQ(grid.rank_of(grid.coords_of(q)), q);
-  }
-  // Along axis 1: the ranks of my row, in column order.
-  Communicator& row = grid.sub_comm({1});
-  EXPECT_EQ(row.size(), cols);
-  EXPECT_EQ(row.rank(), grid.coords()[1]);
-  std::vector<int> expected_row;
-  for (int c = 0; c < cols; ++c) expected_row.push_back(grid.rank_of({grid.coords()[0], c}));
-  EXPECT_EQ(row.allgather_value(r), expected_row);
-  // Along axis 0: the two ranks of my column.
-  Communicator& column = grid.sub_comm({0});
-  EXPECT_EQ(column.size(), 2);
-  EXPECT_EQ(column.rank(), grid.coords()[0]);
-  EXPECT_EQ(column.allgather_value(r), (std::vector<int>{grid.coords()[1], cols + grid.coords()[1]}));
-  // Both axes: everyone, in grid order.
-  Communicator& both = grid.sub_comm({0, 1});
-  EXPECT_EQ(both.size(), n);
-  EXPECT_EQ(both.rank(), r);
-  // Cached: the same object every time.
-  EXPECT_EQ(&grid.sub_comm({1}), &row);
-  EXPECT_EQ(&grid.sub_comm({0}), &column);
-  EXPECT_EQ(&grid.sub_comm({0, 1}), &both);
-  EXPECT_NE(&row, &column);
-}
-
-TEST(ProcGrid, ThreeAxesWithUnitExtents) {
-  auto comm = world();
-  const int n = comm->size(), r = comm->rank();
-  ProcGrid grid(comm, {1, n, 1});
-  EXPECT_EQ(grid.coords(), (std::vector<int>{0, r, 0}));
-  EXPECT_EQ(grid.rank_of({0, n - 1, 0}), n - 1);
-  EXPECT_EQ(grid.sub_comm({0, 2}).size(), 1);
-  EXPECT_EQ(grid.sub_comm({1}).size(), n);
-  EXPECT_EQ(grid.sub_comm({1}).rank(), r);
-}
-
-TEST(ProcGrid, RefusesAShapeOfAnotherSize) {
-  auto comm = world();
-  const int n = comm->size();
-  try {
-    ProcGrid grid(comm, {n + 1});
-    ADD_FAILURE() << "no error";
-  } catch (const InputError& e) {
-    EXPECT_NE(e.message().find(fmt::format("the processor grid has {} ranks but the job has {}", n + 1, n)),
-              std::string::npos)
-        << e.message();
-  }
-  EXPECT_THROW(ProcGrid(nullptr, {1}), Error);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/mpi_communicator.hpp"
 #include "tessera/parallel/tile_exchange.hpp"
-#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/box.hpp"
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera {

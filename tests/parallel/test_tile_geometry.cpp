@@ -6,7 +6,7 @@
 #include <set>
 
 #include "tessera/parallel/tile_geometry.hpp"
-#include "tessera/tensor/proc_grid.hpp"
+#include "tessera/tensor/grid.hpp"
 
 namespace tessera {
 namespace {

@@ -1,7 +1,7 @@
 #pragma once
 // The abstract communicator. Implementations live in parallel/ (MPI for host memory, NCCL for GPU
-// memory); the interface sits in core so that ProcGrid (tensor level) can hold communicators
-// without MPI. Communicators are objects handed down to whoever needs them, never globals.
+// memory); the interface sits in core so that every level can be handed one without MPI.
+// Communicators are objects handed down to whoever needs them, never globals.
 //
 // Completion. A blocking call has finished when it returns. A request's wait() returns when the
 // buffers may be used: for a communicator of host memory, the transfer is done; for one of GPU

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "tessera/core/communicator.hpp"
-#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/box.hpp"
 
 namespace tessera {
 

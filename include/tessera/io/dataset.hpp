@@ -8,7 +8,7 @@
 #include <string>
 
 #include "tessera/core/communicator.hpp"
-#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/box.hpp"
 #include "tessera/tensor/shape.hpp"
 #include "tessera/tensor/tensor.hpp"
 

@@ -16,7 +16,7 @@
 #include "tessera/layers/options.hpp"
 #include "tessera/parallel/step_plan.hpp"
 #include "tessera/parallel/tile_geometry.hpp"
-#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/box.hpp"
 #include "tessera/tensor/shape.hpp"
 #include "tessera/tensor/tensor.hpp"
 

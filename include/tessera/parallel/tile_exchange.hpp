@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "tessera/core/communicator.hpp"
-#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/box.hpp"
 #include "tessera/tensor/shape.hpp"
 #include "tessera/tensor/tensor.hpp"
 

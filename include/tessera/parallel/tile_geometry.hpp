@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "tessera/parallel/plan.hpp"
-#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/box.hpp"
 #include "tessera/tensor/shape.hpp"
 
 namespace tessera {

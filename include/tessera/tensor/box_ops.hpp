@@ -4,7 +4,7 @@
 // the elements of B (global coordinates) in row-major order; `region` lies inside the tiles'
 // boxes. On a GPU the pointers are device memory and the work is queued on that GPU's stream.
 #include "tessera/core/device.hpp"
-#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/box.hpp"
 
 namespace tessera {
 

@@ -19,7 +19,7 @@
 #include "tessera/parallel/step_plan.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/tile_exchange.hpp"
-#include "tessera/tensor/distribution.hpp"
+#include "tessera/tensor/box.hpp"
 #include "tessera/train/halo_overlap.hpp"
 #include "tessera/train/model.hpp"
 
