@@ -1,5 +1,5 @@
 // "relu" and "leaky_relu" (slope for negative inputs; relu is slope 0). Both run in place
-// (Layer::runs_in_place) when the slope is >= 0: the kernels read and write element by element,
+// (LayerTraits::runs_in_place) when the slope is >= 0: the kernels read and write element by element,
 // so the input and output (and the output and input gradients) may be the same tensor.
 #include "layers/layer_common.hpp"
 

@@ -92,11 +92,13 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
     const LayerSplit* held = producer == Model::kModelInput ? nullptr : &placement_[static_cast<std::size_t>(producer)].split;
     if (!exchange || !overlaps(*exchange) || !halo_overlap_candidate(nodes[i].layer->traits(), placement_[i].split, held))
       continue;
-    // Ready before the halos: the own block (all the samples and channels the layer reads), and
-    // whatever lies outside the global input (padding, filled at start).
+    // Ready before the halos: the own block with all its samples and channels (a second reader of
+    // the model's input may read other samples than the input layer's), and whatever lies outside
+    // the global input (padding, filled at start).
     const Box& local = exchange->local_box();
+    const Box& need = exchange->needed_box();
     const Shape& global = exchange->global_shape();
-    if (local.numel() == 0) continue;
+    if (local.numel() == 0 || local.extent[0] != need.extent[0] || local.extent[1] != need.extent[1]) continue;
     const std::size_t dims = static_cast<std::size_t>(global.rank() - 2);
     std::vector<std::int64_t> ready_begin(dims), ready_end(dims);
     for (std::size_t d = 0; d < dims; ++d) {

@@ -113,7 +113,7 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
       const int j = nodes[i].inputs[a];
       if (j != Model::kModelInput && ex.step.release_after[static_cast<std::size_t>(j)] == static_cast<int>(i)) outputs_[static_cast<std::size_t>(j)] = Tensor();
     }
-    // Its output is its input, overwritten (Layer::runs_in_place; in the arena, the same view).
+    // Its output is its input, overwritten (StepPlan::in_place; in the arena, the same view).
     if (ex.step.in_place[i]) outputs_[i] = outputs_[static_cast<std::size_t>(nodes[i].inputs[0])];
     if (ex.step.fused[i]) continue;  // its producer computed its output
     LayerContext ctx = context(i, batch_size, step, training);

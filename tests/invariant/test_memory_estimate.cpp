@@ -146,7 +146,7 @@ TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
     }
 }
 
-// Running in place (Layer::runs_in_place: relu and leaky_relu with a slope >= 0), a convolution
+// Running in place (LayerTraits::runs_in_place: relu and leaky_relu with a slope >= 0), a convolution
 // doing the forward of the leaky ReLU running in place over its output (fused), and max pooling
 // whose windows do not overlap doing its backward (backward fused), change nothing but memory and
 // passes: the same losses, gradients and weights to the bit as

@@ -116,7 +116,8 @@ class ConvolutionKernels {
   /// Frees those buffers (the next call makes them again, as large as it needs).
   virtual void release_scratch() {}
   /// Whether forward applies a leaky ReLU of this slope (ConvolutionGeometry::leaky_relu) exactly
-  /// as leaky_relu_forward does, NaNs included.
+  /// as leaky_relu_forward does, NaNs included: every backend fuses slopes > 0, and says whether
+  /// it fuses 0 (StepOptions::fuses_zero_slope).
   virtual bool fuses_leaky_relu(float slope) const = 0;
 };
 

@@ -155,10 +155,8 @@ class Layer {
 
   /// Non-trainable state that evaluation and checkpoints need (batch-norm running statistics).
   virtual std::vector<Tensor*> buffers() { return {}; }
-  /// What the step plan may do with the layer: run it in place, fuse it into its producer's
-  /// forward or its reader's backward, let its inputs go after forward, overlap its halos.
-  /// A layer whose traits say its backward reads no input values and reads them anyway computes
-  /// on dead memory: the tests fill dead tensors with NaNs to catch it.
+  /// What the step plan may do with the layer (run it in place, fuse it, let its inputs go, overlap
+  /// its halos).
   virtual LayerTraits traits() const { return {}; }
   /// Bytes of what the layer keeps from its forward for its backward besides its output, on the
   /// tensors' device (max pooling's positions of the maxima, dropout's scales, a convolution's

@@ -1,10 +1,6 @@
 #pragma once
-// The step plan: what one training step does with each layer's tensors on one rank — which
-// layers run in place, which fuse into their producer's forward or their reader's backward,
-// which outputs are let go after their readers' copies, and where every tensor lives in the
-// arena. A pure function of the layer graph, the layers' traits, what each layer reads through an
-// exchange, and the options: the executor carries it out and the planner's cost model prices the
-// same plan, so the two cannot disagree.
+// The step plan: what a training step does with each layer's tensors on one rank, decided once
+// for the executor that runs it and the cost model that prices it (parallel/README.md).
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -99,10 +95,9 @@ std::vector<bool> in_place_candidates(const std::vector<std::vector<int>>& input
 
 StepPlan plan_step(const StepGraph& graph, const StepOptions& options);
 
-/// Whether a layer's halo exchange may overlap its forward (the interior computed while the halos
-/// travel): it computes output regions, is split spatially and not by channel, and reads the model's
-/// input (`producer` null) or the tiles of a producer split as itself that hold every channel it
-/// reads (no filter split). Which ranks overlap is then geometry and the HaloOverlap option.
+/// Whether a layer's halo exchange may overlap its forward: it computes output regions, is split
+/// spatially and not by channel, and reads the model's input (`producer` null) or the tiles of a
+/// producer split as itself (no filter split).
 bool halo_overlap_candidate(const LayerTraits& traits, const LayerSplit& split, const LayerSplit* producer);
 
 }  // namespace tessera
