@@ -192,15 +192,13 @@ void print_points(const char* what, const std::vector<CommPoint>& points, const 
   fmt::print("{}\n", line);
 }
 
-/// Checks the arguments, measures (every rank takes part) and writes the machine file on rank 0.
-void run_calibrate(Communicator& world, const CalibrateArgs& args) {
+/// Checks the arguments (on every rank together) and fills what is known before measuring: the machine, the model and
+/// its rank counts.
+void check_and_start(Communicator& world, const CalibrateArgs& args, int cores, Machine& machine,
+                     std::unique_ptr<Model>& model, std::vector<int>& rank_counts) {
   const int size = world.size();
   const bool gpu = args.device == "cuda";
   const bool measure = args.base.empty();  // the node (host) from scratch
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  Machine machine;
-  std::unique_ptr<Model> model;
-  std::vector<int> rank_counts;
   collectively(world, [&] {
     if (args.device != "host" && !gpu) fail_input("--device {}: expected host or cuda", args.device);
     if (gpu) {
@@ -262,175 +260,166 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
       fail_input("--ranks and --batch choose the kernels to time and need --model");
     }
   });
+}
 
+/// Measures the node's compute and memory on rank 0 and its communication over all ranks, and fits them into
+/// `machine` (printed on rank 0).
+void measure_node(Communicator& world, const CalibrateArgs& args, int cores, const std::unique_ptr<DnnBackend>& backend,
+                  const Device& device, int cpus_for_timing, double busy, Machine& machine) {
+  const int size = world.size();
   const bool quick = args.quick;
   const int repeats = args.repeats;
-  std::unique_ptr<DnnBackend> backend;
-  Device device = Device::host();
-  int cpus_for_timing = 0;
-  double busy = 0;
-  on_rank0_alone(world, [&] {
-    cpus_for_timing = widen_affinity(cores);
-    if (gpu) {
-      device = Device::cuda(cuda::select_device_for_local_rank(0));
-      backend = make_cuda_backend();
-      record_gpu(machine, measure_gpu(*backend, device, repeats, quick), args);
-      return;
-    }
-    backend = make_host_backend();
-    busy = busy_cores(0.3);
-    if (busy > 0.25)
-      fmt::print("tessera calibrate: warning: other processes keep {:.1f} of the {} hardware threads busy; the "
-                 "timings will be slower than on an idle machine\n", busy, cores);
-  });
-
-  // --- the node: compute, memory, communication -------------------------------------------
   std::vector<FlopsProbe> probes;
   double triad = 0;
-  if (measure) {
-    on_rank0_alone(world, [&] {
-      set_backend_threads(cores);
-      const Prober prober{*backend, device, repeats};
-      probes = measure_host_flops(prober, quick);
-      machine.flops = median_rate(probes);
-      // Dispatch cost of one layer call: a convolution too small to compute anything.
-      auto tiny = Prober{*backend, device, std::max(repeats, 20)}.conv(1, 1, 1, {4, 4}, 1);
-      machine.kernel_overhead = tiny.seconds / 2;
-      triad = measure_triad(cores, quick ? (32u << 20) : (128u << 20), repeats);
-      machine.memory_bandwidth = triad;
-    });
-    // Everybody needs the numbers measured on rank 0 (only rank 0 writes, but keep them equal).
-    world.broadcast(&machine.flops, 1, DType::F64, 0);
-    world.broadcast(&machine.kernel_overhead, 1, DType::F64, 0);
-    world.broadcast(&machine.memory_bandwidth, 1, DType::F64, 0);
+  on_rank0_alone(world, [&] {
+    set_backend_threads(cores);
+    const Prober prober{*backend, device, repeats};
+    probes = measure_host_flops(prober, quick);
+    machine.flops = median_rate(probes);
+    // Dispatch cost of one layer call: a convolution too small to compute anything.
+    auto tiny = Prober{*backend, device, std::max(repeats, 20)}.conv(1, 1, 1, {4, 4}, 1);
+    machine.kernel_overhead = tiny.seconds / 2;
+    triad = measure_triad(cores, quick ? (32u << 20) : (128u << 20), repeats);
+    machine.memory_bandwidth = triad;
+  });
+  // Everybody needs the numbers measured on rank 0 (only rank 0 writes, but keep them equal).
+  world.broadcast(&machine.flops, 1, DType::F64, 0);
+  world.broadcast(&machine.kernel_overhead, 1, DType::F64, 0);
+  world.broadcast(&machine.memory_bandwidth, 1, DType::F64, 0);
 
-    const auto p2p = ping_pong(world, quick);
-    const auto allreduce = allreduce_points(world, quick);
-    const auto alltoall = alltoall_points(world, quick);
-    const double p = size;
-    const double ar_alpha = 2.0 * std::ceil(std::log2(p)), ar_beta = 2.0 * (p - 1) / p;
-    if (world.rank() == 0) {
-      machine.intra.p2p = fit_level(p2p, 1, 1);
-      machine.intra.allreduce = fit_level(allreduce, ar_alpha, ar_beta);
-      machine.intra.alltoall = fit_level(alltoall, p - 1, 1);
-      machine.inter = machine.intra;
-      machine.grad_overlap = 0;
-      machine.source = fmt::format(
-          "measured by tessera calibrate on {} ({}, {} ranks, {} hardware threads{}): flops = median fp32 rate of "
-          "conv/linear forward+backward (oneDNN) at all threads; memory_bandwidth = triad at all threads; "
-          "communication fitted over message sizes (p2p ping-pong ranks 0-1, allreduce and alltoallv over {} ranks). "
-          "inter = intra (one node). grad_overlap = 0: host MPI without a progress thread hides little of the "
-          "gradient allreduce. memory_per_rank = 80% of the node's memory / its cores.{}",
-          host_name(), today(), size, cores,
-          cpus_for_timing < cores ? fmt::format(", only {} usable by rank 0", cpus_for_timing) : "", size,
-          busy > 0.25 ? fmt::format(" WARNING: other processes kept {:.1f} hardware threads busy meanwhile.", busy)
-                      : "");
-      fmt::print("tessera calibrate: {} ({} hardware threads, {} ranks{})\n", machine.name, cores, size,
-                 quick ? ", quick" : "");
-      if (cpus_for_timing < cores)
-        fmt::print("  warning: rank 0 may use only {} of the {} hardware threads (CPU affinity); the compute rates "
-                   "are those of {} threads\n", cpus_for_timing, cores, cpus_for_timing);
-      fmt::print("  compute (fp32, forward + backward, {} threads):\n", cores);
-      for (const auto& pr : probes)
-        fmt::print("    {:<48} {:8.3f} ms  {:7.1f} GFLOP/s\n", pr.what, pr.seconds * 1e3, pr.rate() * 1e-9);
-      fmt::print("  flops            {:.4g} FLOP/s (median)\n", machine.flops);
-      fmt::print("  memory_bandwidth {:.4g} B/s (triad)\n", machine.memory_bandwidth);
-      fmt::print("  kernel_overhead  {:.3g} us per call\n", machine.kernel_overhead * 1e6);
-      fmt::print("  communication (within the node, {} ranks):\n", size);
-      print_points("p2p", p2p, machine.intra.p2p, 1, 1);
-      print_points("allreduce", allreduce, machine.intra.allreduce, ar_alpha, ar_beta);
-      print_points("alltoall", alltoall, machine.intra.alltoall, p - 1, 1);
-      std::fflush(stdout);
-    }
+  const auto p2p = ping_pong(world, quick);
+  const auto allreduce = allreduce_points(world, quick);
+  const auto alltoall = alltoall_points(world, quick);
+  const double p = size;
+  const double ar_alpha = 2.0 * std::ceil(std::log2(p)), ar_beta = 2.0 * (p - 1) / p;
+  if (world.rank() == 0) {
+    machine.intra.p2p = fit_level(p2p, 1, 1);
+    machine.intra.allreduce = fit_level(allreduce, ar_alpha, ar_beta);
+    machine.intra.alltoall = fit_level(alltoall, p - 1, 1);
+    machine.inter = machine.intra;
+    machine.grad_overlap = 0;
+    machine.source = fmt::format(
+        "measured by tessera calibrate on {} ({}, {} ranks, {} hardware threads{}): flops = median fp32 rate of "
+        "conv/linear forward+backward (oneDNN) at all threads; memory_bandwidth = triad at all threads; "
+        "communication fitted over message sizes (p2p ping-pong ranks 0-1, allreduce and alltoallv over {} ranks). "
+        "inter = intra (one node). grad_overlap = 0: host MPI without a progress thread hides little of the "
+        "gradient allreduce. memory_per_rank = 80% of the node's memory / its cores.{}",
+        host_name(), today(), size, cores,
+        cpus_for_timing < cores ? fmt::format(", only {} usable by rank 0", cpus_for_timing) : "", size,
+        busy > 0.25 ? fmt::format(" WARNING: other processes kept {:.1f} hardware threads busy meanwhile.", busy)
+                    : "");
+    fmt::print("tessera calibrate: {} ({} hardware threads, {} ranks{})\n", machine.name, cores, size,
+               quick ? ", quick" : "");
+    if (cpus_for_timing < cores)
+      fmt::print("  warning: rank 0 may use only {} of the {} hardware threads (CPU affinity); the compute rates "
+                 "are those of {} threads\n", cpus_for_timing, cores, cpus_for_timing);
+    fmt::print("  compute (fp32, forward + backward, {} threads):\n", cores);
+    for (const auto& pr : probes)
+      fmt::print("    {:<48} {:8.3f} ms  {:7.1f} GFLOP/s\n", pr.what, pr.seconds * 1e3, pr.rate() * 1e-9);
+    fmt::print("  flops            {:.4g} FLOP/s (median)\n", machine.flops);
+    fmt::print("  memory_bandwidth {:.4g} B/s (triad)\n", machine.memory_bandwidth);
+    fmt::print("  kernel_overhead  {:.3g} us per call\n", machine.kernel_overhead * 1e6);
+    fmt::print("  communication (within the node, {} ranks):\n", size);
+    print_points("p2p", p2p, machine.intra.p2p, 1, 1);
+    print_points("allreduce", allreduce, machine.intra.allreduce, ar_alpha, ar_beta);
+    print_points("alltoall", alltoall, machine.intra.alltoall, p - 1, 1);
+    std::fflush(stdout);
   }
+}
 
-  // --- kernels ---------------------------------------------------------------------------------
+/// Times the model's workloads for the rank counts of --ranks into `machine.kernels` (printed on rank 0).
+void time_kernels(Communicator& world, const CalibrateArgs& args, const Model& model,
+                  const std::vector<int>& rank_counts, int cores, std::unique_ptr<DnnBackend>& backend,
+                  const Device& device, Machine& machine) {
   // A workload for this job's own rank count is timed on every rank at once, as training runs it
   // (the ranks contend for the node's cores, caches and memory bandwidth; the slowest counts). A
   // workload for another rank count is timed on rank 0 alone and scaled by the oversubscription
   // of that rank count (more ranks than cores).
+  const int size = world.size();
+  const int repeats = args.repeats;
   std::vector<KernelRow> rows;
-  if (model) {
-    const PlannerGraph graph = model->planner_graph(args.batch);
-    if (graph.layers.size() != model->nodes().size())
-      fail("calibrate: the planner graph has {} layers but the model {} (bug)", graph.layers.size(),
-           model->nodes().size());
-    std::map<std::string, KernelRow> timed;
-    std::vector<std::pair<Workload, int>> together, alone;
-    for (int ranks : rank_counts) {
-      const CostModel cost(graph, machine, PlannerOptions{.ranks = ranks});
-      for (const Workload& w : all_workloads(cost))
-        if (!timed.count(w.key(graph))) {
-          timed[w.key(graph)] = {};
-          (ranks == size ? together : alone).emplace_back(w, ranks);
-        }
-    }
-    // `repeats` rounds over the workloads (a fresh layer, a warm-up and one timed call each):
-    // the median per workload. `barrier`: the ranks start each workload together.
-    auto median_in_rounds = [&](const std::vector<std::pair<Workload, int>>& list, bool barrier) {
-      std::vector<std::vector<double>> times(list.size());
-      for (int round = 0; round < repeats; ++round)
-        for (std::size_t k = 0; k < list.size(); ++k) {
-          set_backend_threads(list[k].first.threads);
-          Bench bench = workload_bench(*model, graph, list[k].first, device);
-          if (barrier) world.barrier();
-          times[k].push_back(time_once(bench, *backend));
-        }
-      std::vector<double> medians;
-      for (auto& t : times) medians.push_back(median(std::move(t)));
-      return medians;
-    };
-    const auto start = Clock::now();
-    if (world.rank() == 0) {
-      fmt::print("tessera calibrate: timing {} workloads of model '{}' (batch {}, ranks {}): {} on all {} ranks at "
-                 "once, {} on rank 0 alone\n",
-                 together.size() + alone.size(), graph.model, args.batch,
-                 args.ranks.empty() ? std::to_string(size) : args.ranks, together.size(), size, alone.size());
-      std::fflush(stdout);
-    }
-    collectively(world, [&] {
-      if (!together.empty()) {
-        widen_affinity(cores);
-        if (!backend) backend = make_host_backend();
+  const PlannerGraph graph = model.planner_graph(args.batch);
+  if (graph.layers.size() != model.nodes().size())
+    fail("calibrate: the planner graph has {} layers but the model {} (bug)", graph.layers.size(),
+         model.nodes().size());
+  std::map<std::string, KernelRow> timed;
+  std::vector<std::pair<Workload, int>> together, alone;
+  for (int ranks : rank_counts) {
+    const CostModel cost(graph, machine, PlannerOptions{.ranks = ranks});
+    for (const Workload& w : all_workloads(cost))
+      if (!timed.count(w.key(graph))) {
+        timed[w.key(graph)] = {};
+        (ranks == size ? together : alone).emplace_back(w, ranks);
       }
-      const std::vector<double> medians = median_in_rounds(together, /*barrier=*/true);
-      for (std::size_t k = 0; k < together.size(); ++k) {
-        const auto& [w, ranks] = together[k];
-        const double seconds = world.allreduce_value(std::max(medians[k], 1e-9), ReduceOp::Max);
-        machine.kernels[w.key(graph)] = seconds;
-        rows.push_back({w.key(graph), graph.layers[static_cast<std::size_t>(w.layer)].name, ranks, seconds});
-      }
-    });
-    on_rank0_alone(world, [&] {
-      const std::vector<double> medians = median_in_rounds(alone, /*barrier=*/false);
-      for (std::size_t k = 0; k < alone.size(); ++k) {
-        const auto& [w, ranks] = alone[k];
-        const double seconds = std::max(medians[k], 1e-9) * machine.oversubscription(ranks);
-        machine.kernels[w.key(graph)] = seconds;
-        rows.push_back({w.key(graph), graph.layers[static_cast<std::size_t>(w.layer)].name, ranks, seconds});
-      }
-      set_backend_threads(cores);
-      fmt::print("  {:<60} {:>12}\n", "workload (model/layer|samples|output|filter,channel|threads|ranks on node)",
-                 "fwd+bwd ms");
-      for (const auto& r : rows) fmt::print("  {:<60} {:12.4f}\n", r.key, r.seconds * 1e3);
-      fmt::print("  {} kernels timed in {:.1f} s\n", rows.size(), seconds_since(start));
-      std::fflush(stdout);
-    });
   }
-
-  // --- waiting at synchronisation points, at this job's rank count ----------------------------
-  if (size >= 2) {
-    double wait = 0;
-    collectively(world, [&] { wait = measure_sync_wait(world, machine, cores, repeats); });
-    machine.sync_wait[machine.ranks_on_node(size)] = wait;
-    if (world.rank() == 0) {
-      fmt::print("  sync_wait        {:.3g} ms per blocking exchange with {} ranks on the node\n", wait * 1e3,
-                 machine.ranks_on_node(size));
-      std::fflush(stdout);
-    }
+  // `repeats` rounds over the workloads (a fresh layer, a warm-up and one timed call each):
+  // the median per workload. `barrier`: the ranks start each workload together.
+  auto median_in_rounds = [&](const std::vector<std::pair<Workload, int>>& list, bool barrier) {
+    std::vector<std::vector<double>> times(list.size());
+    for (int round = 0; round < repeats; ++round)
+      for (std::size_t k = 0; k < list.size(); ++k) {
+        set_backend_threads(list[k].first.threads);
+        Bench bench = workload_bench(model, graph, list[k].first, device);
+        if (barrier) world.barrier();
+        times[k].push_back(time_once(bench, *backend));
+      }
+    std::vector<double> medians;
+    for (auto& t : times) medians.push_back(median(std::move(t)));
+    return medians;
+  };
+  const auto start = Clock::now();
+  if (world.rank() == 0) {
+    fmt::print("tessera calibrate: timing {} workloads of model '{}' (batch {}, ranks {}): {} on all {} ranks at "
+               "once, {} on rank 0 alone\n",
+               together.size() + alone.size(), graph.model, args.batch,
+               args.ranks.empty() ? std::to_string(size) : args.ranks, together.size(), size, alone.size());
+    std::fflush(stdout);
   }
+  collectively(world, [&] {
+    if (!together.empty()) {
+      widen_affinity(cores);
+      if (!backend) backend = make_host_backend();
+    }
+    const std::vector<double> medians = median_in_rounds(together, /*barrier=*/true);
+    for (std::size_t k = 0; k < together.size(); ++k) {
+      const auto& [w, ranks] = together[k];
+      const double seconds = world.allreduce_value(std::max(medians[k], 1e-9), ReduceOp::Max);
+      machine.kernels[w.key(graph)] = seconds;
+      rows.push_back({w.key(graph), graph.layers[static_cast<std::size_t>(w.layer)].name, ranks, seconds});
+    }
+  });
+  on_rank0_alone(world, [&] {
+    const std::vector<double> medians = median_in_rounds(alone, /*barrier=*/false);
+    for (std::size_t k = 0; k < alone.size(); ++k) {
+      const auto& [w, ranks] = alone[k];
+      const double seconds = std::max(medians[k], 1e-9) * machine.oversubscription(ranks);
+      machine.kernels[w.key(graph)] = seconds;
+      rows.push_back({w.key(graph), graph.layers[static_cast<std::size_t>(w.layer)].name, ranks, seconds});
+    }
+    set_backend_threads(cores);
+    fmt::print("  {:<60} {:>12}\n", "workload (model/layer|samples|output|filter,channel|threads|ranks on node)",
+               "fwd+bwd ms");
+    for (const auto& r : rows) fmt::print("  {:<60} {:12.4f}\n", r.key, r.seconds * 1e3);
+    fmt::print("  {} kernels timed in {:.1f} s\n", rows.size(), seconds_since(start));
+    std::fflush(stdout);
+  });
+}
 
-  // --- write -----------------------------------------------------------------------------------
+/// Measures the waiting at synchronisation points at this job's rank count into `machine.sync_wait` (2 or more ranks).
+void measure_sync(Communicator& world, int cores, int repeats, Machine& machine) {
+  const int size = world.size();
+  double wait = 0;
+  collectively(world, [&] { wait = measure_sync_wait(world, machine, cores, repeats); });
+  machine.sync_wait[machine.ranks_on_node(size)] = wait;
+  if (world.rank() == 0) {
+    fmt::print("  sync_wait        {:.3g} ms per blocking exchange with {} ranks on the node\n", wait * 1e3,
+               machine.ranks_on_node(size));
+    std::fflush(stdout);
+  }
+}
+
+/// Writes the machine file on rank 0 (every rank takes part in agreeing on its failure).
+void write_machine(Communicator& world, const CalibrateArgs& args, const Machine& machine) {
   collectively(world, [&] {
     if (world.rank() != 0) return;
     const std::string text =
@@ -447,6 +436,42 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
                machine.kernels.empty() ? "" : fmt::format(" ({} kernel timings)", machine.kernels.size()));
     std::fflush(stdout);
   });
+}
+
+/// Checks the arguments, measures (every rank takes part) and writes the machine file on rank 0.
+void run_calibrate(Communicator& world, const CalibrateArgs& args) {
+  const int size = world.size();
+  const bool gpu = args.device == "cuda";
+  const bool measure = args.base.empty();  // the node (host) from scratch
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  Machine machine;
+  std::unique_ptr<Model> model;
+  std::vector<int> rank_counts;
+  check_and_start(world, args, cores, machine, model, rank_counts);
+
+  std::unique_ptr<DnnBackend> backend;
+  Device device = Device::host();
+  int cpus_for_timing = 0;
+  double busy = 0;
+  on_rank0_alone(world, [&] {
+    cpus_for_timing = widen_affinity(cores);
+    if (gpu) {
+      device = Device::cuda(cuda::select_device_for_local_rank(0));
+      backend = make_cuda_backend();
+      record_gpu(machine, measure_gpu(*backend, device, args.repeats, args.quick), args);
+      return;
+    }
+    backend = make_host_backend();
+    busy = busy_cores(0.3);
+    if (busy > 0.25)
+      fmt::print("tessera calibrate: warning: other processes keep {:.1f} of the {} hardware threads busy; the "
+                 "timings will be slower than on an idle machine\n", busy, cores);
+  });
+
+  if (measure) measure_node(world, args, cores, backend, device, cpus_for_timing, busy, machine);
+  if (model) time_kernels(world, args, *model, rank_counts, cores, backend, device, machine);
+  if (size >= 2) measure_sync(world, cores, args.repeats, machine);
+  write_machine(world, args, machine);
 }
 
 }  // namespace

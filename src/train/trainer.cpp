@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "tessera/core/clock.hpp"
@@ -189,6 +190,152 @@ void Trainer::check() const {
                validation_->info().sample_shape.to_string(), model_.source(), model_.sample_shape().to_string());
 }
 
+/// What the steps of one run() share: its schedule, prefetcher and watchdog, the summary they fill and the progress
+/// window.
+struct Trainer::Run {
+  std::int64_t per_epoch;
+  std::int64_t total_steps;
+  const LrSchedule& schedule;
+  const std::vector<Parameter*>& params;
+  int rank;
+  std::function<ReadRequest(std::int64_t)> request_for;
+  Prefetcher& prefetcher;
+  Watchdog* watch;
+  Clock::time_point start;
+  std::int64_t start_step;
+  TrainSummary& summary;
+  Clock::time_point window_start;
+  std::int64_t window_steps;
+  std::int64_t reached;
+};
+
+std::int64_t Trainer::resume_from_checkpoint(Clock::time_point start) {
+  const int rank = executor_.world().rank();
+  std::int64_t start_step = 0;
+  // Every rank finds and reads the checkpoint together: watched as a step is.
+  Watchdog resume_watchdog(options_.watchdog_seconds, rank, Watchdog::print_and_abort(executor_.world()));
+  const WatchdogScope resuming(resume_watchdog.enabled() ? &resume_watchdog : nullptr,
+                               "resuming from a checkpoint (finding and reading it, every rank together)");
+  collectively(executor_.world(), [&] {
+    std::optional<std::string> path;
+    if (options_.resume == "auto") {
+      path = find_resume_checkpoint(options_.checkpoint_dir, executor_.world());
+      if (!path) log_info("no checkpoint in '{}' yet: starting from scratch", options_.checkpoint_dir);
+    } else {
+      path = options_.resume;
+    }
+    if (path) {
+      const CheckpointMeta expected{0, 0, options_.global_batch, options_.seed, options_.plan_text};
+      start_step = restore_checkpoint(*path, model_, executor_, *optimizer_, expected).step;
+      log_info("resumed from {} at step {} ({:.2f} s)", *path, start_step, seconds_since(start));
+    }
+  });
+  if (metrics_) metrics_->resume_from(start_step);
+  return start_step;
+}
+
+void Trainer::validate(Run& state, std::int64_t step, std::int64_t epoch) {
+  if (!validation_) return;
+  TrainSummary& summary = state.summary;
+  const WatchdogScope scope(state.watch, "validation");
+  const BatchResult r = evaluate(*validation_);
+  summary.val_loss = r.mean_loss();
+  if (r.correct >= 0) summary.val_accuracy = static_cast<double>(r.correct) / static_cast<double>(r.samples);
+  log_info("validation after step {}: loss {:.4f}{}", step, *summary.val_loss,
+           summary.val_accuracy ? fmt::format(", accuracy {:.2f}%", 100.0 * *summary.val_accuracy) : "");
+  if (metrics_) metrics_->eval_row(step, epoch, *summary.val_loss, summary.val_accuracy, seconds_since(state.start));
+}
+
+void Trainer::save(Run& state, std::int64_t next) {
+  TrainSummary& summary = state.summary;
+  const WatchdogScope scope(state.watch, "writing a checkpoint");
+  const auto begin = Clock::now();
+  if (metrics_) metrics_->flush();  // the rows up to the checkpoint survive a kill
+  const CheckpointMeta meta{next, next / state.per_epoch, options_.global_batch, options_.seed, options_.plan_text};
+  summary.last_checkpoint =
+      save_checkpoint(options_.checkpoint_dir, model_, executor_, *optimizer_, meta, options_.keep_checkpoints);
+  const double seconds = seconds_since(begin);
+  summary.checkpoint_seconds += seconds;
+  log_info("checkpoint {} (before step {}) written in {:.3f} s", summary.last_checkpoint, next, seconds);
+  if (state.watch) state.watch->heartbeat();
+}
+
+bool Trainer::train_step(Run& state, std::int64_t step) {
+  Watchdog* const watch = state.watch;
+  Batch batch;
+  {
+    const WatchdogScope scope(watch, "reading training data (waiting for the prefetched batch)");
+    batch = state.prefetcher.take();
+  }
+  if (step + 1 < state.total_steps) state.prefetcher.submit(state.request_for(step + 1));
+  if (state.rank == options_.fail_rank && step == options_.fail_step)
+    fail("injected failure at step {} (--inject-failure)", step);
+  if (state.rank == options_.hang_rank && step == options_.hang_step) {
+    const WatchdogScope scope(watch, "an injected hang (--inject-hang)");
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+  const BatchResult r = executor_.train_step(batch.inputs, batch.targets, options_.global_batch, step);
+  const double lr = state.schedule.lr(step);
+  optimizer_->step(state.params, lr);
+  if (watch) watch->heartbeat();
+  state.summary.final_loss = r.mean_loss();
+  state.summary.comm_wait_seconds += r.comm_wait_seconds;
+  ++state.window_steps;
+  const std::int64_t epoch = step / state.per_epoch;
+  report_step(state, step, r, lr);
+  const bool last = step + 1 == state.total_steps;
+  const bool epoch_end = (step + 1) % state.per_epoch == 0;
+  if ((options_.eval_every > 0 && (step + 1) % options_.eval_every == 0) || (options_.eval_every == 0 && epoch_end) ||
+      last)
+    validate(state, step + 1, epoch);
+  if (step == state.start_step && state.start_step > 0)
+    log_info("first step after resuming done {:.2f} s after training began", seconds_since(state.start));
+  state.reached = step + 1;
+  return checkpoint_or_stop(state, last);
+}
+
+void Trainer::report_step(Run& state, std::int64_t step, const BatchResult& r, double lr) {
+  const std::int64_t epoch = step / state.per_epoch;
+  if (metrics_) {
+    const double accuracy = r.correct >= 0 ? static_cast<double>(r.correct) / static_cast<double>(r.samples) : -1.0;
+    const double elapsed = seconds_since(state.start);
+    metrics_->train_row(step, epoch, r.mean_loss(), accuracy, lr,
+                        static_cast<double>((step + 1 - state.start_step) * options_.global_batch) / elapsed, elapsed);
+  }
+  const bool last = step + 1 == state.total_steps;
+  if ((step + 1) % options_.progress_every == 0 || last) {
+    const double window = seconds_since(state.window_start);
+    const double rate = static_cast<double>(state.window_steps * options_.global_batch) / window;
+    const double eta =
+        static_cast<double>(state.total_steps - step - 1) * window / static_cast<double>(state.window_steps);
+    log_info("step {}/{} epoch {} loss {:.4f} lr {:.4g} {:.0f} samples/s ETA {}", step + 1, state.total_steps,
+             epoch + 1, r.mean_loss(), lr, rate, format_duration(eta));
+    state.window_start = Clock::now();
+    state.window_steps = 0;
+  }
+}
+
+bool Trainer::checkpoint_or_stop(Run& state, bool last) {
+  const std::int64_t reached = state.reached;
+  // A stop request (a signal) ends the run at this step boundary on every rank alike.
+  bool stop = false;
+  if (options_.stop_request != nullptr) {
+    const int flag = options_.stop_request->load() ? 1 : 0;
+    const WatchdogScope scope(state.watch, "stop-request allreduce (the signal check after a step)");
+    stop = executor_.world().allreduce_value(flag, ReduceOp::Max) != 0;
+  }
+  if (!options_.checkpoint_dir.empty() &&
+      ((options_.checkpoint_every > 0 && reached % options_.checkpoint_every == 0) || last || stop))
+    save(state, reached);
+  if (stop && !last) {
+    log_info("stop requested: stopping after step {}{}", reached,
+             options_.checkpoint_dir.empty() ? " (no --checkpoint-dir: nothing saved)" : "");
+    state.summary.stopped = true;
+    return true;
+  }
+  return false;
+}
+
 TrainSummary Trainer::run() {
   check();
   const DatasetInfo& info = train_->info();
@@ -220,30 +367,8 @@ TrainSummary Trainer::run() {
   const auto start = Clock::now();
   // Resume: the step restores everything else (see train/checkpoint.hpp).
   std::int64_t start_step = 0;
-  if (!options_.resume.empty()) {
-    // Every rank finds and reads the checkpoint together: watched as a step is.
-    Watchdog resume_watchdog(options_.watchdog_seconds, rank, Watchdog::print_and_abort(executor_.world()));
-    const WatchdogScope resuming(resume_watchdog.enabled() ? &resume_watchdog : nullptr,
-                                 "resuming from a checkpoint (finding and reading it, every rank together)");
-    collectively(executor_.world(), [&] {
-      std::optional<std::string> path;
-      if (options_.resume == "auto") {
-        path = find_resume_checkpoint(options_.checkpoint_dir, executor_.world());
-        if (!path) log_info("no checkpoint in '{}' yet: starting from scratch", options_.checkpoint_dir);
-      } else {
-        path = options_.resume;
-      }
-      if (path) {
-        const CheckpointMeta expected{0, 0, options_.global_batch, options_.seed, options_.plan_text};
-        start_step = restore_checkpoint(*path, model_, executor_, *optimizer_, expected).step;
-        log_info("resumed from {} at step {} ({:.2f} s)", *path, start_step, seconds_since(start));
-      }
-    });
-    if (metrics_) metrics_->resume_from(start_step);
-  }
+  if (!options_.resume.empty()) start_step = resume_from_checkpoint(start);
   summary.start_step = start_step;
-  auto window_start = start;
-  std::int64_t window_steps = 0;
   Prefetcher prefetcher(train_);
   if (start_step < total_steps) prefetcher.submit(request_for(start_step));
   // Declared after the prefetcher: stops watching before the prefetcher's last reads are joined.
@@ -255,93 +380,11 @@ TrainSummary Trainer::run() {
     ~Unwatch() { executor.set_watchdog(nullptr); }
   } unwatch{executor_};
 
-  auto validate = [&](std::int64_t step, std::int64_t epoch) {
-    if (!validation_) return;
-    const WatchdogScope scope(watch, "validation");
-    const BatchResult r = evaluate(*validation_);
-    summary.val_loss = r.mean_loss();
-    if (r.correct >= 0) summary.val_accuracy = static_cast<double>(r.correct) / static_cast<double>(r.samples);
-    log_info("validation after step {}: loss {:.4f}{}", step, *summary.val_loss,
-             summary.val_accuracy ? fmt::format(", accuracy {:.2f}%", 100.0 * *summary.val_accuracy) : "");
-    if (metrics_) metrics_->eval_row(step, epoch, *summary.val_loss, summary.val_accuracy, seconds_since(start));
-  };
-
-  auto save = [&](std::int64_t next) {
-    const WatchdogScope scope(watch, "writing a checkpoint");
-    const auto begin = Clock::now();
-    if (metrics_) metrics_->flush();  // the rows up to the checkpoint survive a kill
-    const CheckpointMeta meta{next, next / per_epoch, options_.global_batch, options_.seed, options_.plan_text};
-    summary.last_checkpoint =
-        save_checkpoint(options_.checkpoint_dir, model_, executor_, *optimizer_, meta, options_.keep_checkpoints);
-    const double seconds = seconds_since(begin);
-    summary.checkpoint_seconds += seconds;
-    log_info("checkpoint {} (before step {}) written in {:.3f} s", summary.last_checkpoint, next, seconds);
-    if (watch) watch->heartbeat();
-  };
-  std::int64_t reached = start_step;
-
+  Run state{per_epoch, total_steps, schedule, params, rank, request_for, prefetcher, watch, start, start_step, summary,
+            /*window_start=*/start, /*window_steps=*/0, /*reached=*/start_step};
   try {
-    for (std::int64_t step = start_step; step < total_steps; ++step) {
-      Batch batch;
-      {
-        const WatchdogScope scope(watch, "reading training data (waiting for the prefetched batch)");
-        batch = prefetcher.take();
-      }
-      if (step + 1 < total_steps) prefetcher.submit(request_for(step + 1));
-      if (rank == options_.fail_rank && step == options_.fail_step)
-        fail("injected failure at step {} (--inject-failure)", step);
-      if (rank == options_.hang_rank && step == options_.hang_step) {
-        const WatchdogScope scope(watch, "an injected hang (--inject-hang)");
-        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-      }
-      const BatchResult r = executor_.train_step(batch.inputs, batch.targets, options_.global_batch, step);
-      const double lr = schedule.lr(step);
-      optimizer_->step(params, lr);
-      if (watch) watch->heartbeat();
-      summary.final_loss = r.mean_loss();
-      summary.comm_wait_seconds += r.comm_wait_seconds;
-      ++window_steps;
-      const std::int64_t epoch = step / per_epoch;
-      if (metrics_) {
-        const double accuracy = r.correct >= 0 ? static_cast<double>(r.correct) / static_cast<double>(r.samples) : -1.0;
-        const double elapsed = seconds_since(start);
-        metrics_->train_row(step, epoch, r.mean_loss(), accuracy, lr,
-                            static_cast<double>((step + 1 - start_step) * options_.global_batch) / elapsed, elapsed);
-      }
-      const bool last = step + 1 == total_steps;
-      if ((step + 1) % options_.progress_every == 0 || last) {
-        const double window = seconds_since(window_start);
-        const double rate = static_cast<double>(window_steps * options_.global_batch) / window;
-        const double eta = static_cast<double>(total_steps - step - 1) * window / static_cast<double>(window_steps);
-        log_info("step {}/{} epoch {} loss {:.4f} lr {:.4g} {:.0f} samples/s ETA {}", step + 1, total_steps, epoch + 1,
-                 r.mean_loss(), lr, rate, format_duration(eta));
-        window_start = Clock::now();
-        window_steps = 0;
-      }
-      const bool epoch_end = (step + 1) % per_epoch == 0;
-      if ((options_.eval_every > 0 && (step + 1) % options_.eval_every == 0) ||
-          (options_.eval_every == 0 && epoch_end) || last)
-        validate(step + 1, epoch);
-      if (step == start_step && start_step > 0)
-        log_info("first step after resuming done {:.2f} s after training began", seconds_since(start));
-      reached = step + 1;
-      // A stop request (a signal) ends the run at this step boundary on every rank alike.
-      bool stop = false;
-      if (options_.stop_request != nullptr) {
-        const int flag = options_.stop_request->load() ? 1 : 0;
-        const WatchdogScope scope(watch, "stop-request allreduce (the signal check after a step)");
-        stop = executor_.world().allreduce_value(flag, ReduceOp::Max) != 0;
-      }
-      if (!options_.checkpoint_dir.empty() &&
-          ((options_.checkpoint_every > 0 && reached % options_.checkpoint_every == 0) || last || stop))
-        save(reached);
-      if (stop && !last) {
-        log_info("stop requested: stopping after step {}{}", reached,
-                 options_.checkpoint_dir.empty() ? " (no --checkpoint-dir: nothing saved)" : "");
-        summary.stopped = true;
-        break;
-      }
-    }
+    for (std::int64_t step = start_step; step < total_steps; ++step)
+      if (train_step(state, step)) break;
   } catch (const AgreedFailure&) {
     throw;  // every rank is throwing it at the same point
   } catch (const std::exception& e) {
@@ -351,6 +394,7 @@ TrainSummary Trainer::run() {
     std::fflush(stderr);
     executor_.world().abort(exit_code_for(e));
   }
+  const std::int64_t reached = state.reached;
   summary.steps = reached;
   summary.seconds = seconds_since(start);
   summary.samples_per_second =

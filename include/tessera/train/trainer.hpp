@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "tessera/core/clock.hpp"
 #include "tessera/train/executor.hpp"
 #include "tessera/train/optimizer.hpp"
 #include "tessera/train/schedule.hpp"
@@ -96,6 +97,19 @@ class Trainer {
 
  private:
   struct Metrics;
+  struct Run;
+  /// Finds and reads the checkpoint to resume from (every rank together) and returns its step (0: none).
+  std::int64_t resume_from_checkpoint(Clock::time_point start);
+  /// Runs training step `step` through its validation and checkpoint; returns true when a stop request ends the run.
+  bool train_step(Run& state, std::int64_t step);
+  /// Writes a step's metrics row and, every progress_every steps, its progress line.
+  void report_step(Run& state, std::int64_t step, const BatchResult& r, double lr);
+  /// Validates after `step` and writes the validation row (no-op without validation data).
+  void validate(Run& state, std::int64_t step, std::int64_t epoch);
+  /// Agrees on a stop request, saves a checkpoint when due and returns true when the run stops here.
+  bool checkpoint_or_stop(Run& state, bool last);
+  /// Writes a checkpoint before step `next`.
+  void save(Run& state, std::int64_t next);
   Model& model_;
   Executor& executor_;
   std::shared_ptr<Dataset> train_;
