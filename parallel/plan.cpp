@@ -142,6 +142,22 @@ namespace {
 constexpr const char* kSpatialNames[3] = {"D", "H", "W"};
 }  // namespace
 
+Plan Plan::replicated(int groups) const {
+  TESSERA_CHECK(groups >= 1, "Plan::replicated: {} groups", groups);
+  Plan plan = *this;
+  plan.ranks_ = ranks_ * groups;
+  plan.default_.sample *= groups;
+  for (auto& [name, split] : plan.layers_) split.sample *= groups;
+  return plan;
+}
+
+Plan Plan::for_job(int job_ranks) const {
+  if (job_ranks < ranks_ || job_ranks % ranks_ != 0)
+    fail_input("plan '{}' is for {} ranks but the job has {} ranks (a job runs a plan on its ranks, or on a "
+               "multiple of them as replica groups)", source_, ranks_, job_ranks);
+  return job_ranks == ranks_ ? *this : replicated(job_ranks / ranks_);
+}
+
 void Plan::validate(int job_ranks, const std::vector<PlanLayerInfo>& layers) const {
   if (ranks_ != job_ranks)
     fail_input("plan '{}' is for {} ranks but the job has {} ranks", source_, ranks_, job_ranks);

@@ -242,10 +242,11 @@ ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd) {
   if (!s.plan.empty() && s.plan != "auto") {
     s.plan = absolute(s.plan, cwd);
     const Plan plan = Plan::load(s.plan);
-    if (plan.ranks() != s.ranks())
-      fail_input("plan '{}' is for {} ranks, but the job has {} ranks (--nodes {} x --tasks-per-node {})", s.plan,
-                 plan.ranks(), s.ranks(), s.nodes, s.tasks_per_node);
-    plan.validate(s.ranks(), model.plan_info(batch));
+    if (s.ranks() < plan.ranks() || s.ranks() % plan.ranks() != 0)
+      fail_input("plan '{}' is for {} ranks, but the job has {} ranks (--nodes {} x --tasks-per-node {}; a multiple "
+                 "of the plan's ranks runs it as replica groups)", s.plan, plan.ranks(), s.ranks(), s.nodes,
+                 s.tasks_per_node);
+    plan.for_job(s.ranks()).validate(s.ranks(), model.plan_info(batch));
   }
 
   const std::string metrics = s.metrics_dir.empty() ? "runs/" + s.job_name + "-%j" : s.metrics_dir;

@@ -56,9 +56,13 @@ ExecutorOptions::GpuComm parse_gpu_comm(const std::string& text) {
   throw InputError(fmt::format("GPU communication '{}': choose auto, nccl or mpi", text));
 }
 
-Executor::Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator> world, ExecutorOptions options)
+Executor::Executor(Model& model, const Plan& given_plan, std::shared_ptr<Communicator> world, ExecutorOptions options)
     : model_(model), world_(std::move(world)), options_(options), reducer_(options.reducer) {
-  collectively(*world_, [&] { plan.validate(world_->size(), model_.plan_info(options_.global_batch)); });
+  Plan plan;
+  collectively(*world_, [&] {
+    plan = given_plan.for_job(world_->size());
+    plan.validate(world_->size(), model_.plan_info(options_.global_batch));
+  });
   exchange_comm_ = world_->duplicate();
   node_of_rank_ = options_.ranks_per_node > 0 ? nodes_in_blocks(world_->size(), options_.ranks_per_node)
                                               : nodes_by_host_name(*world_);

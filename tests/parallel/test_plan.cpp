@@ -1,5 +1,6 @@
 // Plan files, in one process: parsing (valid files and every error with its message), validation
 // against a job and a model, and the YAML round trip.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -9,6 +10,8 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/tile_geometry.hpp"
+#include "tessera/tensor/grid.hpp"
 #include "expect_input_error.hpp"
 
 namespace tessera {
@@ -330,6 +333,38 @@ TEST(PlanYaml, RoundTripsThroughParse) {
   for (const Plan& p : {Plan::sample_parallel(7), Plan::parse("ranks: 2\ndefault: {sample: 1, filter: 2}\n", "x")}) {
     expect_same_plan(p, Plan::parse(p.to_yaml(), "again.yaml"));
   }
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// A plan on a multiple of its ranks: replica groups, the group outermost in every sample split, so
+// that rank q of group g holds what rank q holds under the plan, for group g's block of samples.
+TEST(PlanReplicaGroups, RankQOfEveryGroupHoldsRankQsShardOfItsSamples) {
+  const Plan plan = Plan::parse("ranks: 2\ndefault: {sample: 2}\nlayers:\n  c: {sample: 1, spatial: [2, 1]}\n", "g.yaml");
+  const Plan job = plan.for_job(6);
+  EXPECT_EQ(job.ranks(), 6);
+  EXPECT_EQ(job.default_split(), split(6));
+  EXPECT_EQ(job.split_for("c"), split(3, 1, 1, {2, 1}));
+  EXPECT_EQ(plan.for_job(2).split_for("c"), plan.split_for("c"));
+  const Shape out = Shape::image(12, 4, {8, 8});
+  for (const std::string layer : {"c", "other"}) {
+    const LayerSplit& mine = plan.split_for(layer);
+    const LayerSplit& ours = job.split_for(layer);
+    for (int g = 0; g < 3; ++g)
+      for (int q = 0; q < 2; ++q) {
+        const Box group = output_box(ours, out, grid_coords(layer_grid(ours), 2 * g + q));
+        Box alone = output_box(mine, out.with(0, 4), grid_coords(layer_grid(mine), q));
+        alone.begin[0] += 4 * g;
+        EXPECT_EQ(group, alone) << layer << " group " << g << " rank " << q;
+      }
+  }
+  for (int job_ranks : {1, 3, 5})
+    expect_input_error([&] { (void)plan.for_job(job_ranks); },
+                       {fmt::format("plan 'g.yaml' is for 2 ranks but the job has {} ranks", job_ranks), "replica groups"});
 }
 
 }  // namespace

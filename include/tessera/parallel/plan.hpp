@@ -71,6 +71,14 @@ class Plan {
 
   std::string to_yaml() const;
 
+  /// This plan run by `groups` replica groups, data parallel to each other: `groups` times the
+  /// ranks, every split's sample parts times `groups` with the group outermost, so that rank q of
+  /// every group holds the shard rank q holds under this plan, for the group's block of samples.
+  Plan replicated(int groups) const;
+  /// The plan a job of `job_ranks` ranks runs: this one, or replicated over job_ranks / ranks()
+  /// replica groups; an InputError when job_ranks is not a multiple of ranks().
+  Plan for_job(int job_ranks) const;
+
  private:
   /// parse() without its net for yaml-cpp's own exceptions.
   static Plan parse_unchecked(const std::string& yaml_text, const std::string& source_name);

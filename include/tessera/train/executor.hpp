@@ -102,7 +102,9 @@ struct LayerTiming {
 
 class Executor {
  public:
-  /// Checks the plan against the model and the job (collectively: every rank fails together).
+  /// Checks the plan against the model and the job (collectively: every rank fails together). A
+  /// job of a multiple of the plan's ranks runs it as replica groups (Plan::for_job), each group
+  /// a block of every batch's samples, every gradient summed over all groups every step.
   Executor(Model& model, const Plan& plan, std::shared_ptr<Communicator> world, ExecutorOptions options);
   ~Executor();
 
