@@ -22,6 +22,43 @@ int parse_parts(const YAML::Node& node, const std::string& where, const std::str
   return value;
 }
 
+/// The `sync:` section: its keys are SyncOptions' (checked for the job by check_sync).
+SyncOptions parse_sync(const YAML::Node& node, const std::string& where) {
+  if (!node.IsMap()) fail_input("{}: expected a mapping such as {{mode: local_sgd, period: 4}}", where);
+  SyncOptions s;
+  const auto scalar = [&](const YAML::Node& v, const std::string& key) {
+    if (!v.IsScalar()) fail_input("{}: '{}' must be a value, got a list or mapping", where, key);
+    return v.Scalar();
+  };
+  const auto number = [&](const YAML::Node& v, const std::string& key) {
+    try {
+      return v.as<double>();
+    } catch (const YAML::Exception&) {
+      fail_input("{}: '{}' must be a number, got '{}'", where, key, scalar(v, key));
+    }
+  };
+  for (const auto& item : node) {
+    const auto key = item.first.as<std::string>();
+    const YAML::Node& v = item.second;
+    if (key == "mode") s.mode = scalar(v, key);
+    else if (key == "period") s.period = parse_parts(v, where, key);
+    else if (key == "start") {
+      const double step = number(v, key);
+      if (!(step >= 0 && step <= 1e9) || step != static_cast<double>(static_cast<int>(step)))
+        fail_input("{}: 'start' must be a step, an integer 0 or more, got '{}'", where, scalar(v, key));
+      s.start = static_cast<int>(step);
+    } else if (key == "outer_optimizer") s.outer_optimizer = scalar(v, key);
+    else if (key == "outer_lr") s.outer_lr = number(v, key);
+    else if (key == "outer_momentum") s.outer_momentum = number(v, key);
+    else if (key == "easgd_alpha") s.easgd_alpha = number(v, key);
+    else if (key == "topology") s.topology = scalar(v, key);
+    else
+      fail_input("{}: unknown key '{}' (known: mode, period, start, outer_optimizer, outer_lr, outer_momentum, "
+                 "easgd_alpha, topology)", where, key);
+  }
+  return s;
+}
+
 LayerSplit parse_split(const YAML::Node& node, const std::string& where) {
   if (!node.IsMap()) fail_input("{}: expected a mapping like {{sample: 4}}", where);
   LayerSplit split;
@@ -114,8 +151,10 @@ Plan Plan::parse_unchecked(const std::string& yaml_text, const std::string& sour
         if (plan.layers_.count(name)) fail_input("plan file '{}': layer '{}' is listed twice", source_name, name);
         plan.layers_[name] = parse_split(layer.second, fmt::format("plan file '{}', layer '{}'", source_name, name));
       }
+    } else if (key == "sync") {
+      plan.sync_ = parse_sync(item.second, fmt::format("plan file '{}', sync", source_name));
     } else {
-      fail_input("plan file '{}': unknown key '{}' (known: ranks, default, layers)", source_name, key);
+      fail_input("plan file '{}': unknown key '{}' (known: ranks, default, layers, sync)", source_name, key);
     }
   }
   if (!has_ranks) fail_input("plan file '{}': missing 'ranks'", source_name);
@@ -258,7 +297,7 @@ void Plan::validate(int job_ranks, const std::vector<PlanLayerInfo>& layers) con
 std::string Plan::to_yaml() const {
   std::string s = fmt::format("ranks: {}\ndefault: {}\nlayers:\n", ranks_, default_.to_string());
   for (const auto& [name, split] : layers_) s += fmt::format("  {}: {}\n", name, split.to_string());
-  return s;
+  return s + sync_.to_yaml();
 }
 
 }  // namespace tessera

@@ -14,6 +14,7 @@
 #include "tessera/core/log.hpp"
 #include "tessera/io/dataset.hpp"
 #include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/sync.hpp"
 #include "tessera/parallel/watchdog.hpp"
 #include "tessera/train/trainer.hpp"
 
@@ -27,6 +28,8 @@ struct TrainArgs {
   std::string gpu_comm = "auto";
   std::string bf16_convolutions;  ///< empty: native
   std::string precision;  ///< empty: the model file's
+  std::string sync_mode;  ///< empty: the plan file's (bsp by default)
+  SyncOptions sync;       ///< the --sync options given (over the plan file's sync: section)
   TrainerOptions trainer;
   ExecutorOptions executor;
 };
@@ -107,6 +110,9 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
       }
     }
     else plan = std::make_unique<Plan>(Plan::load(args.plan));
+    SyncOptions sync = args.sync.over(plan->sync());
+    sync.mode = args.sync_mode.empty() ? plan->sync().mode : args.sync_mode;
+    check_sync(sync, world->size() % plan->ranks() == 0 ? world->size() / plan->ranks() : 1);
     args.trainer.plan_text = plan->to_yaml();
     Hdf5DatasetOptions data_options{args.inputs, args.targets};
     train = open_hdf5_dataset(args.data, *world, data_options);
@@ -176,6 +182,25 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   cmd->add_option("--val-data", args->val_data, "Validation / test data (HDF5)");
   cmd->add_option("--inputs", args->inputs, "Name of the inputs dataset in the file (default: images, else data)");
   cmd->add_option("--targets", args->targets, "Name of the targets dataset (default: labels, else targets)");
+  cmd->add_option("--sync", args->sync_mode,
+                  "How replica groups synchronize (a job of a multiple of the plan's ranks runs it as replica "
+                  "groups): bsp (every gradient over all groups every step; the default, and the plan file's "
+                  "sync: mode otherwise); local_sgd, diloco, easgd, gossip, adascale are not built yet");
+  SyncOptions& sync = args->sync;
+  cmd->add_option_function<int>("--sync-period", [&sync](const int& v) { sync.period = v; },
+                                "Steps between syncs (local_sgd, diloco, easgd, gossip)");
+  cmd->add_option_function<int>("--sync-start", [&sync](const int& v) { sync.start = v; },
+                                "Bulk-synchronous until this step (local_sgd: post-local SGD)");
+  cmd->add_option_function<std::string>("--outer-optimizer", [&sync](const std::string& v) { sync.outer_optimizer = v; },
+                                        "diloco's outer optimizer: sgd or nesterov");
+  cmd->add_option_function<double>("--outer-lr", [&sync](const double& v) { sync.outer_lr = v; },
+                                   "diloco's outer learning rate");
+  cmd->add_option_function<double>("--outer-momentum", [&sync](const double& v) { sync.outer_momentum = v; },
+                                   "diloco's outer momentum");
+  cmd->add_option_function<double>("--easgd-alpha", [&sync](const double& v) { sync.easgd_alpha = v; },
+                                   "easgd's elastic pull, in [0, 1]");
+  cmd->add_option_function<std::string>("--gossip-topology", [&sync](const std::string& v) { sync.topology = v; },
+                                        "gossip's graph: ring or exponential");
   auto& t = args->trainer;
   cmd->add_option("--epochs", t.epochs, "Epochs")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--steps", t.max_steps, "Stop after this many steps (0: all epochs)")->capture_default_str();

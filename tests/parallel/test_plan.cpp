@@ -129,7 +129,7 @@ TEST(PlanParseErrors, NotAMapping) {
 
 TEST(PlanParseErrors, UnknownTopKey) {
   expect_parse_error("ranks: 2\nlayer:\n  conv1: {sample: 2}\n",
-                     {"plan file 'test.yaml'", "unknown key 'layer'", "(known: ranks, default, layers)"});
+                     {"plan file 'test.yaml'", "unknown key 'layer'", "(known: ranks, default, layers, sync)"});
 }
 
 TEST(PlanParseErrors, UnknownSplitKey) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/parallel/sync.hpp"
 #include "tessera/tensor/shape.hpp"
 
 namespace tessera {
@@ -62,6 +63,8 @@ class Plan {
   /// The split of `layer` (its own entry, else the default).
   const LayerSplit& split_for(const std::string& layer) const;
   const std::map<std::string, LayerSplit>& layer_splits() const { return layers_; }
+  /// How its replica groups synchronize (the plan file's `sync:` section; bsp by default).
+  const SyncOptions& sync() const { return sync_; }
 
   /// Checks the plan against a job and a model: the rank count, every named layer exists, every
   /// split's product is the rank count and fits the layer's shape (no empty blocks), spatial
@@ -87,6 +90,7 @@ class Plan {
   int ranks_ = 1;
   LayerSplit default_;
   std::map<std::string, LayerSplit> layers_;
+  SyncOptions sync_;
 };
 
 }  // namespace tessera

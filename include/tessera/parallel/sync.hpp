@@ -1,0 +1,32 @@
+#pragma once
+// How replica groups synchronize: the mode and its options, from `--sync` and its options or the
+// plan file's `sync:` section (the command line wins, key by key), checked in one place.
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct SyncOptions {
+  std::string mode = "bsp";
+  std::optional<int> period;                  ///< steps between syncs (local_sgd, diloco, easgd, gossip)
+  std::optional<int> start;                   ///< bsp until this step (local_sgd: post-local SGD)
+  std::optional<std::string> outer_optimizer;  ///< sgd or nesterov (diloco)
+  std::optional<double> outer_lr, outer_momentum;  ///< (diloco)
+  std::optional<double> easgd_alpha;          ///< the elastic pull, in [0, 1] (easgd)
+  std::optional<std::string> topology;        ///< ring or exponential (gossip)
+  /// These options with every key this one leaves unset taken from `base`.
+  SyncOptions over(const SyncOptions& base) const;
+  /// The plan file's form (`{mode: ..., period: ...}`), empty for bsp without options.
+  std::string to_yaml() const;
+  bool operator==(const SyncOptions&) const = default;
+};
+
+/// The modes Tessera knows, in the order the docs list them.
+const std::vector<std::string>& sync_modes();
+
+/// Checks `sync` for a job of `groups` replica groups: a known mode, options that this mode takes,
+/// in range; an InputError naming the option (its command-line and plan-file names) otherwise.
+void check_sync(const SyncOptions& sync, int groups);
+
+}  // namespace tessera

@@ -1,0 +1,83 @@
+#include "tessera/parallel/sync.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+
+SyncOptions SyncOptions::over(const SyncOptions& base) const {
+  SyncOptions s = *this;
+  if (!period) s.period = base.period;
+  if (!start) s.start = base.start;
+  if (!outer_optimizer) s.outer_optimizer = base.outer_optimizer;
+  if (!outer_lr) s.outer_lr = base.outer_lr;
+  if (!outer_momentum) s.outer_momentum = base.outer_momentum;
+  if (!easgd_alpha) s.easgd_alpha = base.easgd_alpha;
+  if (!topology) s.topology = base.topology;
+  return s;
+}
+
+std::string SyncOptions::to_yaml() const {
+  std::string s;
+  const auto add = [&](const char* key, const std::string& value) { s += fmt::format(", {}: {}", key, value); };
+  if (period) add("period", std::to_string(*period));
+  if (start) add("start", std::to_string(*start));
+  if (outer_optimizer) add("outer_optimizer", *outer_optimizer);
+  if (outer_lr) add("outer_lr", fmt::format("{}", *outer_lr));
+  if (outer_momentum) add("outer_momentum", fmt::format("{}", *outer_momentum));
+  if (easgd_alpha) add("easgd_alpha", fmt::format("{}", *easgd_alpha));
+  if (topology) add("topology", *topology);
+  if (mode == "bsp" && s.empty()) return "";
+  return fmt::format("sync: {{mode: {}{}}}\n", mode, s);
+}
+
+const std::vector<std::string>& sync_modes() {
+  static const std::vector<std::string> modes{"bsp", "local_sgd", "diloco", "easgd", "gossip", "adascale"};
+  return modes;
+}
+
+namespace {
+
+/// An option set for a mode that does not take it.
+void refuse_unless(bool set, const char* key, const char* flag, const std::vector<std::string>& modes,
+                   const std::string& mode) {
+  if (!set || std::find(modes.begin(), modes.end(), mode) != modes.end()) return;
+  fail_input("sync option '{}' ({}) is for --sync {}, not {}", key, flag, fmt::join(modes, " or "), mode);
+}
+
+}  // namespace
+
+void check_sync(const SyncOptions& s, int groups) {
+  const auto& modes = sync_modes();
+  if (std::find(modes.begin(), modes.end(), s.mode) == modes.end())
+    fail_input("synchronization mode '{}' is unknown (known: {})", s.mode, fmt::join(modes, ", "));
+  refuse_unless(s.period.has_value(), "period", "--sync-period", {"local_sgd", "diloco", "easgd", "gossip"}, s.mode);
+  refuse_unless(s.start.has_value(), "start", "--sync-start", {"local_sgd"}, s.mode);
+  refuse_unless(s.outer_optimizer.has_value(), "outer_optimizer", "--outer-optimizer", {"diloco"}, s.mode);
+  refuse_unless(s.outer_lr.has_value(), "outer_lr", "--outer-lr", {"diloco"}, s.mode);
+  refuse_unless(s.outer_momentum.has_value(), "outer_momentum", "--outer-momentum", {"diloco"}, s.mode);
+  refuse_unless(s.easgd_alpha.has_value(), "easgd_alpha", "--easgd-alpha", {"easgd"}, s.mode);
+  refuse_unless(s.topology.has_value(), "topology", "--gossip-topology", {"gossip"}, s.mode);
+  if (s.period && *s.period < 1) fail_input("sync period (--sync-period) must be at least 1, got {}", *s.period);
+  if (s.start && *s.start < 0) fail_input("sync start (--sync-start) must be 0 or more, got {}", *s.start);
+  if (s.outer_optimizer && *s.outer_optimizer != "sgd" && *s.outer_optimizer != "nesterov")
+    fail_input("outer optimizer (--outer-optimizer) '{}': choose sgd or nesterov", *s.outer_optimizer);
+  if (s.outer_lr && !(*s.outer_lr > 0)) fail_input("outer learning rate (--outer-lr) must be above 0, got {}", *s.outer_lr);
+  if (s.outer_momentum && !(*s.outer_momentum >= 0 && *s.outer_momentum < 1))
+    fail_input("outer momentum (--outer-momentum) must be in [0, 1), got {}", *s.outer_momentum);
+  if (s.easgd_alpha && !(*s.easgd_alpha >= 0 && *s.easgd_alpha <= 1))
+    fail_input("elastic pull (--easgd-alpha) must be in [0, 1], got {}", *s.easgd_alpha);
+  if (s.topology && *s.topology != "ring" && *s.topology != "exponential")
+    fail_input("gossip topology (--gossip-topology) '{}': choose ring or exponential", *s.topology);
+  if (s.mode == "adascale" && groups < 2)
+    fail_input("--sync adascale needs two replica groups or more (a job of a multiple of the plan's ranks); this "
+               "job has {}", groups);
+  if (s.mode != "bsp")
+    fail_input("--sync {} is not built yet: replica groups synchronize by bsp only (every gradient summed over "
+               "all groups every step)", s.mode);
+}
+
+}  // namespace tessera

@@ -1,0 +1,74 @@
+// Synchronization options: the plan file's sync: section, the command line over it key by key,
+// and every check of check_sync (each message names the option).
+#include <gtest/gtest.h>
+
+#include "expect_input_error.hpp"
+#include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/sync.hpp"
+
+namespace tessera {
+namespace {
+
+TEST(SyncOptions, ThePlanFileSectionAndTheCommandLineOverIt) {
+  const Plan plan = Plan::parse("ranks: 1\nsync: {mode: diloco, period: 16, outer_lr: 0.7, outer_optimizer: nesterov}\n",
+                                "s.yaml");
+  EXPECT_EQ(plan.sync().mode, "diloco");
+  EXPECT_EQ(plan.sync().period, 16);
+  EXPECT_EQ(plan.sync().outer_lr, 0.7);
+  EXPECT_FALSE(plan.sync().outer_momentum);
+  SyncOptions cli;
+  cli.period = 64;
+  cli.outer_momentum = 0.9;
+  const SyncOptions merged = cli.over(plan.sync());
+  EXPECT_EQ(merged.period, 64);
+  EXPECT_EQ(merged.outer_lr, 0.7);
+  EXPECT_EQ(merged.outer_momentum, 0.9);
+  EXPECT_EQ(merged.outer_optimizer, "nesterov");
+  // The section round-trips through the plan's YAML; bsp without options writes none.
+  EXPECT_EQ(Plan::parse(plan.to_yaml(), "again.yaml").sync(), plan.sync());
+  EXPECT_EQ(Plan::parse("ranks: 2\n", "p.yaml").to_yaml().find("sync"), std::string::npos);
+  expect_input_error([] { (void)Plan::parse("ranks: 1\nsync: {mode: bsp, every: 3}\n", "s.yaml"); },
+                     {"plan file 's.yaml', sync", "unknown key 'every'"});
+  expect_input_error([] { (void)Plan::parse("ranks: 1\nsync: {period: zero}\n", "s.yaml"); },
+                     {"'period' must be a positive integer"});
+  expect_input_error([] { (void)Plan::parse("ranks: 1\nsync: local_sgd\n", "s.yaml"); }, {"expected a mapping"});
+}
+
+SyncOptions mode(const std::string& m) {
+  SyncOptions s;
+  s.mode = m;
+  return s;
+}
+
+TEST(SyncOptions, ChecksNameTheOption) {
+  EXPECT_NO_THROW(check_sync(mode("bsp"), 1));
+  EXPECT_NO_THROW(check_sync(mode("bsp"), 4));
+  expect_input_error([] { check_sync(mode("lockstep"), 2); }, {"'lockstep' is unknown", "bsp, local_sgd, diloco"});
+  SyncOptions s = mode("bsp");
+  s.easgd_alpha = 0.5;
+  expect_input_error([&] { check_sync(s, 2); }, {"'easgd_alpha' (--easgd-alpha) is for --sync easgd, not bsp"});
+  s = mode("gossip");
+  s.start = 3;
+  expect_input_error([&] { check_sync(s, 2); }, {"'start' (--sync-start) is for --sync local_sgd, not gossip"});
+  s = mode("local_sgd");
+  s.period = 0;
+  expect_input_error([&] { check_sync(s, 2); }, {"must be at least 1, got 0"});
+  s = mode("diloco");
+  s.outer_momentum = 1.0;
+  expect_input_error([&] { check_sync(s, 2); }, {"outer momentum (--outer-momentum) must be in [0, 1), got 1"});
+  s = mode("easgd");
+  s.easgd_alpha = 1.5;
+  expect_input_error([&] { check_sync(s, 2); }, {"must be in [0, 1], got 1.5"});
+  s = mode("gossip");
+  s.topology = "torus";
+  expect_input_error([&] { check_sync(s, 2); }, {"'torus': choose ring or exponential"});
+  expect_input_error([] { check_sync(mode("adascale"), 1); }, {"needs two replica groups or more", "this job has 1"});
+  // Well-formed options of a mode not built yet: refused as such.
+  s = mode("local_sgd");
+  s.period = 4;
+  s.start = 100;
+  expect_input_error([&] { check_sync(s, 4); }, {"--sync local_sgd is not built yet"});
+}
+
+}  // namespace
+}  // namespace tessera
