@@ -61,6 +61,7 @@ Executor::Executor(Model& model, const Plan& given_plan, std::shared_ptr<Communi
   Plan plan;
   collectively(*world_, [&] {
     plan = given_plan.for_job(world_->size());
+    replica_groups_ = world_->size() / given_plan.ranks();
     plan.validate(world_->size(), model_.plan_info(options_.global_batch));
   });
   exchange_comm_ = world_->duplicate();

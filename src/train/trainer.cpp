@@ -360,9 +360,12 @@ TrainSummary Trainer::run() {
   const std::string where = executor_.device().is_host() ? std::string()
                             : executor_.uses_nccl()    ? " (GPUs; messages over NCCL)"
                                                        : " (GPUs; messages through host memory over MPI)";
-  log_info("training '{}' ({} parameters, {}) on {} ranks{}: {} steps ({} per epoch), global batch {}", model_.name(),
-           model_.parameter_count(), precision_name(model_.precision()), executor_.world().size(), where, total_steps,
-           per_epoch, options_.global_batch);
+  const int groups = executor_.replica_groups();
+  const std::string as_groups =
+      groups > 1 ? fmt::format(" as {} replica groups of a {}-rank plan", groups, executor_.world().size() / groups) : "";
+  log_info("training '{}' ({} parameters, {}) on {} ranks{}{}: {} steps ({} per epoch), global batch {}", model_.name(),
+           model_.parameter_count(), precision_name(model_.precision()), executor_.world().size(), as_groups, where,
+           total_steps, per_epoch, options_.global_batch);
   TrainSummary summary;
   const auto start = Clock::now();
   // Resume: the step restores everything else (see train/checkpoint.hpp).

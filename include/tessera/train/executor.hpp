@@ -113,6 +113,8 @@ class Executor {
   std::pair<std::int64_t, std::int64_t> local_samples(std::int64_t batch_size) const;
   /// Where the layers run (ExecutorOptions::device).
   Device device() const { return options_.device; }
+  /// How many replica groups run the plan (1: the job's ranks are the plan's).
+  int replica_groups() const { return replica_groups_; }
   /// The kernels the layers run on (its implementations(), how bf16 convolutions ran).
   const DnnBackend& backend() const { return *backend_; }
   /// Whether messages between this job's GPUs go over NCCL (ExecutorOptions::gpu_comm).
@@ -327,6 +329,7 @@ class Executor {
   /// Adds the seconds since `start` to the exchange time (and to the halo time when `halo`).
   void count_exchange(std::chrono::steady_clock::time_point start, bool halo);
   std::int64_t peak_bytes_ = 0;
+  int replica_groups_ = 1;
   Watchdog* watchdog_ = nullptr;
 };
 
