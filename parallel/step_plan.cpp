@@ -4,15 +4,24 @@
 #include "tessera/parallel/tile_geometry.hpp"
 
 namespace tessera {
+namespace {
+
+/// Per layer: how many layers read its output.
+std::vector<int> reader_counts(const std::vector<std::vector<int>>& inputs) {
+  std::vector<int> readers(inputs.size(), 0);
+  for (const auto& in : inputs)
+    for (int j : in)
+      if (j >= 0) ++readers.at(static_cast<std::size_t>(j));
+  return readers;
+}
+
+}  // namespace
 
 std::vector<bool> in_place_candidates(const std::vector<std::vector<int>>& inputs,
                                       const std::vector<LayerTraits>& traits, int output) {
   const std::size_t n = inputs.size();
   TESSERA_CHECK(traits.size() == n, "in_place_candidates: {} layers but {} traits", n, traits.size());
-  std::vector<int> readers(n, 0);
-  for (const auto& in : inputs)
-    for (int j : in)
-      if (j >= 0) ++readers.at(static_cast<std::size_t>(j));
+  const std::vector<int> readers = reader_counts(inputs);
   std::vector<bool> candidate(n, false);
   for (std::size_t i = 0; i < n; ++i)
     candidate[i] = traits[i].runs_in_place && inputs[i].size() == 1 && inputs[i][0] >= 0 &&
@@ -36,10 +45,7 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
     inputs.push_back(l.inputs);
     traits.push_back(l.traits);
   }
-  std::vector<int> readers(n, 0);
-  for (const auto& in : inputs)
-    for (int j : in)
-      if (j >= 0) ++readers[static_cast<std::size_t>(j)];
+  const std::vector<int> readers = reader_counts(inputs);
   const auto reads_as_produced = [&](std::size_t i) {
     return inputs[i].size() == 1 && inputs[i][0] >= 0 && !graph.layers[i].copies_input[0];
   };
