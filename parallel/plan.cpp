@@ -52,9 +52,13 @@ SyncOptions parse_sync(const YAML::Node& node, const std::string& where) {
     else if (key == "outer_momentum") s.outer_momentum = number(v, key);
     else if (key == "easgd_alpha") s.easgd_alpha = number(v, key);
     else if (key == "topology") s.topology = scalar(v, key);
-    else
-      fail_input("{}: unknown key '{}' (known: mode, period, start, outer_optimizer, outer_lr, outer_momentum, "
-                 "easgd_alpha, topology)", where, key);
+    else if (key == "optimizer_state") {
+      const std::string text = scalar(v, key);
+      if (text != "true" && text != "false") fail_input("{}: 'optimizer_state' must be true or false, got '{}'", where, text);
+      s.optimizer_state = text == "true";
+    } else
+      fail_input("{}: unknown key '{}' (known: mode, period, start, optimizer_state, outer_optimizer, outer_lr, "
+                 "outer_momentum, easgd_alpha, topology)", where, key);
   }
   return s;
 }

@@ -12,6 +12,7 @@ SyncOptions SyncOptions::over(const SyncOptions& base) const {
   SyncOptions s = *this;
   if (!period) s.period = base.period;
   if (!start) s.start = base.start;
+  if (!optimizer_state) s.optimizer_state = base.optimizer_state;
   if (!outer_optimizer) s.outer_optimizer = base.outer_optimizer;
   if (!outer_lr) s.outer_lr = base.outer_lr;
   if (!outer_momentum) s.outer_momentum = base.outer_momentum;
@@ -25,6 +26,7 @@ std::string SyncOptions::to_yaml() const {
   const auto add = [&](const char* key, const std::string& value) { s += fmt::format(", {}: {}", key, value); };
   if (period) add("period", std::to_string(*period));
   if (start) add("start", std::to_string(*start));
+  if (optimizer_state) add("optimizer_state", *optimizer_state ? "true" : "false");
   if (outer_optimizer) add("outer_optimizer", *outer_optimizer);
   if (outer_lr) add("outer_lr", fmt::format("{}", *outer_lr));
   if (outer_momentum) add("outer_momentum", fmt::format("{}", *outer_momentum));
@@ -33,6 +35,8 @@ std::string SyncOptions::to_yaml() const {
   if (mode == "bsp" && s.empty()) return "";
   return fmt::format("sync: {{mode: {}{}}}\n", mode, s);
 }
+
+bool sums_within_groups(const SyncOptions& sync) { return sync.mode != "bsp"; }
 
 const std::vector<std::string>& sync_modes() {
   static const std::vector<std::string> modes{"bsp", "local_sgd", "diloco", "easgd", "gossip", "adascale"};
@@ -56,6 +60,7 @@ void check_sync(const SyncOptions& s, int groups) {
     fail_input("synchronization mode '{}' is unknown (known: {})", s.mode, fmt::join(modes, ", "));
   refuse_unless(s.period.has_value(), "period", "--sync-period", {"local_sgd", "diloco", "easgd", "gossip"}, s.mode);
   refuse_unless(s.start.has_value(), "start", "--sync-start", {"local_sgd"}, s.mode);
+  refuse_unless(s.optimizer_state.has_value(), "optimizer_state", "--sync-optimizer-state", {"local_sgd"}, s.mode);
   refuse_unless(s.outer_optimizer.has_value(), "outer_optimizer", "--outer-optimizer", {"diloco"}, s.mode);
   refuse_unless(s.outer_lr.has_value(), "outer_lr", "--outer-lr", {"diloco"}, s.mode);
   refuse_unless(s.outer_momentum.has_value(), "outer_momentum", "--outer-momentum", {"diloco"}, s.mode);
@@ -75,9 +80,6 @@ void check_sync(const SyncOptions& s, int groups) {
   if (s.mode == "adascale" && groups < 2)
     fail_input("--sync adascale needs two replica groups or more (a job of a multiple of the plan's ranks); this "
                "job has {}", groups);
-  if (s.mode != "bsp")
-    fail_input("--sync {} is not built yet: replica groups synchronize by bsp only (every gradient summed over "
-               "all groups every step)", s.mode);
 }
 
 }  // namespace tessera

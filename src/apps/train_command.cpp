@@ -29,6 +29,7 @@ struct TrainArgs {
   std::string bf16_convolutions;  ///< empty: native
   std::string precision;  ///< empty: the model file's
   std::string sync_mode;  ///< empty: the plan file's (bsp by default)
+  std::string comm_delay;  ///< --inject-comm-delay
   SyncOptions sync;       ///< the --sync options given (over the plan file's sync: section)
   TrainerOptions trainer;
   ExecutorOptions executor;
@@ -113,6 +114,9 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     SyncOptions sync = args.sync.over(plan->sync());
     sync.mode = args.sync_mode.empty() ? plan->sync().mode : args.sync_mode;
     check_sync(sync, world->size() % plan->ranks() == 0 ? world->size() / plan->ranks() : 1);
+    args.trainer.sync = sync;
+    args.executor.within_groups = sums_within_groups(sync);
+    args.trainer.comm_delay = args.executor.cross_group_delay = parse_comm_delay(args.comm_delay);
     args.trainer.plan_text = plan->to_yaml();
     Hdf5DatasetOptions data_options{args.inputs, args.targets};
     train = open_hdf5_dataset(args.data, *world, data_options);
@@ -185,12 +189,14 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   cmd->add_option("--sync", args->sync_mode,
                   "How replica groups synchronize (a job of a multiple of the plan's ranks runs it as replica "
                   "groups): bsp (every gradient over all groups every step; the default, and the plan file's "
-                  "sync: mode otherwise); local_sgd, diloco, easgd, gossip, adascale are not built yet");
+                  "sync: mode otherwise), local_sgd, diloco, easgd, gossip or adascale (README: Synchronization)");
   SyncOptions& sync = args->sync;
   cmd->add_option_function<int>("--sync-period", [&sync](const int& v) { sync.period = v; },
                                 "Steps between syncs (local_sgd, diloco, easgd, gossip)");
   cmd->add_option_function<int>("--sync-start", [&sync](const int& v) { sync.start = v; },
                                 "Bulk-synchronous until this step (local_sgd: post-local SGD)");
+  cmd->add_flag_function("--sync-optimizer-state", [&sync](std::int64_t) { sync.optimizer_state = true; },
+                         "local_sgd: average the optimizer's state with the parameters");
   cmd->add_option_function<std::string>("--outer-optimizer", [&sync](const std::string& v) { sync.outer_optimizer = v; },
                                         "diloco's outer optimizer: sgd or nesterov");
   cmd->add_option_function<double>("--outer-lr", [&sync](const double& v) { sync.outer_lr = v; },
@@ -278,6 +284,9 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
                   "model file's 'precision' (fp32 without one)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");
+  cmd->add_option("--inject-comm-delay", args->comm_delay,
+                  "Testing aid: every collective across replica groups takes this much longer: LATENCY or "
+                  "LATENCY,BANDWIDTH, e.g. 20ms or 20ms,1GB/s");
   cmd->add_option("--watchdog-seconds", t.watchdog_seconds,
                   "A rank with no finished step (or setup) for this long prints what it is stuck in and ends the "
                   "job, exit code 4 (0: off)")

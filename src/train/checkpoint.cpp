@@ -8,6 +8,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/io/checkpoint.hpp"
+#include "tessera/parallel/synchronizer.hpp"
 
 namespace tessera {
 namespace {
@@ -20,6 +21,8 @@ struct Placement {
   std::vector<std::int64_t> global_shape;
   Box box;
   bool writes = false;
+  /// Writes its replica group's copy (the same rule within each group; `writes` is group 0's).
+  bool group_writes = false;
 };
 
 Placement replicated(const Tensor& tensor, Executor& executor) {
@@ -28,6 +31,8 @@ Placement replicated(const Tensor& tensor, Executor& executor) {
   if (p.global_shape.empty()) p.global_shape = {1};  // a scalar is stored as [1]
   p.box.begin.assign(p.global_shape.size(), 0);
   p.box.extent = p.global_shape;
+  const int per_group = executor.world().size() / executor.replica_groups();
+  p.group_writes = executor.world().rank() % per_group == 0;
   p.writes = executor.world().rank() == 0;
   return p;
 }
@@ -39,6 +44,8 @@ struct StateTensor {
   Placement placement;
   /// Buffers: the ranks holding the same block (their local statistics may differ).
   Communicator* group = nullptr;
+  /// Parameters and optimizer state: each replica group's own copy is kept too where groups differ.
+  bool per_group = false;
 };
 
 std::string read_text_file(const std::string& path) {
@@ -61,27 +68,41 @@ Placement block_of(const Parameter& param, Communicator& replica_group) {
   Placement p;
   p.global_shape = param.whole_shape();
   p.box = param.whole_box();
-  p.writes = replica_group.rank() == 0;
+  p.group_writes = replica_group.rank() == 0;
+  p.writes = p.group_writes;
   return p;
 }
 
-std::vector<StateTensor> state_tensors(Model& model, Executor& executor, Optimizer& optimizer) {
+/// With replica groups, parameters and optimizer state are written by group 0 (each group's
+/// copies of them are the same, or the consensus is written: see save_checkpoint).
+bool in_first_group(Executor& executor) { return executor.replica_group_index() == 0; }
+
+std::vector<StateTensor> state_tensors(Model& model, Executor& executor, Optimizer& optimizer,
+                                       Synchronizer* sync) {
   std::vector<StateTensor> out;
   // A parameter's optimizer state ("<parameter>.<suffix>") has the parameter's block.
   std::map<std::string, Placement> blocks;
   auto& nodes = model.nodes();
+  const bool first = in_first_group(executor);
   for (std::size_t k = 0; k < nodes.size(); ++k)
     for (Parameter* p : nodes[k].layer->parameters()) {
-      const Placement placement = p->sharded() ? block_of(*p, executor.replica_group(k, *p)) : replicated(p->value, executor);
+      Placement placement = p->sharded() ? block_of(*p, executor.replica_group(k, *p)) : replicated(p->value, executor);
+      placement.writes = placement.writes && first;
       blocks[p->name] = placement;
-      out.push_back({"param/" + p->name, &p->value, placement, nullptr});
+      out.push_back({"param/" + p->name, &p->value, placement, nullptr, true});
     }
   for (auto& [name, tensor] : optimizer.state()) {
     const auto dot = name.rfind('.');
     const auto found = dot == std::string::npos ? blocks.end() : blocks.find(name.substr(0, dot));
     out.push_back({"optimizer/" + name, tensor, found != blocks.end() ? found->second : replicated(*tensor, executor),
-                   nullptr});
+                   nullptr, true});
   }
+  if (sync)
+    for (auto& [name, tensor] : sync->state()) {
+      const auto found = blocks.find(name.substr(name.find('/') + 1));
+      if (found == blocks.end()) fail("checkpoint: synchronizer state '{}' names no parameter", name);
+      out.push_back({"sync/" + name, tensor, found->second, nullptr, false});
+    }
   for (std::size_t k = 0; k < nodes.size(); ++k) {
     const auto buffers = nodes[k].layer->buffers();
     for (std::size_t i = 0; i < buffers.size(); ++i) {
@@ -91,10 +112,59 @@ std::vector<StateTensor> state_tensors(Model& model, Executor& executor, Optimiz
       if (placement.global_shape.empty()) placement = replicated(*buffers[i], executor);
       else placement.writes = executor.buffer_group(k).rank() == 0;
       out.push_back({fmt::format("buffer/{}.{}", nodes[k].layer->name(), i), buffers[i], placement,
-                     &executor.buffer_group(k)});
+                     &executor.buffer_group(k), false});
     }
   }
   return out;
+}
+
+/// Where group `group`'s copy of a tensor placed as `p` goes among `groups` copies: one more
+/// (outermost) dimension; written by the ranks of that group that would write `p` in group 0.
+Placement per_group(const Placement& p, int group, int groups) {
+  Placement q;
+  q.global_shape = p.global_shape;
+  q.global_shape.insert(q.global_shape.begin(), groups);
+  q.box = p.box;
+  q.box.begin.insert(q.box.begin.begin(), group);
+  q.box.extent.insert(q.box.extent.begin(), 1);
+  q.writes = p.group_writes;
+  return q;
+}
+
+/// The synchronizer's counters as attributes, and back.
+void write_sync_stats(CheckpointWriter& writer, const Synchronizer& sync) {
+  const SyncStats& s = sync.stats();
+  writer.set_attribute("sync_mode", sync.options().mode);
+  writer.set_attribute("sync_groups", static_cast<std::int64_t>(sync.groups()));
+  writer.set_attribute("sync_syncs", s.syncs);
+  writer.set_attribute("sync_bytes", s.bytes);
+  writer.set_attribute("sync_gain", s.gain);
+  writer.set_attribute("sync_scaled_time", s.scaled_time);
+  writer.set_attribute("sync_consensus", s.consensus.value_or(-1.0));
+  writer.set_attribute("sync_gain_variance", s.gain_variance);
+  writer.set_attribute("sync_gain_square", s.gain_square);
+  writer.set_attribute("sync_gain_updates", s.gain_updates);
+}
+
+SyncStats read_sync_stats(CheckpointReader& reader) {
+  SyncStats s;
+  s.syncs = reader.int_attribute("sync_syncs");
+  s.bytes = reader.double_attribute("sync_bytes");
+  s.gain = reader.double_attribute("sync_gain");
+  s.scaled_time = reader.double_attribute("sync_scaled_time");
+  const double consensus = reader.double_attribute("sync_consensus");
+  if (consensus >= 0) s.consensus = consensus;
+  s.gain_variance = reader.double_attribute("sync_gain_variance");
+  s.gain_square = reader.double_attribute("sync_gain_square");
+  s.gain_updates = reader.int_attribute("sync_gain_updates");
+  return s;
+}
+
+/// Whether the checkpoint was written by the same synchronization over as many groups (its
+/// per-group tensors and counters then resume bit for bit).
+bool same_sync(CheckpointReader& reader, const Synchronizer& sync) {
+  return reader.has_attribute("sync_mode") && reader.string_attribute("sync_mode") == sync.options().mode &&
+         reader.int_attribute("sync_groups") == sync.groups();
 }
 
 }  // namespace
@@ -107,9 +177,14 @@ std::string model_fingerprint(const Model& model) {
 }
 
 std::string save_checkpoint(const std::string& dir, Model& model, Executor& executor, Optimizer& optimizer,
-                            const CheckpointMeta& meta, int keep) {
+                            const CheckpointMeta& meta, int keep, Synchronizer* sync) {
   const auto params = model.parameters();
   optimizer.prepare(params);  // every state tensor exists, even for a parameter not stepped yet
+  // Where groups differ, param/ holds the consensus model (what evaluation uses) and replica/
+  // each group's own parameters and optimizer state.
+  const bool differ = sync && sync->groups() > 1 && sync->groups_differ();
+  std::vector<Tensor> consensus;
+  if (differ) consensus = sync->consensus();  // in model.parameters() order, as state_tensors lists them
   CheckpointWriter writer(dir, checkpoint_name(meta.step), executor.world());
   writer.set_attribute("step", meta.step);
   writer.set_attribute("epoch", meta.epoch);
@@ -122,7 +197,9 @@ std::string save_checkpoint(const std::string& dir, Model& model, Executor& exec
   writer.set_attribute("optimizer_type", std::string(optimizer.type()));
   writer.set_attribute("optimizer_steps", optimizer.steps_taken());
   writer.set_attribute("ranks", static_cast<std::int64_t>(executor.world().size()));
-  for (auto& [name, device_tensor, p, buffer_group] : state_tensors(model, executor, optimizer)) {
+  if (sync) write_sync_stats(writer, *sync);
+  std::size_t param_index = 0;
+  for (auto& [name, device_tensor, p, buffer_group, per_group_copy] : state_tensors(model, executor, optimizer, sync)) {
     // Tensors on a GPU are written from a host copy (the same tensor when it is on the host).
     const Tensor host_copy = device_tensor->to(Device::host());
     const Tensor* tensor = &host_copy;
@@ -145,14 +222,19 @@ std::string save_checkpoint(const std::string& dir, Model& model, Executor& exec
       }
     }
     const Tensor contiguous = tensor->is_contiguous() ? Tensor() : tensor->clone();
-    writer.write_tensor(name, p.global_shape, p.box, contiguous.defined() ? contiguous.data() : tensor->data(),
-                        p.writes);
+    const float* data = contiguous.defined() ? contiguous.data() : tensor->data();
+    if (differ && per_group_copy) {
+      const Placement q = per_group(p, executor.replica_group_index(), sync->groups());
+      writer.write_tensor("replica/" + name, q.global_shape, q.box, data, q.writes);
+      if (name.rfind("param/", 0) == 0) data = consensus[param_index++].data();
+    }
+    writer.write_tensor(name, p.global_shape, p.box, data, p.writes);
   }
   return writer.finish(keep);
 }
 
 CheckpointMeta restore_checkpoint(const std::string& path, Model& model, Executor& executor, Optimizer& optimizer,
-                                  const CheckpointMeta& expected) {
+                                  const CheckpointMeta& expected, Synchronizer* sync) {
   CheckpointReader reader(path, executor.world());
   reader.verify();
   // Is it this model? Compare layer by layer and name the first that differs.
@@ -178,26 +260,43 @@ CheckpointMeta restore_checkpoint(const std::string& path, Model& model, Executo
                optimizer.type());
 
   optimizer.prepare(model.parameters());
-  const auto tensors = state_tensors(model, executor, optimizer);
+  const auto tensors = state_tensors(model, executor, optimizer, sync);
+  // The same synchronization over as many groups resumes each group's own copies, the mode's
+  // state and its counters; any other start reads the consensus model and makes the rest anew.
+  const bool resumes_sync = sync && same_sync(reader, *sync);
+  const bool per_group_copies = resumes_sync && sync->groups() > 1 && sync->groups_differ();
+  const auto source = [&](const StateTensor& t) {
+    return per_group_copies && t.per_group ? "replica/" + t.name : t.name;
+  };
+  const auto box = [&](const StateTensor& t) {
+    return per_group_copies && t.per_group ? per_group(t.placement, executor.replica_group_index(), sync->groups()).box
+                                           : t.placement.box;
+  };
   // Check every tensor before changing any.
-  for (const auto& [name, tensor, p, group] : tensors) {
+  for (const auto& t : tensors) {
+    if (t.name.rfind("sync/", 0) == 0 && !resumes_sync) continue;
+    const std::string name = source(t);
     if (!reader.has_tensor(name)) fail_input("{}: the checkpoint holds no tensor '{}'", path, name);
-    const auto& want = p.global_shape;
+    auto want = t.placement.global_shape;
+    if (name != t.name) want.insert(want.begin(), sync->groups());
     const auto have = reader.tensor_shape(name);
     if (have != want)
       fail_input("{}: tensor '{}' has shape [{}] in the checkpoint, but the model's is [{}]", path, name,
                  fmt::join(have, ", "), fmt::join(want, ", "));
-    if (!tensor->is_contiguous()) fail("{}: state tensor '{}' is not contiguous", path, name);
+    if (!t.tensor->is_contiguous()) fail("{}: state tensor '{}' is not contiguous", path, name);
   }
-  for (const auto& [name, tensor, p, group] : tensors) {
-    if (tensor->device().is_host()) {
-      reader.read_tensor(name, p.box, tensor->data());
+  for (const auto& t : tensors) {
+    if (t.name.rfind("sync/", 0) == 0 && !resumes_sync) continue;
+    if (t.tensor->device().is_host()) {
+      reader.read_tensor(source(t), box(t), t.tensor->data());
     } else {  // read on the host, then copied to the GPU
-      Tensor staging(tensor->shape());
-      reader.read_tensor(name, p.box, staging.data());
-      tensor->copy_from(staging);
+      Tensor staging(t.tensor->shape());
+      reader.read_tensor(source(t), box(t), staging.data());
+      t.tensor->copy_from(staging);
     }
   }
+  if (sync && resumes_sync) sync->set_stats(read_sync_stats(reader));
+  else if (sync) sync->reset_state();
   optimizer.set_steps_taken(reader.int_attribute("optimizer_steps"));
   CheckpointMeta meta;
   meta.step = reader.int_attribute("step");

@@ -130,13 +130,21 @@ Executor::Executor(Model& model, const Plan& given_plan, std::shared_ptr<Communi
   // Communicators (created collectively, in the same order on every rank) and tiles.
   const int me = world_->rank();
   self_comm_ = world_->split(me, 0);
+  if (options_.within_groups && replica_groups_ > 1) {
+    group_comm_ = world_->split(replica_group_index(), me);
+    loss_comm_ = group_comm_.get();
+  } else {
+    loss_comm_ = world_.get();
+  }
   for (std::size_t i = 0; i < n; ++i) {
     Placement& p = placement_[i];
-    p.sample_comm = group(p.grid, {kSampleAxis, kFirstSpatialAxis, kFirstSpatialAxis + 1, kFirstSpatialAxis + 2});
+    const std::vector<int> replicas{kSampleAxis, kFirstSpatialAxis, kFirstSpatialAxis + 1, kFirstSpatialAxis + 2};
+    p.sample_comm = group(p.grid, replicas, options_.within_groups);
+    p.buffer_comm = options_.within_groups ? group(p.grid, replicas) : p.sample_comm;
     p.spatial_comm = group(p.grid, {kFirstSpatialAxis, kFirstSpatialAxis + 1, kFirstSpatialAxis + 2});
     if (p.split.channel > 1)
       p.bias_comm = group(p.grid, {kSampleAxis, kChannelAxis, kFirstSpatialAxis, kFirstSpatialAxis + 1,
-                                   kFirstSpatialAxis + 2});
+                                   kFirstSpatialAxis + 2}, options_.within_groups);
     const std::vector<int> c = grid_coords(p.grid, me);
     p.model = ModelSplit{p.split.filter, c[kFilterAxis], p.split.channel, c[kChannelAxis]};
     if (!p.tiled) continue;
@@ -202,22 +210,28 @@ Communicator& Executor::reduction_group(std::size_t node, const Parameter& param
   return *twin;
 }
 
-Communicator* Executor::group(const std::vector<int>& grid, const std::vector<int>& axes) {
+Communicator* Executor::group(const std::vector<int>& grid, const std::vector<int>& axes, bool within) {
   // The partition of all ranks into groups, the same vector on every rank: the key of the cache,
   // so that every rank creates the same communicators in the same order.
   const int size = world_->size();
+  const int per_group = size / replica_groups_;
   std::vector<int> colors(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     std::vector<int> c = grid_coords(grid, r);
     for (int a : axes) c[static_cast<std::size_t>(a)] = 0;
-    colors[static_cast<std::size_t>(r)] = grid_rank(grid, c);
+    colors[static_cast<std::size_t>(r)] = grid_rank(grid, c) + (within ? size * (r / per_group) : 0);
   }
   const int me = world_->rank();
-  if (std::count(colors.begin(), colors.end(), colors[static_cast<std::size_t>(me)]) == 1) return nullptr;
+  const int color = colors[static_cast<std::size_t>(me)];
+  if (std::count(colors.begin(), colors.end(), color) == 1) return nullptr;
   auto& slot = groups_[colors];
   if (!slot) {
-    slot = world_->split(colors[static_cast<std::size_t>(me)], me);
-    group_colors_[slot.get()] = colors[static_cast<std::size_t>(me)];
+    bool spans_groups = false;
+    for (int r = 0; r < size; ++r)
+      spans_groups = spans_groups || (colors[static_cast<std::size_t>(r)] == color && r / per_group != me / per_group);
+    slot = world_->split(color, me);
+    if (spans_groups) slot = delayed(std::move(slot), options_.cross_group_delay);
+    group_colors_[slot.get()] = color;
   }
   return slot.get();
 }
@@ -229,7 +243,7 @@ Communicator& Executor::replica_group(std::size_t node, const Parameter& param) 
   return group_or_self(param.replicated_over_channels ? p.bias_comm : p.sample_comm);
 }
 
-Communicator& Executor::buffer_group(std::size_t node) { return group_or_self(placement_[node].sample_comm); }
+Communicator& Executor::buffer_group(std::size_t node) { return group_or_self(placement_[node].buffer_comm); }
 
 void Executor::check_halos() const {
   // A tiled layer reads halos from its direct neighbours only: each window must lie within the

@@ -152,11 +152,12 @@ const Tensor& Executor::output_targets(const Tensor& targets, Exchanges& ex) {
   return targets_;
 }
 
-BatchResult Executor::reduce(double loss_sum, std::int64_t correct, std::int64_t samples, const char* label) {
+BatchResult Executor::reduce(Communicator& comm, double loss_sum, std::int64_t correct, std::int64_t samples,
+                             const char* label) {
   double sums[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(samples)};
   {
     const WatchdogScope scope(watchdog_, label);
-    world_->allreduce(sums, 3, DType::F64, ReduceOp::Sum);
+    comm.allreduce(sums, 3, DType::F64, ReduceOp::Sum);
   }
   BatchResult r;
   r.loss_sum = sums[0];
@@ -292,7 +293,7 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
     const WatchdogScope scope(watchdog_, "gradient allreduce (NCCL, with the rest of backward on the GPU)");
     cuda::synchronize();
   }
-  BatchResult result = reduce(loss_sum, correct, outputs_[out].dim(0), "loss allreduce");
+  BatchResult result = reduce(*loss_comm_, loss_sum, correct, outputs_[out].dim(0), "loss allreduce");
   result.comm_wait_seconds = seconds_since(wait_start);
   result.exchange_seconds = exchange_seconds_;
   result.halo_seconds = halo_seconds_;
@@ -320,7 +321,7 @@ BatchResult Executor::evaluate(const Tensor& given_inputs, const Tensor& given_t
   const std::int64_t local = outputs_[out].dim(0);
   const double loss_sum = local > 0 ? model_.loss().forward(outputs_[out], local_targets) : 0.0;
   const std::int64_t correct = local > 0 ? model_.loss().correct(outputs_[out], local_targets) : 0;
-  BatchResult result = reduce(loss_sum, correct, local, "validation (loss allreduce)");
+  BatchResult result = reduce(*world_, loss_sum, correct, local, "validation (loss allreduce)");
   result.exchange_seconds = exchange_seconds_;
   result.halo_seconds = halo_seconds_;
   // Evaluation batches may be larger than training's: the tensors it allocated outside the arena

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "tessera/core/clock.hpp"
@@ -35,7 +36,8 @@ struct Trainer::Metrics {
   std::ofstream jsonl;
   std::ofstream csv;
   std::string dir;
-  static constexpr const char* kCsvHeader = "kind,step,epoch,loss,accuracy,lr,samples_per_s,elapsed_s\n";
+  static constexpr const char* kCsvHeader =
+      "kind,step,epoch,loss,accuracy,lr,samples_per_s,elapsed_s,syncs,cross_group_bytes,gain,consensus\n";
   /// With `resume`, the files are opened by resume_from() once the start step is known.
   Metrics(const std::string& folder, bool resume) : dir(folder) {
     std::filesystem::create_directories(dir);
@@ -92,14 +94,17 @@ struct Trainer::Metrics {
     csv.flush();
   }
   void train_row(std::int64_t step, std::int64_t epoch, double loss, double accuracy, double lr, double rate,
-                 double elapsed) {
+                 double elapsed, const SyncStats& sync) {
+    const std::string consensus = sync.consensus ? fmt::format("{:.6g}", *sync.consensus) : std::string();
     jsonl
         << fmt::format(
-               R"({{"kind":"train","step":{},"epoch":{},"loss":{:.9g},"accuracy":{:.6g},"lr":{:.9g},"samples_per_s":{:.6g},"elapsed_s":{:.6g}}})",
-               step, epoch, loss, accuracy, lr, rate, elapsed)
+               R"({{"kind":"train","step":{},"epoch":{},"loss":{:.9g},"accuracy":{:.6g},"lr":{:.9g},"samples_per_s":{:.6g},"elapsed_s":{:.6g},)"
+               R"("syncs":{},"cross_group_bytes":{:.0f},"gain":{:.6g},"consensus":{}}})",
+               step, epoch, loss, accuracy, lr, rate, elapsed, sync.syncs, sync.bytes, sync.gain,
+               consensus.empty() ? std::string("null") : consensus)
         << '\n';
-    csv << fmt::format("train,{},{},{:.9g},{:.6g},{:.9g},{:.6g},{:.6g}\n", step, epoch, loss, accuracy, lr, rate,
-                       elapsed);
+    csv << fmt::format("train,{},{},{:.9g},{:.6g},{:.9g},{:.6g},{:.6g},{},{:.0f},{:.6g},{}\n", step, epoch, loss, accuracy,
+                       lr, rate, elapsed, sync.syncs, sync.bytes, sync.gain, consensus);
   }
   void summary(const TrainSummary& s, int ranks, std::int64_t global_batch) {
     std::ofstream out(dir + "/summary.json");
@@ -107,10 +112,11 @@ struct Trainer::Metrics {
     const double steps = static_cast<double>(std::max<std::int64_t>(s.steps - s.start_step, 1));
     out << fmt::format(
                R"({{"ranks":{},"steps":{},"global_batch":{},"seconds":{:.6g},"samples_per_s":{:.6g},"step_s":{:.6g},)"
-               R"("comm_wait_s":{:.6g},"comm_share":{:.6g},"final_loss":{:.9g},"val_loss":{},"val_accuracy":{}}})",
+               R"("comm_wait_s":{:.6g},"comm_share":{:.6g},"final_loss":{:.9g},"val_loss":{},"val_accuracy":{},)"
+               R"("syncs":{},"cross_group_bytes":{:.0f},"gain":{:.6g},"consensus":{}}})",
                ranks, s.steps, global_batch, s.seconds, s.samples_per_second, s.seconds / steps,
                s.comm_wait_seconds / steps, s.seconds > 0 ? s.comm_wait_seconds / s.seconds : 0.0, s.final_loss,
-               opt(s.val_loss), opt(s.val_accuracy))
+               opt(s.val_loss), opt(s.val_accuracy), s.sync.syncs, s.sync.bytes, s.sync.gain, opt(s.sync.consensus))
         << '\n';
   }
   void eval_row(std::int64_t step, std::int64_t epoch, double loss, std::optional<double> accuracy, double elapsed) {
@@ -119,7 +125,7 @@ struct Trainer::Metrics {
                  R"({{"kind":"validation","step":{},"epoch":{},"loss":{:.9g},"accuracy":{},"elapsed_s":{:.6g}}})", step,
                  epoch, loss, acc, elapsed)
           << '\n';
-    csv << fmt::format("validation,{},{},{:.9g},{},,,{:.6g}\n", step, epoch, loss, accuracy ? acc : "", elapsed);
+    csv << fmt::format("validation,{},{},{:.9g},{},,,{:.6g},,,,\n", step, epoch, loss, accuracy ? acc : "", elapsed);
     jsonl.flush();
     csv.flush();
   }
@@ -133,6 +139,11 @@ Trainer::Trainer(Model& model, Executor& executor, std::shared_ptr<Dataset> trai
       validation_(std::move(validation)),
       options_(std::move(options)) {
   optimizer_ = create_optimizer(options_.optimizer);
+  const int groups = executor_.replica_groups();
+  sync_ = std::make_unique<Synchronizer>(options_.sync, groups, executor_.world(), options_.comm_delay);
+  if (groups > 1 && sync_->within_groups() != executor_.within_groups())
+    fail("trainer: --sync {} needs an executor made with ExecutorOptions::within_groups = {}", options_.sync.mode,
+         sync_->within_groups());
   if (options_.checkpoint_every < 0) fail_input("--checkpoint-every must be >= 0, got {}", options_.checkpoint_every);
   if (options_.keep_checkpoints < 0) fail_input("--keep-checkpoints must be >= 0, got {}", options_.keep_checkpoints);
   if (options_.resume == "auto" && options_.checkpoint_dir.empty())
@@ -174,6 +185,20 @@ BatchResult Trainer::evaluate(Dataset& data) {
   return total;
 }
 
+BatchResult Trainer::evaluate_consensus(Dataset& data) {
+  if (sync_->groups() == 1 || !sync_->groups_differ()) return evaluate(data);
+  const std::vector<Tensor> consensus = sync_->consensus();
+  std::vector<Tensor> own;
+  const auto params = model_.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    own.push_back(params[i]->value.to(Device::host()).clone());
+    params[i]->value.copy_from(consensus[i]);
+  }
+  const BatchResult r = evaluate(data);
+  for (std::size_t i = 0; i < params.size(); ++i) params[i]->value.copy_from(own[i]);
+  return r;
+}
+
 void Trainer::check() const {
   const DatasetInfo& info = train_->info();
   if (!(info.sample_shape == model_.sample_shape()))
@@ -209,6 +234,25 @@ struct Trainer::Run {
   std::int64_t reached;
 };
 
+void Trainer::attach_synchronizer() {
+  // Every parameter block with its gradient, its optimizer state and how many ranks of the group
+  // hold it, in the order checkpoints list them (the model's nodes, each layer's parameters).
+  const auto params = model_.parameters();
+  optimizer_->prepare(params);
+  std::map<std::string, std::vector<Tensor*>> state;
+  for (auto& [name, tensor] : optimizer_->state()) state[name.substr(0, name.rfind('.'))].push_back(tensor);
+  std::vector<SyncTensor> tensors;
+  auto& nodes = model_.nodes();
+  for (std::size_t k = 0; k < nodes.size(); ++k)
+    for (Parameter* p : nodes[k].layer->parameters()) {
+      // Under bsp a gradient's replica group spans every group, each holding the same share of it.
+      const int group_size = executor_.replica_group(k, *p).size();
+      const int holders = executor_.within_groups() ? group_size : group_size / executor_.replica_groups();
+      tensors.push_back({p->name, &p->value, &p->grad, 1.0 / holders, state[p->name]});
+    }
+  sync_->attach(std::move(tensors));
+}
+
 std::int64_t Trainer::resume_from_checkpoint(Clock::time_point start) {
   const int rank = executor_.world().rank();
   std::int64_t start_step = 0;
@@ -226,7 +270,7 @@ std::int64_t Trainer::resume_from_checkpoint(Clock::time_point start) {
     }
     if (path) {
       const CheckpointMeta expected{0, 0, options_.global_batch, options_.seed, options_.plan_text};
-      start_step = restore_checkpoint(*path, model_, executor_, *optimizer_, expected).step;
+      start_step = restore_checkpoint(*path, model_, executor_, *optimizer_, expected, sync_.get()).step;
       log_info("resumed from {} at step {} ({:.2f} s)", *path, start_step, seconds_since(start));
     }
   });
@@ -238,7 +282,7 @@ void Trainer::validate(Run& state, std::int64_t step, std::int64_t epoch) {
   if (!validation_) return;
   TrainSummary& summary = state.summary;
   const WatchdogScope scope(state.watch, "validation");
-  const BatchResult r = evaluate(*validation_);
+  const BatchResult r = evaluate_consensus(*validation_);
   summary.val_loss = r.mean_loss();
   if (r.correct >= 0) summary.val_accuracy = static_cast<double>(r.correct) / static_cast<double>(r.samples);
   log_info("validation after step {}: loss {:.4f}{}", step, *summary.val_loss,
@@ -253,7 +297,8 @@ void Trainer::save(Run& state, std::int64_t next) {
   if (metrics_) metrics_->flush();  // the rows up to the checkpoint survive a kill
   const CheckpointMeta meta{next, next / state.per_epoch, options_.global_batch, options_.seed, options_.plan_text};
   summary.last_checkpoint =
-      save_checkpoint(options_.checkpoint_dir, model_, executor_, *optimizer_, meta, options_.keep_checkpoints);
+      save_checkpoint(options_.checkpoint_dir, model_, executor_, *optimizer_, meta, options_.keep_checkpoints,
+                      sync_.get());
   const double seconds = seconds_since(begin);
   summary.checkpoint_seconds += seconds;
   log_info("checkpoint {} (before step {}) written in {:.3f} s", summary.last_checkpoint, next, seconds);
@@ -275,8 +320,16 @@ bool Trainer::train_step(Run& state, std::int64_t step) {
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
   const BatchResult r = executor_.train_step(batch.inputs, batch.targets, options_.global_batch, step);
-  const double lr = state.schedule.lr(step);
+  double lr = 0;
+  {
+    const WatchdogScope scope(watch, "synchronizing replica groups (before the update)");
+    lr = sync_->before_update(step, [&](std::int64_t s) { return state.schedule.lr(s); });
+  }
   optimizer_->step(state.params, lr);
+  {
+    const WatchdogScope scope(watch, "synchronizing replica groups (after the update)");
+    sync_->after_update(step);
+  }
   if (watch) watch->heartbeat();
   state.summary.final_loss = r.mean_loss();
   state.summary.comm_wait_seconds += r.comm_wait_seconds;
@@ -300,7 +353,8 @@ void Trainer::report_step(Run& state, std::int64_t step, const BatchResult& r, d
     const double accuracy = r.correct >= 0 ? static_cast<double>(r.correct) / static_cast<double>(r.samples) : -1.0;
     const double elapsed = seconds_since(state.start);
     metrics_->train_row(step, epoch, r.mean_loss(), accuracy, lr,
-                        static_cast<double>((step + 1 - state.start_step) * options_.global_batch) / elapsed, elapsed);
+                        static_cast<double>((step + 1 - state.start_step) * options_.global_batch) / elapsed, elapsed,
+                        sync_->stats());
   }
   const bool last = step + 1 == state.total_steps;
   if ((step + 1) % options_.progress_every == 0 || last) {
@@ -366,6 +420,7 @@ TrainSummary Trainer::run() {
   log_info("training '{}' ({} parameters, {}) on {} ranks{}{}: {} steps ({} per epoch), global batch {}", model_.name(),
            model_.parameter_count(), precision_name(model_.precision()), executor_.world().size(), as_groups, where,
            total_steps, per_epoch, options_.global_batch);
+  attach_synchronizer();
   TrainSummary summary;
   const auto start = Clock::now();
   // Resume: the step restores everything else (see train/checkpoint.hpp).
@@ -404,6 +459,7 @@ TrainSummary Trainer::run() {
       summary.seconds > 0 ? static_cast<double>((reached - start_step) * options_.global_batch) / summary.seconds : 0;
   // The slowest rank's communication wait is what the step pays for.
   summary.comm_wait_seconds = executor_.world().allreduce_value(summary.comm_wait_seconds, ReduceOp::Max);
+  summary.sync = sync_->stats();
   if (metrics_) metrics_->summary(summary, executor_.world().size(), options_.global_batch);
   return summary;
 }

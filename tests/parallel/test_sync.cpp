@@ -4,6 +4,7 @@
 
 #include "expect_input_error.hpp"
 #include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/delayed_communicator.hpp"
 #include "tessera/parallel/sync.hpp"
 
 namespace tessera {
@@ -63,11 +64,29 @@ TEST(SyncOptions, ChecksNameTheOption) {
   s.topology = "torus";
   expect_input_error([&] { check_sync(s, 2); }, {"'torus': choose ring or exponential"});
   expect_input_error([] { check_sync(mode("adascale"), 1); }, {"needs two replica groups or more", "this job has 1"});
-  // Well-formed options of a mode not built yet: refused as such.
+  s = mode("diloco");
+  s.optimizer_state = true;
+  expect_input_error([&] { check_sync(s, 2); }, {"'optimizer_state' (--sync-optimizer-state) is for --sync local_sgd"});
+  // Well-formed options of every mode pass.
   s = mode("local_sgd");
   s.period = 4;
   s.start = 100;
-  expect_input_error([&] { check_sync(s, 4); }, {"--sync local_sgd is not built yet"});
+  s.optimizer_state = true;
+  EXPECT_NO_THROW(check_sync(s, 4));
+  EXPECT_EQ(Plan::parse("ranks: 1\n" + s.to_yaml(), "p.yaml").sync(), s);
+  for (const auto& m : sync_modes()) EXPECT_NO_THROW(check_sync(mode(m), 2)) << m;
+}
+
+TEST(CommDelay, ParsesLatencyAndBandwidth) {
+  EXPECT_EQ(parse_comm_delay("20ms").latency_seconds, 0.02);
+  EXPECT_EQ(parse_comm_delay("20ms").bytes_per_second, 0);
+  const CommDelay d = parse_comm_delay("500us,2GB/s");
+  EXPECT_DOUBLE_EQ(d.latency_seconds, 5e-4);
+  EXPECT_DOUBLE_EQ(d.bytes_per_second, 2e9);
+  EXPECT_DOUBLE_EQ(d.seconds(4000000), 5e-4 + 2e-3);
+  EXPECT_FALSE(parse_comm_delay("0").any());
+  for (const char* bad : {"20", "fast", "20ms,", "20ms,0GB/s", "-1ms", "20ms,1GB"})
+    expect_input_error([&] { (void)parse_comm_delay(bad); }, {"--inject-comm-delay expects", bad});
 }
 
 }  // namespace

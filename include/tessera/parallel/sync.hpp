@@ -11,6 +11,7 @@ struct SyncOptions {
   std::string mode = "bsp";
   std::optional<int> period;                  ///< steps between syncs (local_sgd, diloco, easgd, gossip)
   std::optional<int> start;                   ///< bsp until this step (local_sgd: post-local SGD)
+  std::optional<bool> optimizer_state;        ///< average the optimizer state too (local_sgd)
   std::optional<std::string> outer_optimizer;  ///< sgd or nesterov (diloco)
   std::optional<double> outer_lr, outer_momentum;  ///< (diloco)
   std::optional<double> easgd_alpha;          ///< the elastic pull, in [0, 1] (easgd)
@@ -21,6 +22,10 @@ struct SyncOptions {
   std::string to_yaml() const;
   bool operator==(const SyncOptions&) const = default;
 };
+
+/// Whether gradients (and batch-norm statistics and the training loss) are summed within each
+/// replica group only, the synchronizer carrying what crosses groups: every mode but bsp.
+bool sums_within_groups(const SyncOptions& sync);
 
 /// The modes Tessera knows, in the order the docs list them.
 const std::vector<std::string>& sync_modes();

@@ -18,6 +18,8 @@
 
 namespace tessera {
 
+class Synchronizer;
+
 struct CheckpointMeta {
   std::int64_t step = 0;  ///< the next step to run
   std::int64_t epoch = 0;
@@ -30,15 +32,21 @@ struct CheckpointMeta {
 std::string model_fingerprint(const Model& model);
 
 /// Writes the state to `<dir>/ckpt-<step>.h5` (collective over executor.world()) and keeps the
-/// newest `keep` checkpoints. Returns the path.
+/// newest `keep` checkpoints. Returns the path. With replica groups, `sync` (may be null) adds
+/// what its mode needs: its state tensors ("sync/<kind>/<parameter>"), its counters (attributes
+/// "sync_*"), and where groups differ each group's parameters and optimizer state as
+/// "replica/<name>" (one more, outermost dimension: the group) while "param/" holds the consensus.
 std::string save_checkpoint(const std::string& dir, Model& model, Executor& executor, Optimizer& optimizer,
-                            const CheckpointMeta& meta, int keep = 3);
+                            const CheckpointMeta& meta, int keep = 3, Synchronizer* sync = nullptr);
 
 /// Restores the state from `path` (collective): verifies the file, then checks it against the model
 /// (fingerprint: InputError naming the file and the first differing layer) and `expected`'s global
 /// batch and seed (InputError saying what differs). Nothing is changed unless every check passes.
-/// Returns the checkpoint's metadata (step = the next step to run).
+/// Returns the checkpoint's metadata (step = the next step to run). With `sync`, a checkpoint of
+/// the same mode over as many groups resumes each group's own copies and the mode's state and
+/// counters bit for bit; any other starts every group from the consensus model and makes the
+/// mode's state anew.
 CheckpointMeta restore_checkpoint(const std::string& path, Model& model, Executor& executor, Optimizer& optimizer,
-                                  const CheckpointMeta& expected);
+                                  const CheckpointMeta& expected, Synchronizer* sync = nullptr);
 
 }  // namespace tessera

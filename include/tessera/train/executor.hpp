@@ -15,6 +15,7 @@
 
 #include "tessera/layers/dnn_backend.hpp"
 #include "tessera/layers/layer.hpp"
+#include "tessera/parallel/delayed_communicator.hpp"
 #include "tessera/parallel/grad_reducer.hpp"
 #include "tessera/parallel/step_plan.hpp"
 #include "tessera/parallel/plan.hpp"
@@ -63,6 +64,14 @@ struct ExecutorOptions {
   /// Time every layer of every training step (Executor::layer_profile). Costs a clock read per
   /// layer on the host; on a GPU it also waits for each layer's kernels, which slows the step.
   bool profile = false;
+  /// Replica groups (a job of a multiple of the plan's ranks): sum gradients, batch-norm
+  /// statistics and the training loss within each group only, for the synchronization modes in
+  /// which a Synchronizer carries what crosses groups (Synchronizer::within_groups); false (bsp):
+  /// over all groups every step.
+  bool within_groups = false;
+  /// A testing aid: every collective of a training step that spans replica groups takes this much
+  /// longer (--inject-comm-delay; delayed_communicator.hpp).
+  CommDelay cross_group_delay;
   /// Fills each of a training step's tensors with NaNs as soon as its lifetime in the arena ends
   /// (step_plan.hpp), so that a layer reading a tensor the arena let go computes NaNs. For tests.
   bool poison_dead_tensors = false;
@@ -115,6 +124,11 @@ class Executor {
   Device device() const { return options_.device; }
   /// How many replica groups run the plan (1: the job's ranks are the plan's).
   int replica_groups() const { return replica_groups_; }
+  /// Whether gradients, batch-norm statistics and the training loss are summed within each replica
+  /// group only (ExecutorOptions::within_groups).
+  bool within_groups() const { return options_.within_groups; }
+  /// This rank's replica group (ranks [g P, (g + 1) P) of a plan of P ranks form group g).
+  int replica_group_index() const { return world_->rank() / (world_->size() / replica_groups_); }
   /// The kernels the layers run on (its implementations(), how bf16 convolutions ran).
   const DnnBackend& backend() const { return *backend_; }
   /// Whether messages between this job's GPUs go over NCCL (ExecutorOptions::gpu_comm).
@@ -131,7 +145,7 @@ class Executor {
   /// (local_samples) restricted to input_sample_box(); `targets`: the same samples' targets.
   /// `step` keys the dropout masks. Gradients are left in the model's parameters, reduced.
   BatchResult train_step(const Tensor& inputs, const Tensor& targets, std::int64_t batch_size, std::int64_t step);
-  /// Forward and loss only (inference mode), summed over all ranks.
+  /// Forward and loss only (inference mode), summed over all ranks (every group's samples).
   BatchResult evaluate(const Tensor& inputs, const Tensor& targets, std::int64_t batch_size);
 
   /// Averages the layers' non-trainable state (batch-norm running statistics) over the ranks, so
@@ -177,10 +191,11 @@ class Executor {
   /// for a batch of `batch_size` (empty before its first step): the same on every rank.
   std::vector<std::string> backward_overlapped_layers(std::int64_t batch_size) const;
   /// The communicator over which parameter `param` of layer `node`'s gradient is summed: the
-  /// ranks that hold the same block of it (size 1: none).
+  /// ranks that hold the same block of it (within this rank's replica group under
+  /// ExecutorOptions::within_groups; size 1: none).
   Communicator& replica_group(std::size_t node, const Parameter& param);
   /// The ranks that hold the same block of layer `node`'s buffers (batch-norm running
-  /// statistics): all ranks unless the layer is split by filter.
+  /// statistics): all ranks unless the layer is split by filter (over every replica group).
   Communicator& buffer_group(std::size_t node);
 
  private:
@@ -192,6 +207,8 @@ class Executor {
     std::vector<SpatialWindow> windows;  ///< what its outputs read along each spatial dimension
     SpatialTile tile;            ///< this rank's tile (when tiled)
     Communicator* sample_comm = nullptr;   ///< replica group of the weights: sample x spatial
+    /// The same ranks over every replica group (sample_comm's whole extent without within_groups).
+    Communicator* buffer_comm = nullptr;
     Communicator* spatial_comm = nullptr;  ///< spatial tiles of the same samples
     /// Model parallelism: this rank's filter and channel blocks (none: whole layer).
     ModelSplit model;
@@ -236,9 +253,10 @@ class Executor {
   Box input_box(std::size_t node, std::size_t input, int rank, std::int64_t batch) const;
   /// The tile of the model's input that `rank` reads from the data.
   Box data_box(int rank, std::int64_t batch) const;
-  /// The communicator of the ranks that differ from this one only along `axes` of `grid`.
-  /// A communicator of this rank alone when no other rank differs only along `axes`.
-  Communicator* group(const std::vector<int>& grid, const std::vector<int>& axes);
+  /// The communicator of the ranks that differ from this one only along `axes` of `grid` (and,
+  /// with `within`, in the same replica group); null when no other rank does. One that spans
+  /// replica groups is delayed by ExecutorOptions::cross_group_delay.
+  Communicator* group(const std::vector<int>& grid, const std::vector<int>& axes, bool within = false);
   Communicator& group_or_self(Communicator* group);
   void check_halos() const;
   std::int64_t current_bytes() const;
@@ -271,7 +289,10 @@ class Executor {
   TileExchange* split_backward(const Exchanges& ex, std::size_t node) const;
   LayerContext context(std::size_t node, std::int64_t batch_size, std::int64_t step, bool training);
   void forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_size, std::int64_t step, bool training);
-  BatchResult reduce(double loss_sum, std::int64_t correct, std::int64_t samples, const char* label);
+  /// Sums a batch's results over `comm`'s ranks.
+  BatchResult reduce(Communicator& comm, double loss_sum, std::int64_t correct, std::int64_t samples, const char* label);
+  /// The ranks of this rank's replica group (the world without within_groups).
+  Communicator* loss_comm_ = nullptr;
   /// This rank's targets for the output layer's samples.
   const Tensor& output_targets(const Tensor& targets, Exchanges& ex);
 
@@ -310,6 +331,8 @@ class Executor {
   /// Per node split by channel: its partial output and that output's gradient.
   std::vector<Tensor> partials_, partial_grads_;
   std::unique_ptr<Communicator> self_comm_;
+  /// The ranks of this rank's replica group (ExecutorOptions::within_groups with two groups or more).
+  std::unique_ptr<Communicator> group_comm_;
   /// The node of every rank (indices in order of first appearance).
   std::vector<int> node_of_rank_;
   /// Per node and input: the box the layer reads (when exchanged) and its gradient.

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tessera/core/clock.hpp"
+#include "tessera/parallel/synchronizer.hpp"
 #include "tessera/train/executor.hpp"
 #include "tessera/train/optimizer.hpp"
 #include "tessera/train/schedule.hpp"
@@ -46,6 +47,11 @@ struct TrainerOptions {
   std::string resume;
   /// The plan's text, stored in checkpoints.
   std::string plan_text;
+  /// How replica groups synchronize (synchronizer.hpp); the executor must have been made with
+  /// ExecutorOptions::within_groups = sums_within_groups(sync).
+  SyncOptions sync;
+  /// A testing aid: every collective across replica groups takes this much longer.
+  CommDelay comm_delay;
   /// Set by anyone (a signal handler) to stop at the next step boundary: every rank agrees on it
   /// (one tiny allreduce per step, only when this is set), saves a checkpoint at the same step
   /// and run() returns with TrainSummary::stopped.
@@ -79,6 +85,8 @@ struct TrainSummary {
   double seconds = 0;
   /// Seconds waiting for communication (the slowest rank's).
   double comm_wait_seconds = 0;
+  /// What crossed replica groups (Synchronizer::stats): syncs, bytes, the last gain and consensus.
+  SyncStats sync;
 };
 
 class Trainer {
@@ -98,6 +106,8 @@ class Trainer {
  private:
   struct Metrics;
   struct Run;
+  /// Hands the parameters, their gradients and optimizer state to the synchronizer.
+  void attach_synchronizer();
   /// Finds and reads the checkpoint to resume from (every rank together) and returns its step (0: none).
   std::int64_t resume_from_checkpoint(Clock::time_point start);
   /// Runs training step `step` through its validation and checkpoint; returns true when a stop request ends the run.
@@ -116,7 +126,11 @@ class Trainer {
   std::shared_ptr<Dataset> validation_;
   TrainerOptions options_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Synchronizer> sync_;
   std::unique_ptr<Metrics> metrics_;
+  /// Evaluates `data` with the consensus model where replica groups differ (their own values
+  /// restored after).
+  BatchResult evaluate_consensus(Dataset& data);
 };
 
 }  // namespace tessera

@@ -1,0 +1,130 @@
+#pragma once
+// What crosses replica groups, and when: the one place where a synchronization mode (sync.hpp)
+// is carried out. The trainer calls it at step boundaries; the executor only needs to know whether
+// gradients are summed over all groups (bsp) or within each group (every other mode: the
+// synchronizer does the rest). Rank q of every group holds the same shard, so everything that
+// crosses groups runs on one communicator: rank q of every group. The update rules and their
+// sources: docs/sync.md.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/core/communicator.hpp"
+#include "tessera/parallel/delayed_communicator.hpp"
+#include "tessera/parallel/sync.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera {
+
+/// This rank's block of one parameter, as the synchronizer keeps it across groups.
+struct SyncTensor {
+  std::string name;
+  Tensor* value = nullptr;
+  /// Its gradient, summed within the group (every mode but bsp) or over all groups (bsp).
+  Tensor* grad = nullptr;
+  /// 1 / the ranks of the group that hold this same block, so that norms summed over all ranks
+  /// count each block once per group.
+  double norm_weight = 1;
+  /// The optimizer's state tensors of this parameter (averaged with the parameter by local_sgd
+  /// with `optimizer_state`; kept per group otherwise).
+  std::vector<Tensor*> optimizer_state;
+};
+
+/// What the synchronizer did so far (in checkpoints; each metrics row carries it).
+struct SyncStats {
+  std::int64_t syncs = 0;            ///< exchanges across groups (bsp and adascale: every step)
+  double bytes = 0;                  ///< bytes this rank put into collectives across groups
+  double gain = 1;                   ///< AdaScale's gain r_t of the last step (1 otherwise)
+  double scaled_time = 0;            ///< AdaScale's schedule position: the sum of the gains
+  std::optional<double> consensus;   ///< ‖x_g − mean‖ / ‖mean‖ over groups at the last measure
+  double gain_variance = 0, gain_square = 0;  ///< AdaScale's moving averages (not debiased)
+  std::int64_t gain_updates = 0;     ///< how many steps fed them
+};
+
+class Synchronizer {
+ public:
+  /// `sync` checked (check_sync) for `groups` replica groups of world.size() / groups ranks each
+  /// (group g holds ranks [g P, (g + 1) P)). Splits the cross-group communicator (collective over
+  /// `world`), its operations delayed by `delay` (a testing aid).
+  Synchronizer(const SyncOptions& sync, int groups, Communicator& world, CommDelay delay = {});
+  ~Synchronizer();
+
+  const SyncOptions& options() const { return sync_; }
+  int groups() const { return groups_; }
+  /// This rank's group.
+  int group() const { return group_; }
+  /// Whether the executor sums gradients within each group only (every mode but bsp).
+  bool within_groups() const;
+  /// Whether groups' parameters may differ between syncs (local_sgd, diloco, easgd, gossip).
+  bool groups_differ() const;
+  /// The step period between syncs, with each mode's default.
+  int period() const;
+
+  /// The tensors to keep (after the optimizer's state exists: Optimizer::prepare). Makes the
+  /// mode's own state (easgd's center, diloco's parameters at the last sync and outer momentum)
+  /// from the current values.
+  void attach(std::vector<SyncTensor> tensors);
+  /// Makes the mode's own state again from the current values (after restoring parameters from
+  /// a checkpoint that did not hold it).
+  void reset_state();
+
+  /// After backward of step `step`: makes the gradients the ones this group's update uses (summed
+  /// across groups where the mode synchronizes gradients, else scaled to this group's batch) and
+  /// returns the learning rate: `schedule` at the step (AdaScale: gain times the schedule at
+  /// its scaled time).
+  double before_update(std::int64_t step, const std::function<double(std::int64_t)>& schedule);
+  /// After the optimizer's update of step `step`: averages, elastic pulls, outer steps, mixing
+  /// where the schedule names this step.
+  void after_update(std::int64_t step);
+  /// Whether after_update(step) exchanges parameters across groups.
+  bool syncs_after(std::int64_t step) const;
+
+  /// The consensus model (collective): per tensor, the mean over groups (easgd: the center).
+  /// Measures the consensus distance on the way (stats().consensus).
+  std::vector<Tensor> consensus();
+  /// The mode's state tensors, named "<kind>/<parameter>" (kind: center, anchor, outer_momentum),
+  /// each shaped as its parameter's block and equal in every group.
+  std::vector<std::pair<std::string, Tensor*>> state();
+  const SyncStats& stats() const { return stats_; }
+  void set_stats(const SyncStats& stats) { stats_ = stats; }
+
+  /// Mixes every tensor with its neighbours once (gossip's step, exposed for tests), round `round`.
+  void gossip(std::int64_t round);
+
+ private:
+  /// Sums every gradient across groups (in place).
+  void sum_gradients();
+  /// Multiplies every gradient by `factor`.
+  void scale_gradients(float factor);
+  /// Averages the values (and with `optimizer_state`, their optimizer state) across groups.
+  void average(bool optimizer_state);
+  void diloco_step();
+  void easgd_step();
+  /// Sums the gradients across groups and returns AdaScale's gain from the groups' gradients.
+  double adascale_step();
+  /// Σ over groups of ‖values‖² (or of the gradients), each block counted once per group.
+  double squared_norm(bool gradients);
+  /// Sets stats_.consensus from this rank's values and their mean over groups (a weighted sum
+  /// over the world).
+  void measure_consensus(const std::vector<Tensor>& means);
+  /// Sum over all ranks of the norm-weighted value of `term` per tensor.
+  double weighted_sum(const std::function<double(std::size_t)>& term);
+  void allreduce_across(Tensor& host);
+
+  SyncOptions sync_;
+  int groups_ = 1, group_ = 0;
+  Communicator& world_;
+  std::unique_ptr<Communicator> across_;
+  std::vector<SyncTensor> tensors_;
+  /// easgd: the center; diloco: the parameters at the last sync (the anchor).
+  std::vector<Tensor> center_;
+  /// diloco: the outer optimizer's momentum.
+  std::vector<Tensor> outer_momentum_;
+  SyncStats stats_;
+};
+
+}  // namespace tessera

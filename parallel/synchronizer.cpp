@@ -1,0 +1,369 @@
+// The synchronization modes' update rules (docs/sync.md gives them with their sources).
+#include "tessera/parallel/synchronizer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+namespace {
+
+constexpr std::size_t kFloat = sizeof(float);
+
+/// A tensor's values in host memory for the length of a scope: the tensor itself on the host,
+/// else a copy that is written back at the end.
+class OnHost {
+ public:
+  explicit OnHost(Tensor& tensor) : tensor_(tensor), host_(tensor.to(Device::host())) {
+    if (!host_.is_contiguous()) fail("synchronizer: tensor of shape {} is not contiguous", host_.shape().to_string());
+  }
+  ~OnHost() {
+    if (!tensor_.device().is_host()) tensor_.copy_from(host_);
+  }
+  OnHost(const OnHost&) = delete;
+  OnHost& operator=(const OnHost&) = delete;
+  float* data() { return host_.data(); }
+  std::size_t size() const { return static_cast<std::size_t>(host_.numel()); }
+  Tensor& host() { return host_; }
+
+ private:
+  Tensor& tensor_;
+  Tensor host_;
+};
+
+bool one_of(const std::string& mode, std::initializer_list<const char*> modes) {
+  return std::any_of(modes.begin(), modes.end(), [&](const char* m) { return mode == m; });
+}
+
+}  // namespace
+
+Synchronizer::Synchronizer(const SyncOptions& sync, int groups, Communicator& world, CommDelay delay)
+    : sync_(sync), groups_(groups), world_(world) {
+  check_sync(sync_, groups_);
+  if (groups_ < 1 || world_.size() % groups_ != 0)
+    fail("synchronizer: {} ranks do not form {} replica groups", world_.size(), groups_);
+  const int per_group = world_.size() / groups_;
+  group_ = world_.rank() / per_group;
+  across_ = delayed(world_.split(world_.rank() % per_group, group_), delay);
+}
+
+Synchronizer::~Synchronizer() = default;
+
+bool Synchronizer::within_groups() const { return sums_within_groups(sync_); }
+
+bool Synchronizer::groups_differ() const { return one_of(sync_.mode, {"local_sgd", "diloco", "easgd", "gossip"}); }
+
+int Synchronizer::period() const {
+  if (sync_.period) return *sync_.period;
+  if (sync_.mode == "diloco") return 16;
+  if (sync_.mode == "gossip") return 1;
+  return 4;
+}
+
+void Synchronizer::attach(std::vector<SyncTensor> tensors) {
+  tensors_ = std::move(tensors);
+  for (const auto& t : tensors_)
+    if (t.value == nullptr || t.grad == nullptr) fail("synchronizer: tensor '{}' has no value or gradient", t.name);
+  reset_state();
+}
+
+void Synchronizer::reset_state() {
+  center_.clear();
+  outer_momentum_.clear();
+  if (sync_.mode != "easgd" && sync_.mode != "diloco") return;
+  for (auto& t : tensors_) {
+    center_.push_back(t.value->to(Device::host()).clone());
+    if (sync_.mode == "diloco") {
+      outer_momentum_.emplace_back(t.value->shape());
+      outer_momentum_.back().zero();
+    }
+  }
+}
+
+std::vector<std::pair<std::string, Tensor*>> Synchronizer::state() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  const char* kind = sync_.mode == "easgd" ? "center" : "anchor";
+  for (std::size_t i = 0; i < center_.size(); ++i) out.emplace_back(fmt::format("{}/{}", kind, tensors_[i].name), &center_[i]);
+  for (std::size_t i = 0; i < outer_momentum_.size(); ++i)
+    out.emplace_back(fmt::format("outer_momentum/{}", tensors_[i].name), &outer_momentum_[i]);
+  return out;
+}
+
+bool Synchronizer::syncs_after(std::int64_t step) const {
+  if (!groups_differ() || groups_ == 1) return false;
+  const std::int64_t start = sync_.start.value_or(0);
+  if (step < start) return false;  // post-local SGD: gradients are summed until then
+  return (step + 1 - start) % period() == 0;
+}
+
+double Synchronizer::before_update(std::int64_t step, const std::function<double(std::int64_t)>& schedule) {
+  if (groups_ == 1) return schedule(step);
+  if (sync_.mode == "bsp") {  // the executor summed every gradient over all groups
+    ++stats_.syncs;
+    for (const auto& t : tensors_) stats_.bytes += static_cast<double>(t.grad->numel() * kFloat);
+    return schedule(step);
+  }
+  if (sync_.mode == "adascale") {
+    stats_.gain = adascale_step();
+    const double lr = stats_.gain * schedule(static_cast<std::int64_t>(std::floor(stats_.scaled_time)));
+    stats_.scaled_time += stats_.gain;
+    return lr;
+  }
+  if (sync_.mode == "local_sgd" && step < sync_.start.value_or(0)) {
+    sum_gradients();
+    return schedule(step);
+  }
+  // A group's gradient summed within it is 1/G of the mean over its own samples.
+  scale_gradients(static_cast<float>(groups_));
+  return schedule(step);
+}
+
+void Synchronizer::after_update(std::int64_t step) {
+  if (!syncs_after(step)) return;
+  if (sync_.mode == "local_sgd") average(sync_.optimizer_state.value_or(false));
+  else if (sync_.mode == "diloco") diloco_step();
+  else if (sync_.mode == "easgd") easgd_step();
+  else if (sync_.mode == "gossip") gossip(stats_.syncs);
+  ++stats_.syncs;
+}
+
+void Synchronizer::allreduce_across(Tensor& host) {
+  across_->allreduce(host.data(), static_cast<std::size_t>(host.numel()), DType::F32, ReduceOp::Sum);
+  stats_.bytes += static_cast<double>(host.numel()) * kFloat;
+}
+
+void Synchronizer::sum_gradients() {
+  ++stats_.syncs;
+  for (auto& t : tensors_) {
+    OnHost g(*t.grad);
+    allreduce_across(g.host());
+  }
+}
+
+void Synchronizer::scale_gradients(float factor) {
+  for (auto& t : tensors_) {
+    OnHost g(*t.grad);
+    float* d = g.data();
+    for (std::size_t i = 0; i < g.size(); ++i) d[i] *= factor;
+  }
+}
+
+double Synchronizer::weighted_sum(const std::function<double(std::size_t)>& term) {
+  double local = 0;
+  for (std::size_t i = 0; i < tensors_.size(); ++i) local += tensors_[i].norm_weight * term(i);
+  return world_.allreduce_value(local, ReduceOp::Sum);
+}
+
+void Synchronizer::measure_consensus(const std::vector<Tensor>& means) {
+  // Summed over all ranks with the norm weights: Σ_g ‖x_g − x̄‖² and G ‖x̄‖².
+  std::vector<double> local{0, 0};
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    const Tensor own = tensors_[i].value->to(Device::host());
+    const float* x = own.data();
+    const float* m = means[i].data();
+    double spread = 0, size = 0;
+    for (std::int64_t k = 0; k < own.numel(); ++k) {
+      const double d = static_cast<double>(x[k]) - m[k];
+      spread += d * d;
+      size += static_cast<double>(m[k]) * m[k];
+    }
+    local[0] += tensors_[i].norm_weight * spread;
+    local[1] += tensors_[i].norm_weight * size;
+  }
+  world_.allreduce(std::span<double>(local), ReduceOp::Sum);
+  stats_.consensus = local[1] > 0 ? std::sqrt(local[0] / local[1]) : 0.0;
+}
+
+std::vector<Tensor> Synchronizer::consensus() {
+  std::vector<Tensor> means;
+  for (auto& t : tensors_) {
+    Tensor mean = t.value->to(Device::host()).clone();
+    if (groups_ > 1) {
+      across_->allreduce(mean.data(), static_cast<std::size_t>(mean.numel()), DType::F32, ReduceOp::Sum);
+      float* m = mean.data();
+      for (std::int64_t k = 0; k < mean.numel(); ++k) m[k] /= static_cast<float>(groups_);
+    }
+    means.push_back(std::move(mean));
+  }
+  measure_consensus(means);
+  if (sync_.mode == "easgd")
+    for (std::size_t i = 0; i < means.size(); ++i) means[i] = center_[i].clone();
+  return means;
+}
+
+void Synchronizer::average(bool optimizer_state) {
+  std::vector<Tensor> means;
+  for (auto& t : tensors_) {
+    OnHost v(*t.value);
+    Tensor own = v.host().clone();
+    allreduce_across(v.host());
+    float* d = v.data();
+    for (std::size_t k = 0; k < v.size(); ++k) d[k] /= static_cast<float>(groups_);
+    means.push_back(v.host().clone());
+    v.host().copy_from(own);  // the consensus distance is measured before the values change
+  }
+  measure_consensus(means);
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    tensors_[i].value->copy_from(means[i]);
+    if (!optimizer_state) continue;
+    for (Tensor* state : tensors_[i].optimizer_state) {
+      OnHost s(*state);
+      allreduce_across(s.host());
+      float* d = s.data();
+      for (std::size_t k = 0; k < s.size(); ++k) d[k] /= static_cast<float>(groups_);
+    }
+  }
+}
+
+void Synchronizer::diloco_step() {
+  // The pseudo-gradient Δ = anchor − x_g, averaged over groups, is the outer optimizer's gradient.
+  const double lr = sync_.outer_lr.value_or(0.7);
+  const double mu = sync_.outer_momentum.value_or(sync_.outer_optimizer.value_or("nesterov") == "sgd" ? 0.0 : 0.9);
+  const bool nesterov = sync_.outer_optimizer.value_or("nesterov") == "nesterov";
+  std::vector<Tensor> means;
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    const Tensor own = tensors_[i].value->to(Device::host());
+    Tensor delta = center_[i].clone();
+    float* d = delta.data();
+    const float* x = own.data();
+    for (std::int64_t k = 0; k < delta.numel(); ++k) d[k] -= x[k];
+    allreduce_across(delta);
+    Tensor mean = center_[i].clone();  // x̄ = anchor − mean Δ
+    float* m = mean.data();
+    for (std::int64_t k = 0; k < delta.numel(); ++k) {
+      d[k] /= static_cast<float>(groups_);
+      m[k] -= d[k];
+    }
+    means.push_back(std::move(mean));
+    float* anchor = center_[i].data();
+    float* buf = outer_momentum_[i].data();
+    for (std::int64_t k = 0; k < delta.numel(); ++k) {
+      float step = d[k];
+      if (mu > 0) {
+        buf[k] = static_cast<float>(mu) * buf[k] + d[k];
+        step = nesterov ? d[k] + static_cast<float>(mu) * buf[k] : buf[k];
+      }
+      anchor[k] -= static_cast<float>(lr) * step;
+    }
+  }
+  measure_consensus(means);
+  for (std::size_t i = 0; i < tensors_.size(); ++i) tensors_[i].value->copy_from(center_[i]);
+}
+
+void Synchronizer::easgd_step() {
+  // Synchronous EASGD: x_g ← x_g − α (x_g − c), c ← c + α Σ_g (x_g − c), from the same old values,
+  // so Σ_g x_g + c is unchanged.
+  const auto alpha = static_cast<float>(sync_.easgd_alpha.value_or(0.9 / groups_));
+  std::vector<Tensor> own_diffs, sums, means;
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    const Tensor own = tensors_[i].value->to(Device::host());
+    Tensor diff = own.clone();
+    float* d = diff.data();
+    const float* c = center_[i].data();
+    for (std::int64_t k = 0; k < diff.numel(); ++k) d[k] -= c[k];
+    own_diffs.push_back(diff.clone());
+    allreduce_across(diff);
+    Tensor mean = center_[i].clone();  // x̄ = c + Σ_g (x_g − c) / G
+    float* m = mean.data();
+    for (std::int64_t k = 0; k < diff.numel(); ++k) m[k] += d[k] / static_cast<float>(groups_);
+    sums.push_back(std::move(diff));
+    means.push_back(std::move(mean));
+  }
+  measure_consensus(means);  // of the values before the pull
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    OnHost v(*tensors_[i].value);
+    float* x = v.data();
+    float* c = center_[i].data();
+    const float* own = own_diffs[i].data();
+    const float* all = sums[i].data();
+    for (std::size_t k = 0; k < v.size(); ++k) {
+      x[k] -= alpha * own[k];
+      c[k] += alpha * all[k];
+    }
+  }
+}
+
+void Synchronizer::gossip(std::int64_t round) {
+  // Doubly stochastic mixing over the cross-group communicator: ring: equal weights over this
+  // group and its distinct neighbours g ± 1; exponential (one peer): receive from g − 2^k and send
+  // to g + 2^k, k cycling over the powers of two below G, weights 1/2.
+  const int g = group_, n = groups_;
+  std::vector<int> from, to;
+  if (sync_.topology.value_or("exponential") == "ring") {
+    for (int peer : {(g + n - 1) % n, (g + 1) % n})
+      if (peer != g && std::find(from.begin(), from.end(), peer) == from.end()) from.push_back(peer);
+    to = from;
+  } else {
+    int powers = 0;
+    while ((1 << powers) < n) ++powers;
+    const int offset = 1 << (round % std::max(powers, 1));
+    from.push_back((g - offset % n + n) % n);
+    to.push_back((g + offset) % n);
+  }
+  std::size_t total = 0;
+  for (const auto& t : tensors_) total += static_cast<std::size_t>(t.value->numel());
+  Tensor mine{Shape({static_cast<std::int64_t>(total)})};
+  std::size_t at = 0;
+  for (auto& t : tensors_) {
+    const Tensor own = t.value->to(Device::host());
+    std::copy(own.data(), own.data() + own.numel(), mine.data() + at);
+    at += static_cast<std::size_t>(own.numel());
+  }
+  std::vector<Tensor> theirs;
+  std::vector<Message> sends, receives;
+  for (int peer : from) {
+    theirs.emplace_back(Shape({static_cast<std::int64_t>(total)}));
+    receives.push_back({theirs.back().data(), total, peer});
+  }
+  for (int peer : to) sends.push_back({mine.data(), total, peer});
+  across_->exchange(sends, receives, DType::F32, 7301)->wait();
+  stats_.bytes += static_cast<double>(total * kFloat * to.size());
+  const auto weight = static_cast<float>(1.0 / static_cast<double>(from.size() + 1));
+  float* m = mine.data();
+  for (std::size_t k = 0; k < total; ++k) {
+    float sum = m[k];
+    for (const auto& t : theirs) sum += t.data()[k];
+    m[k] = sum * weight;
+  }
+  at = 0;
+  for (auto& t : tensors_) {
+    OnHost v(*t.value);
+    std::copy(m + at, m + at + v.size(), v.data());
+    at += v.size();
+  }
+}
+
+double Synchronizer::squared_norm(bool gradients) {
+  return weighted_sum([&](std::size_t i) {
+    const Tensor t = (gradients ? tensors_[i].grad : tensors_[i].value)->to(Device::host());
+    double s = 0;
+    for (std::int64_t k = 0; k < t.numel(); ++k) s += static_cast<double>(t.data()[k]) * t.data()[k];
+    return s;
+  });
+}
+
+double Synchronizer::adascale_step() {
+  // Per group ĝ_g = G · (its gradient summed within the group); ḡ = Σ_g (that sum) = mean_g ĝ_g.
+  // σ̂² = (Σ_g ‖ĝ_g‖² − G ‖ḡ‖²) / (G − 1) and μ̂² = ‖ḡ‖² − σ̂² / G (unbiased for the variance of one
+  // group's gradient and the squared norm of the true gradient); their moving averages give
+  // r = (σ² + μ²) / (σ²/G + μ²), which lies in [1, G] whenever σ² ≥ 0 and μ² > 0.
+  const double G = groups_;
+  const double group_sq = squared_norm(true) * G * G;  // Σ_g ‖ĝ_g‖²
+  sum_gradients();
+  const double mean_sq = squared_norm(true) / G;       // every group holds ḡ
+  const double variance = std::max((group_sq - G * mean_sq) / (G - 1), 0.0);
+  const double square = std::max(mean_sq - variance / G, 0.0);
+  const double theta = std::max(1.0 - G / 1000.0, 0.0);
+  stats_.gain_variance = theta * stats_.gain_variance + (1 - theta) * variance;
+  stats_.gain_square = theta * stats_.gain_square + (1 - theta) * square;
+  ++stats_.gain_updates;
+  const double debias = 1 - std::pow(theta, static_cast<double>(stats_.gain_updates));
+  const double var = stats_.gain_variance / debias, sq = stats_.gain_square / debias;
+  if (!(sq > 0)) return var > 0 ? G : 1.0;
+  return std::clamp((var + sq) / (var / G + sq), 1.0, G);
+}
+
+}  // namespace tessera
