@@ -234,23 +234,20 @@ struct Trainer::Run {
   std::int64_t reached;
 };
 
-void Trainer::attach_synchronizer() {
-  // Every parameter block with its gradient, its optimizer state and how many ranks of the group
-  // hold it, in the order checkpoints list them (the model's nodes, each layer's parameters).
-  const auto params = model_.parameters();
-  optimizer_->prepare(params);
+std::vector<SyncTensor> synchronized_tensors(Model& model, Executor& executor, Optimizer& optimizer) {
+  optimizer.prepare(model.parameters());
   std::map<std::string, std::vector<Tensor*>> state;
-  for (auto& [name, tensor] : optimizer_->state()) state[name.substr(0, name.rfind('.'))].push_back(tensor);
+  for (auto& [name, tensor] : optimizer.state()) state[name.substr(0, name.rfind('.'))].push_back(tensor);
   std::vector<SyncTensor> tensors;
-  auto& nodes = model_.nodes();
+  auto& nodes = model.nodes();
   for (std::size_t k = 0; k < nodes.size(); ++k)
     for (Parameter* p : nodes[k].layer->parameters()) {
       // Under bsp a gradient's replica group spans every group, each holding the same share of it.
-      const int group_size = executor_.replica_group(k, *p).size();
-      const int holders = executor_.within_groups() ? group_size : group_size / executor_.replica_groups();
+      const int group_size = executor.replica_group(k, *p).size();
+      const int holders = executor.within_groups() ? group_size : group_size / executor.replica_groups();
       tensors.push_back({p->name, &p->value, &p->grad, 1.0 / holders, state[p->name]});
     }
-  sync_->attach(std::move(tensors));
+  return tensors;
 }
 
 std::int64_t Trainer::resume_from_checkpoint(Clock::time_point start) {
@@ -420,7 +417,7 @@ TrainSummary Trainer::run() {
   log_info("training '{}' ({} parameters, {}) on {} ranks{}{}: {} steps ({} per epoch), global batch {}", model_.name(),
            model_.parameter_count(), precision_name(model_.precision()), executor_.world().size(), as_groups, where,
            total_steps, per_epoch, options_.global_batch);
-  attach_synchronizer();
+  sync_->attach(synchronized_tensors(model_, executor_, *optimizer_));
   TrainSummary summary;
   const auto start = Clock::now();
   // Resume: the step restores everything else (see train/checkpoint.hpp).

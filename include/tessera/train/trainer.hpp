@@ -89,6 +89,11 @@ struct TrainSummary {
   SyncStats sync;
 };
 
+/// Every parameter block of the model with its gradient, its optimizer state (prepared here) and
+/// how many ranks of its replica group hold it, in the model's order (nodes, then each layer's
+/// parameters: the order of Model::parameters and of checkpoints), for Synchronizer::attach.
+std::vector<SyncTensor> synchronized_tensors(Model& model, Executor& executor, Optimizer& optimizer);
+
 class Trainer {
  public:
   /// `validation` may be null (no validation).
@@ -106,8 +111,6 @@ class Trainer {
  private:
   struct Metrics;
   struct Run;
-  /// Hands the parameters, their gradients and optimizer state to the synchronizer.
-  void attach_synchronizer();
   /// Finds and reads the checkpoint to resume from (every rank together) and returns its step (0: none).
   std::int64_t resume_from_checkpoint(Clock::time_point start);
   /// Runs training step `step` through its validation and checkpoint; returns true when a stop request ends the run.

@@ -1,0 +1,312 @@
+// Synchronization modes across replica groups (synchronizer.hpp), each against the guarantee it
+// states: local_sgd with period 1 equals bsp, diloco with outer SGD at lr 1 equals local_sgd,
+// averaging happens exactly on schedule, easgd conserves the sum of the groups and the center,
+// gossip keeps the mean and its consensus distance falls geometrically, AdaScale's gain is the
+// paper's estimate and lies in [1, S]. At 1-4 ranks (one group at 1 rank: nothing crosses groups).
+#include <numeric>
+
+#include "invariant_harness.hpp"
+#include "tessera/parallel/synchronizer.hpp"
+#include "tessera/train/trainer.hpp"
+
+namespace tessera::testing {
+namespace {
+
+constexpr std::int64_t kBatch = 8;
+
+SyncOptions mode(const std::string& name, std::optional<int> period = std::nullopt) {
+  SyncOptions s;
+  s.mode = name;
+  s.period = period;
+  return s;
+}
+
+/// Trains cosmo_style_model under `plan_text` on every rank of the job, as replica groups
+/// synchronized by `sync`, the way the trainer does; returns this rank's weights.
+std::vector<Tensor> train_synced(const std::string& plan_text, const SyncOptions& sync, int steps,
+                                 const OptimizerConfig& optimizer_config = sgd_momentum()) {
+  auto world = MpiCommunicator::world();
+  Model model = Model::parse(cosmo_style_model(10, "softmax_cross_entropy"), "sync_test_model");
+  model.init_parameters(11);
+  ExecutorOptions options;
+  options.global_batch = kBatch;
+  options.seed = 11;
+  options.within_groups = sums_within_groups(sync);
+  options.reducer.bucket_bytes = 4 << 10;
+  const Plan plan = Plan::parse(plan_text, "sync_test_plan");
+  Executor executor(model, plan, world, options);
+  auto optimizer = create_optimizer(optimizer_config);
+  Synchronizer synchronizer(sync, executor.replica_groups(), *world);
+  synchronizer.attach(synchronized_tensors(model, executor, *optimizer));
+  const auto params = model.parameters();
+  Tensor inputs, labels;
+  for (int step = 0; step < steps; ++step) {
+    synthetic_batch(model.sample_shape(), kBatch, step, inputs, labels);
+    const auto [begin, end] = executor.local_samples(kBatch);
+    executor.train_step(local_tile(inputs, begin, end, executor.input_sample_box()), labels.slice(begin, end).clone(),
+                        kBatch, step);
+    const double lr = synchronizer.before_update(step, [](std::int64_t) { return 0.05; });
+    optimizer->step(params, lr);
+    synchronizer.after_update(step);
+  }
+  std::vector<Tensor> weights;
+  for (auto* p : params) weights.push_back(p->value.to(Device::host()).clone());
+  return weights;
+}
+
+void expect_close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double tolerance) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_LT(relative_error(a[i], b[i]), tolerance) << "parameter " << i;
+}
+
+/// The plans the equalities run under: 1-rank groups, and at an even number of ranks 2-rank
+/// groups split spatially and by filter.
+std::vector<std::string> plans() {
+  std::vector<std::string> out{"ranks: 1\ndefault: {sample: 1}\n"};
+  if (ranks() % 2 == 0) {
+    out.push_back("ranks: 2\ndefault: {sample: 2}\nlayers:\n  conv1: {sample: 1, spatial: [2, 1, 1]}\n"
+                  "  act1: {sample: 1, spatial: [2, 1, 1]}\n  pool1: {sample: 1, spatial: [2, 1, 1]}\n");
+    out.push_back("ranks: 2\ndefault: {sample: 2}\nlayers:\n  fc1: {sample: 1, filter: 2}\n");
+  }
+  return out;
+}
+
+TEST(SyncModes, LocalSgdWithPeriodOneEqualsBsp) {
+  for (const auto& plan : plans()) {
+    SCOPED_TRACE(plan);
+    const auto bsp = train_synced(plan, mode("bsp"), 4);
+    expect_close(train_synced(plan, mode("local_sgd", 1), 4), bsp, 1e-5);
+    // Averaging the momentum too changes nothing for SGD (the update is linear in it).
+    SyncOptions with_state = mode("local_sgd", 1);
+    with_state.optimizer_state = true;
+    expect_close(train_synced(plan, with_state, 4), bsp, 1e-5);
+  }
+}
+
+TEST(SyncModes, DilocoWithOuterSgdAtLearningRateOneEqualsLocalSgd) {
+  for (const auto& plan : plans()) {
+    SCOPED_TRACE(plan);
+    SyncOptions diloco = mode("diloco", 2);
+    diloco.outer_optimizer = "sgd";
+    diloco.outer_lr = 1.0;
+    diloco.outer_momentum = 0.0;
+    const auto local = train_synced(plan, mode("local_sgd", 2), 4);
+    expect_close(train_synced(plan, diloco, 4), local, 1e-5);
+    if (ranks() / Plan::parse(plan, "p.yaml").ranks() > 1) {  // groups differed between syncs: bsp is another run
+      const auto bsp = train_synced(plan, mode("bsp"), 4);
+      double differs = 0;
+      for (std::size_t i = 0; i < bsp.size(); ++i) differs = std::max(differs, relative_error(local[i], bsp[i]));
+      EXPECT_GT(differs, 1e-4);
+    }
+  }
+}
+
+/// One scalar tensor per rank whose gradient is unused: the synchronizer's parameter-level rules
+/// alone. Value: `value(group)`.
+struct OneTensor {
+  Tensor value{Shape({5})}, grad{Shape({5})};
+  void set(const std::function<float(std::int64_t)>& at) {
+    for (std::int64_t k = 0; k < value.numel(); ++k) value.data()[k] = at(k);
+  }
+  std::vector<SyncTensor> tensors() { return {{"w", &value, &grad, 1.0, {}}}; }
+};
+
+/// Σ over groups of `t` (fp64), per element.
+std::vector<double> sum_over_groups(const Tensor& t) {
+  std::vector<double> v(t.data(), t.data() + t.numel());
+  MpiCommunicator::world()->allreduce(std::span<double>(v));
+  return v;
+}
+
+TEST(SyncModes, AveragingHappensExactlyOnSchedule) {
+  auto world = MpiCommunicator::world();
+  const int g = world->rank(), groups = world->size();
+  // Post-local SGD from step 5, period 3: averages after steps 7, 10 and 13; diloco, easgd and
+  // gossip with period 4: after steps 3, 7, 11.
+  SyncOptions post_local = mode("local_sgd", 3);
+  post_local.start = 5;
+  const std::vector<std::pair<SyncOptions, std::vector<std::int64_t>>> cases{
+      {post_local, {7, 10, 13}}, {mode("local_sgd", 4), {3, 7, 11}}, {mode("diloco", 4), {3, 7, 11}},
+      {mode("easgd", 4), {3, 7, 11}}, {mode("gossip", 4), {3, 7, 11}}};
+  for (const auto& [sync, expected] : cases) {
+    SCOPED_TRACE(sync.mode);
+    Synchronizer synchronizer(sync, groups, *world);
+    OneTensor t;
+    t.set([&](std::int64_t k) { return static_cast<float>(k); });
+    synchronizer.attach(t.tensors());
+    std::vector<std::int64_t> changed;
+    for (std::int64_t step = 0; step < 15; ++step) {
+      // Differs per group, and no group holds the mean.
+      t.set([&](std::int64_t k) { return static_cast<float>(100 * g * g + k + step); });
+      const Tensor before = t.value.clone();
+      synchronizer.after_update(step);
+      EXPECT_EQ(synchronizer.syncs_after(step), groups > 1 && std::count(expected.begin(), expected.end(), step) == 1);
+      if (relative_error(before, t.value) > 0) changed.push_back(step);
+    }
+    EXPECT_EQ(changed, groups > 1 ? expected : std::vector<std::int64_t>{});
+    EXPECT_EQ(synchronizer.stats().syncs, groups > 1 ? static_cast<std::int64_t>(expected.size()) : 0);
+  }
+}
+
+TEST(SyncModes, LocalSgdAveragesTheGroups) {
+  auto world = MpiCommunicator::world();
+  const int g = world->rank(), groups = world->size();
+  Synchronizer synchronizer(mode("local_sgd", 1), groups, *world);
+  OneTensor t;
+  synchronizer.attach(t.tensors());
+  t.set([&](std::int64_t k) { return static_cast<float>(g * 4 + k); });
+  synchronizer.after_update(0);
+  for (std::int64_t k = 0; k < 5; ++k) EXPECT_FLOAT_EQ(t.value.data()[k], 2.0f * static_cast<float>(groups - 1) + k);
+  if (groups > 1) {
+    ASSERT_TRUE(synchronizer.stats().consensus);
+    EXPECT_GT(*synchronizer.stats().consensus, 0);
+  }
+}
+
+TEST(SyncModes, EasgdConservesTheSumOfGroupsAndCenter) {
+  auto world = MpiCommunicator::world();
+  const int g = world->rank(), groups = world->size();
+  for (const double alpha : {0.3, 0.0}) {
+    SCOPED_TRACE(alpha);
+    SyncOptions sync = mode("easgd", 1);
+    sync.easgd_alpha = alpha;
+    Synchronizer synchronizer(sync, groups, *world);
+    OneTensor t;
+    t.set([&](std::int64_t k) { return 0.5f * static_cast<float>(k); });  // the center starts here
+    synchronizer.attach(t.tensors());
+    Tensor& center = *synchronizer.state().at(0).second;
+    for (std::int64_t step = 0; step < 3; ++step) {
+      t.set([&](std::int64_t k) { return static_cast<float>(std::sin(1.0 + g * 7 + k * 3 + step)); });
+      const Tensor value = t.value.clone(), centre = center.clone();
+      const auto before = sum_over_groups(t.value);
+      synchronizer.after_update(step);
+      const auto after = sum_over_groups(t.value);
+      for (std::int64_t k = 0; k < 5; ++k) {
+        const double total_before = before[k] + centre.data()[k], total_after = after[k] + center.data()[k];
+        EXPECT_NEAR(total_after, total_before, 1e-6 * (1 + std::fabs(total_before))) << "element " << k;
+      }
+      if (alpha == 0.0) {  // no pull: every group keeps its own values, the center stays
+        EXPECT_EQ(relative_error(t.value, value), 0.0);
+        EXPECT_EQ(relative_error(center, centre), 0.0);
+      } else if (groups > 1) {
+        EXPECT_GT(relative_error(t.value, value), 0.0);
+      }
+    }
+  }
+}
+
+/// ‖x_g − mean‖ summed over groups, and the mean, from the test's own fp64 sums.
+std::pair<double, std::vector<double>> spread(const Tensor& t) {
+  const int groups = MpiCommunicator::world()->size();
+  auto mean = sum_over_groups(t);
+  for (auto& m : mean) m /= groups;
+  double own = 0;
+  for (std::int64_t k = 0; k < t.numel(); ++k) own += std::pow(t.data()[k] - mean[static_cast<std::size_t>(k)], 2);
+  return {std::sqrt(MpiCommunicator::world()->allreduce_value(own)), mean};
+}
+
+TEST(SyncModes, GossipKeepsTheMeanAndContracts) {
+  auto world = MpiCommunicator::world();
+  const int g = world->rank(), groups = world->size();
+  constexpr double kPi = 3.14159265358979323846;
+  for (const std::string topology : {"ring", "exponential"}) {
+    SCOPED_TRACE(topology);
+    SyncOptions sync = mode("gossip", 1);
+    sync.topology = topology;
+    Synchronizer synchronizer(sync, groups, *world);
+    OneTensor t;
+    t.set([&](std::int64_t k) { return static_cast<float>(std::cos(g * 5.0 + k)); });
+    synchronizer.attach(t.tensors());
+    // The ring's mixing matrix contracts the spread by its second eigenvalue each round: for G >= 3
+    // max over k > 0 of |1 + 2 cos(2 pi k / G)| / 3 (0 for G = 2 and 3); the one-peer exponential
+    // graph reaches the mean after log2 G rounds when G is a power of two.
+    double ring_rate = 0;
+    for (int k = 1; k < groups && groups > 3; ++k)
+      ring_rate = std::max(ring_rate, std::fabs(1 + 2 * std::cos(2 * kPi * k / groups)) / 3);
+    int log2 = 0;
+    while ((1 << log2) < groups) ++log2;
+    const bool power_of_two = (1 << log2) == groups;
+    auto [distance, mean] = spread(t.value);
+    const double initial = distance;
+    if (groups > 1) {
+      EXPECT_GT(initial, 0.1);
+    }
+    for (std::int64_t round = 0; round < 6; ++round) {
+      synchronizer.gossip(round);
+      const auto [next, next_mean] = spread(t.value);
+      for (std::size_t k = 0; k < mean.size(); ++k) EXPECT_NEAR(next_mean[k], mean[k], 1e-6) << "round " << round;
+      if (topology == "ring") EXPECT_LE(next, ring_rate * distance + 1e-6) << "round " << round;
+      else EXPECT_LE(next, distance + 1e-6) << "round " << round;
+      if (topology == "exponential" && power_of_two && round + 1 == log2) {
+        EXPECT_LT(next, 1e-6 * (1 + initial));
+      }
+      distance = next;
+    }
+    if (groups > 1) {
+      EXPECT_LT(distance, 0.05 * initial);
+    }
+  }
+}
+
+TEST(SyncModes, AdaScaleGainIsThePapersEstimateWithinOneAndS) {
+  auto world = MpiCommunicator::world();
+  const int g = world->rank(), groups = world->size();
+  if (groups == 1) {  // refused with one group: nothing to estimate from
+    EXPECT_THROW(Synchronizer(mode("adascale"), 1, *world), InputError);
+    return;
+  }
+  // Identical gradients (no variance: gain 1), a signal with noise (the paper's estimate), and
+  // noise alone (the estimate of ‖∇F‖² falls to 0 or below: the gain is S, its bound).
+  enum Case { kIdentical, kSignal, kNoise };
+  const auto gradient = [&](Case c, int group, std::int64_t k) {
+    if (c == kIdentical) return 0.25 + 0.1 * static_cast<double>(k);
+    if (c == kSignal) return 1.0 + 0.5 * std::sin(3.0 * group + static_cast<double>(k));
+    return std::sin(3.0 * group + static_cast<double>(k)) - std::sin(3.0 * (groups - 1 - group) + static_cast<double>(k));
+  };
+  for (const Case c : {kIdentical, kSignal, kNoise}) {
+    SCOPED_TRACE(static_cast<int>(c));
+    Synchronizer synchronizer(mode("adascale"), groups, *world);
+    OneTensor t;
+    synchronizer.attach(t.tensors());
+    // Each group's gradient as the executor leaves it: 1/G of its own mean gradient.
+    std::vector<double> own(5);
+    for (std::int64_t k = 0; k < 5; ++k) {
+      own[static_cast<std::size_t>(k)] = gradient(c, g, k);
+      t.grad.data()[k] = static_cast<float>(own[static_cast<std::size_t>(k)] / groups);
+    }
+    const double lr = synchronizer.before_update(0, [](std::int64_t) { return 0.1; });
+    const double gain = synchronizer.stats().gain;
+    // The paper's estimate from the test's own sums (the first step's moving average is the
+    // estimate itself): σ² = (Σ‖ĝ_g‖² − G‖ḡ‖²)/(G − 1), μ² = ‖ḡ‖² − σ²/G, r = (σ² + μ²)/(σ²/G + μ²).
+    double group_sq = 0;
+    for (double v : own) group_sq += v * v;
+    group_sq = world->allreduce_value(group_sq);
+    double mean_sq = 0;  // after the sum every group holds ḡ
+    for (std::int64_t k = 0; k < 5; ++k) mean_sq += std::pow(t.grad.data()[k], 2);
+    const double variance = std::max((group_sq - groups * mean_sq) / (groups - 1), 0.0);
+    const double square = mean_sq - variance / groups;
+    const double expected = (variance + square) / (variance / groups + square);
+    EXPECT_GE(gain, 1.0);
+    EXPECT_LE(gain, static_cast<double>(groups));
+    if (c == kIdentical) {
+      EXPECT_NEAR(gain, 1.0, 1e-5);
+    } else if (c == kSignal) {
+      EXPECT_NEAR(gain, expected, 1e-4 * expected);
+      EXPECT_GT(gain, 1.01);
+    } else {
+      EXPECT_LE(square, 1e-9);
+      EXPECT_EQ(gain, static_cast<double>(groups));
+    }
+    EXPECT_NEAR(lr, gain * 0.1, 1e-12);
+    EXPECT_DOUBLE_EQ(synchronizer.stats().scaled_time, gain);
+    // The gradient the update uses is the bsp one: Σ over groups of what the executor left.
+    for (std::int64_t k = 0; k < 5; ++k) {
+      double sum = 0;
+      for (int q = 0; q < groups; ++q) sum += gradient(c, q, k) / groups;
+      EXPECT_NEAR(t.grad.data()[k], sum, 1e-5);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::testing
