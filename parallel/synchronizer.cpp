@@ -177,7 +177,7 @@ void Synchronizer::measure_consensus(const std::vector<Tensor>& means) {
   stats_.consensus = local[1] > 0 ? std::sqrt(local[0] / local[1]) : 0.0;
 }
 
-std::vector<Tensor> Synchronizer::consensus() {
+std::vector<Tensor> Synchronizer::consensus(bool record) {
   std::vector<Tensor> means;
   for (auto& t : tensors_) {
     Tensor mean = t.value->to(Device::host()).clone();
@@ -188,7 +188,7 @@ std::vector<Tensor> Synchronizer::consensus() {
     }
     means.push_back(std::move(mean));
   }
-  measure_consensus(means);
+  if (record) measure_consensus(means);
   if (sync_.mode == "easgd")
     for (std::size_t i = 0; i < means.size(); ++i) means[i] = center_[i].clone();
   return means;

@@ -184,7 +184,7 @@ std::string save_checkpoint(const std::string& dir, Model& model, Executor& exec
   // each group's own parameters and optimizer state.
   const bool differ = sync && sync->groups() > 1 && sync->groups_differ();
   std::vector<Tensor> consensus;
-  if (differ) consensus = sync->consensus();  // in model.parameters() order, as state_tensors lists them
+  if (differ) consensus = sync->consensus(/*record=*/false);  // in model.parameters() order, as state_tensors lists them
   CheckpointWriter writer(dir, checkpoint_name(meta.step), executor.world());
   writer.set_attribute("step", meta.step);
   writer.set_attribute("epoch", meta.epoch);

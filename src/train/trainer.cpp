@@ -187,7 +187,7 @@ BatchResult Trainer::evaluate(Dataset& data) {
 
 BatchResult Trainer::evaluate_consensus(Dataset& data) {
   if (sync_->groups() == 1 || !sync_->groups_differ()) return evaluate(data);
-  const std::vector<Tensor> consensus = sync_->consensus();
+  const std::vector<Tensor> consensus = sync_->consensus(/*record=*/true);
   std::vector<Tensor> own;
   const auto params = model_.parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {

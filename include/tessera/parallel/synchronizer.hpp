@@ -84,8 +84,9 @@ class Synchronizer {
   bool syncs_after(std::int64_t step) const;
 
   /// The consensus model (collective): per tensor, the mean over groups (easgd: the center).
-  /// Measures the consensus distance on the way (stats().consensus).
-  std::vector<Tensor> consensus();
+  /// With `record`, measures the consensus distance on the way (stats().consensus; checkpoints
+  /// leave it alone, so that a resumed run reports what the uninterrupted one does).
+  std::vector<Tensor> consensus(bool record);
   /// The mode's state tensors, named "<kind>/<parameter>" (kind: center, anchor, outer_momentum),
   /// each shaped as its parameter's block and equal in every group.
   std::vector<std::pair<std::string, Tensor*>> state();
