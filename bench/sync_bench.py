@@ -274,11 +274,12 @@ class Run:
         v = self.summary.get("val_loss")
         return "-" if v is None else f"{v:.4g}"
 
-    def last_sync_consensus(self):
-        for row in reversed(self.train_rows):
-            if row["consensus"]:
-                return float(row["consensus"])
-        return None
+    def most_consensus(self):
+        """The largest consensus distance measured (before each sync and at each validation)."""
+        values = [float(r["consensus"]) for r in self.train_rows if r["consensus"]]
+        if self.summary.get("consensus") is not None:
+            values.append(self.summary["consensus"])
+        return max(values) if values else None
 
     def gains(self):
         return [float(r["gain"]) for r in self.train_rows if r["gain"]]
@@ -298,8 +299,8 @@ def table(args, runs, reference):
              + f"; target {target}, validated every {args.eval_every} steps", ""]
     quality = "final test acc." if args.dataset == "fashion" else "final val. MSE"
     lines.append(f"| delay | mode | wall s | train s | steps to target | train s to target | speed-up vs bsp | "
-                 f"steps vs bsp | {quality} | MB across groups/rank | bytes vs bsp | consensus end | "
-                 f"consensus last sync | gain end (mean) |")
+                 f"steps vs bsp | {quality} | MB across groups, rank 0 | bytes vs bsp | consensus end | "
+                 f"consensus max | gain end (mean) |")
     lines.append("|" + "---|" * 14)
     for delay, group in runs:
         base = next((r for r in group if r.key == "bsp" and not r.error), None)
@@ -328,15 +329,16 @@ def table(args, runs, reference):
             gains = r.gains()
             gain = f"{s.get('gain', 1):.3g} ({statistics.mean(gains):.3g})" if gains else fmt(s.get("gain"), ".3g")
             train_s = s["seconds"] - r.validating if "seconds" in s else None
-            lines.append(f"| {r.delay_text()} | {r.label} | {fmt(r.wall, '.0f')} | {fmt(train_s, '.0f')} | {steps_to} | "
+            lines.append(f"| {r.delay_text()} | {r.label} | {fmt(r.wall, '.0f')} | {fmt(train_s, '.1f')} | {steps_to} | "
                          f"{secs_to} | {speedup} | {steps_ratio} | {r.final_quality(args)} | "
                          f"{fmt(nbytes / 1e6 if nbytes is not None else None, '.1f')} | {bytes_ratio} | "
-                         f"{fmt(s.get('consensus'), '.3g')} | {fmt(r.last_sync_consensus(), '.3g')} | {gain} |")
+                         f"{fmt(s.get('consensus'), '.3g')} | {fmt(r.most_consensus(), '.3g')} | {gain} |")
     lines.append("")
     lines.append("train s: the run's own clock less its validations; speed-up: bsp's training seconds to the target "
                  "over the mode's, same delay; steps vs bsp: the mode's steps to target over bsp's; consensus: "
-                 "||x_g - mean|| / ||mean|| over groups at the end and at the last measure before a sync "
-                 "(gossip: at validations).")
+                 "||x_g - mean|| / ||mean|| over groups, at the end (the last validation) and the largest measured "
+                 "(before every sync and at validations; gossip: at validations only); gain: AdaScale's at the last "
+                 "step (mean over the steps).")
     if reference is not None:
         lines.append("")
         ref_hit = None if reference.error else reference.reached(args)
