@@ -41,13 +41,14 @@ bool one_of(const std::string& mode, std::initializer_list<const char*> modes) {
 }  // namespace
 
 Synchronizer::Synchronizer(const SyncOptions& sync, int groups, Communicator& world, CommDelay delay)
-    : sync_(sync), groups_(groups), world_(world) {
+    : sync_(sync), groups_(groups) {
   check_sync(sync_, groups_);
-  if (groups_ < 1 || world_.size() % groups_ != 0)
-    fail("synchronizer: {} ranks do not form {} replica groups", world_.size(), groups_);
-  const int per_group = world_.size() / groups_;
-  group_ = world_.rank() / per_group;
-  across_ = delayed(world_.split(world_.rank() % per_group, group_), delay);
+  if (groups_ < 1 || world.size() % groups_ != 0)
+    fail("synchronizer: {} ranks do not form {} replica groups", world.size(), groups_);
+  const int per_group = world.size() / groups_;
+  group_ = world.rank() / per_group;
+  across_ = delayed(world.split(world.rank() % per_group, group_), delay);
+  all_ = delayed(world.duplicate(), delay);
 }
 
 Synchronizer::~Synchronizer() = default;
@@ -65,30 +66,73 @@ int Synchronizer::period() const {
 
 void Synchronizer::attach(std::vector<SyncTensor> tensors) {
   tensors_ = std::move(tensors);
-  for (const auto& t : tensors_)
+  offsets_.assign(1, 0);
+  for (const auto& t : tensors_) {
     if (t.value == nullptr || t.grad == nullptr) fail("synchronizer: tensor '{}' has no value or gradient", t.name);
+    offsets_.push_back(offsets_.back() + t.value->numel());
+  }
   reset_state();
 }
 
+std::vector<Tensor*> Synchronizer::values() const {
+  std::vector<Tensor*> out;
+  for (const auto& t : tensors_) out.push_back(t.value);
+  return out;
+}
+
+std::vector<Tensor*> Synchronizer::gradients() const {
+  std::vector<Tensor*> out;
+  for (const auto& t : tensors_) out.push_back(t.grad);
+  return out;
+}
+
+Tensor Synchronizer::pack(const std::vector<Tensor*>& tensors) {
+  std::int64_t total = 0;
+  for (const Tensor* t : tensors) total += t->numel();
+  Tensor flat{Shape({total})};
+  std::int64_t at = 0;
+  for (const Tensor* t : tensors) {
+    const Tensor host = t->to(Device::host());
+    const Tensor contiguous = host.is_contiguous() ? host : host.clone();
+    std::copy(contiguous.data(), contiguous.data() + contiguous.numel(), flat.data() + at);
+    at += t->numel();
+  }
+  return flat;
+}
+
+void Synchronizer::unpack(const Tensor& flat, const std::vector<Tensor*>& tensors) {
+  std::int64_t at = 0;
+  for (Tensor* t : tensors) {
+    OnHost v(*t);
+    std::copy(flat.data() + at, flat.data() + at + t->numel(), v.data());
+    at += t->numel();
+  }
+}
+
 void Synchronizer::reset_state() {
-  center_.clear();
-  outer_momentum_.clear();
+  center_ = Tensor();
+  outer_momentum_ = Tensor();
+  state_views_.clear();
   if (sync_.mode != "easgd" && sync_.mode != "diloco") return;
-  for (auto& t : tensors_) {
-    center_.push_back(t.value->to(Device::host()).clone());
-    if (sync_.mode == "diloco") {
-      outer_momentum_.emplace_back(t.value->shape());
-      outer_momentum_.back().zero();
-    }
+  // One flat buffer each, so that an exchange is one collective; state() gives per-parameter views.
+  center_ = pack(values());
+  const char* kind = sync_.mode == "easgd" ? "center" : "anchor";
+  const auto add_views = [&](Tensor& flat, const char* name) {
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      state_views_.emplace_back(fmt::format("{}/{}", name, tensors_[i].name),
+                                flat.slice(offsets_[i], offsets_[i + 1]).reshape(tensors_[i].value->shape()));
+  };
+  add_views(center_, kind);
+  if (sync_.mode == "diloco") {
+    outer_momentum_ = Tensor(center_.shape());
+    outer_momentum_.zero();
+    add_views(outer_momentum_, "outer_momentum");
   }
 }
 
 std::vector<std::pair<std::string, Tensor*>> Synchronizer::state() {
   std::vector<std::pair<std::string, Tensor*>> out;
-  const char* kind = sync_.mode == "easgd" ? "center" : "anchor";
-  for (std::size_t i = 0; i < center_.size(); ++i) out.emplace_back(fmt::format("{}/{}", kind, tensors_[i].name), &center_[i]);
-  for (std::size_t i = 0; i < outer_momentum_.size(); ++i)
-    out.emplace_back(fmt::format("outer_momentum/{}", tensors_[i].name), &outer_momentum_[i]);
+  for (auto& [name, view] : state_views_) out.emplace_back(name, &view);
   return out;
 }
 
@@ -103,7 +147,7 @@ double Synchronizer::before_update(std::int64_t step, const std::function<double
   if (groups_ == 1) return schedule(step);
   if (sync_.mode == "bsp") {  // the executor summed every gradient over all groups
     ++stats_.syncs;
-    for (const auto& t : tensors_) stats_.bytes += static_cast<double>(t.grad->numel() * kFloat);
+    stats_.bytes += static_cast<double>(offsets_.back()) * kFloat;
     return schedule(step);
   }
   if (sync_.mode == "adascale") {
@@ -130,17 +174,24 @@ void Synchronizer::after_update(std::int64_t step) {
   ++stats_.syncs;
 }
 
-void Synchronizer::allreduce_across(Tensor& host) {
-  across_->allreduce(host.data(), static_cast<std::size_t>(host.numel()), DType::F32, ReduceOp::Sum);
-  stats_.bytes += static_cast<double>(host.numel()) * kFloat;
+void Synchronizer::allreduce_across(Tensor& flat, bool count) {
+  across_->allreduce(flat.data(), static_cast<std::size_t>(flat.numel()), DType::F32, ReduceOp::Sum);
+  if (count) stats_.bytes += static_cast<double>(flat.numel()) * kFloat;
+}
+
+Tensor Synchronizer::mean_across(const Tensor& flat, bool count) {
+  Tensor mean = flat.clone();
+  allreduce_across(mean, count);
+  float* m = mean.data();
+  for (std::int64_t k = 0; k < mean.numel(); ++k) m[k] /= static_cast<float>(groups_);
+  return mean;
 }
 
 void Synchronizer::sum_gradients() {
   ++stats_.syncs;
-  for (auto& t : tensors_) {
-    OnHost g(*t.grad);
-    allreduce_across(g.host());
-  }
+  Tensor flat = pack(gradients());
+  allreduce_across(flat);
+  unpack(flat, gradients());
 }
 
 void Synchronizer::scale_gradients(float factor) {
@@ -154,18 +205,17 @@ void Synchronizer::scale_gradients(float factor) {
 double Synchronizer::weighted_sum(const std::function<double(std::size_t)>& term) {
   double local = 0;
   for (std::size_t i = 0; i < tensors_.size(); ++i) local += tensors_[i].norm_weight * term(i);
-  return world_.allreduce_value(local, ReduceOp::Sum);
+  return all_->allreduce_value(local, ReduceOp::Sum);
 }
 
-void Synchronizer::measure_consensus(const std::vector<Tensor>& means) {
+void Synchronizer::measure_consensus(const Tensor& own, const Tensor& mean) {
   // Summed over all ranks with the norm weights: Σ_g ‖x_g − x̄‖² and G ‖x̄‖².
   std::vector<double> local{0, 0};
+  const float* x = own.data();
+  const float* m = mean.data();
   for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    const Tensor own = tensors_[i].value->to(Device::host());
-    const float* x = own.data();
-    const float* m = means[i].data();
     double spread = 0, size = 0;
-    for (std::int64_t k = 0; k < own.numel(); ++k) {
+    for (std::int64_t k = offsets_[i]; k < offsets_[i + 1]; ++k) {
       const double d = static_cast<double>(x[k]) - m[k];
       spread += d * d;
       size += static_cast<double>(m[k]) * m[k];
@@ -173,117 +223,88 @@ void Synchronizer::measure_consensus(const std::vector<Tensor>& means) {
     local[0] += tensors_[i].norm_weight * spread;
     local[1] += tensors_[i].norm_weight * size;
   }
-  world_.allreduce(std::span<double>(local), ReduceOp::Sum);
+  all_->allreduce(std::span<double>(local), ReduceOp::Sum);
   stats_.consensus = local[1] > 0 ? std::sqrt(local[0] / local[1]) : 0.0;
 }
 
 std::vector<Tensor> Synchronizer::consensus(bool record) {
-  std::vector<Tensor> means;
-  for (auto& t : tensors_) {
-    Tensor mean = t.value->to(Device::host()).clone();
-    if (groups_ > 1) {
-      across_->allreduce(mean.data(), static_cast<std::size_t>(mean.numel()), DType::F32, ReduceOp::Sum);
-      float* m = mean.data();
-      for (std::int64_t k = 0; k < mean.numel(); ++k) m[k] /= static_cast<float>(groups_);
-    }
-    means.push_back(std::move(mean));
-  }
-  if (record) measure_consensus(means);
-  if (sync_.mode == "easgd")
-    for (std::size_t i = 0; i < means.size(); ++i) means[i] = center_[i].clone();
-  return means;
+  const Tensor own = pack(values());
+  // Not counted in stats().bytes: checkpoints call it too, and a resumed run must count what the
+  // uninterrupted one does.
+  Tensor mean = groups_ > 1 ? mean_across(own, /*count=*/false) : own.clone();
+  if (record) measure_consensus(own, mean);
+  if (sync_.mode == "easgd") mean = center_.clone();
+  std::vector<Tensor> out;
+  for (std::size_t i = 0; i < tensors_.size(); ++i)
+    out.push_back(mean.slice(offsets_[i], offsets_[i + 1]).reshape(tensors_[i].value->shape()).clone());
+  return out;
 }
 
 void Synchronizer::average(bool optimizer_state) {
-  std::vector<Tensor> means;
-  for (auto& t : tensors_) {
-    OnHost v(*t.value);
-    Tensor own = v.host().clone();
-    allreduce_across(v.host());
-    float* d = v.data();
-    for (std::size_t k = 0; k < v.size(); ++k) d[k] /= static_cast<float>(groups_);
-    means.push_back(v.host().clone());
-    v.host().copy_from(own);  // the consensus distance is measured before the values change
-  }
-  measure_consensus(means);
-  for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    tensors_[i].value->copy_from(means[i]);
-    if (!optimizer_state) continue;
-    for (Tensor* state : tensors_[i].optimizer_state) {
-      OnHost s(*state);
-      allreduce_across(s.host());
-      float* d = s.data();
-      for (std::size_t k = 0; k < s.size(); ++k) d[k] /= static_cast<float>(groups_);
-    }
-  }
+  const Tensor own = pack(values());
+  const Tensor mean = mean_across(own);
+  measure_consensus(own, mean);  // of the values before the average
+  unpack(mean, values());
+  if (!optimizer_state) return;
+  std::vector<Tensor*> state;
+  for (const auto& t : tensors_) state.insert(state.end(), t.optimizer_state.begin(), t.optimizer_state.end());
+  if (state.empty()) return;
+  unpack(mean_across(pack(state)), state);
 }
 
 void Synchronizer::diloco_step() {
   // The pseudo-gradient Δ = anchor − x_g, averaged over groups, is the outer optimizer's gradient.
   const double lr = sync_.outer_lr.value_or(0.7);
-  const double mu = sync_.outer_momentum.value_or(sync_.outer_optimizer.value_or("nesterov") == "sgd" ? 0.0 : 0.9);
   const bool nesterov = sync_.outer_optimizer.value_or("nesterov") == "nesterov";
-  std::vector<Tensor> means;
-  for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    const Tensor own = tensors_[i].value->to(Device::host());
-    Tensor delta = center_[i].clone();
-    float* d = delta.data();
-    const float* x = own.data();
-    for (std::int64_t k = 0; k < delta.numel(); ++k) d[k] -= x[k];
-    allreduce_across(delta);
-    Tensor mean = center_[i].clone();  // x̄ = anchor − mean Δ
-    float* m = mean.data();
-    for (std::int64_t k = 0; k < delta.numel(); ++k) {
-      d[k] /= static_cast<float>(groups_);
-      m[k] -= d[k];
-    }
-    means.push_back(std::move(mean));
-    float* anchor = center_[i].data();
-    float* buf = outer_momentum_[i].data();
-    for (std::int64_t k = 0; k < delta.numel(); ++k) {
-      float step = d[k];
-      if (mu > 0) {
-        buf[k] = static_cast<float>(mu) * buf[k] + d[k];
-        step = nesterov ? d[k] + static_cast<float>(mu) * buf[k] : buf[k];
-      }
-      anchor[k] -= static_cast<float>(lr) * step;
-    }
+  const double mu = sync_.outer_momentum.value_or(nesterov ? 0.9 : 0.0);
+  const Tensor own = pack(values());
+  Tensor delta = center_.clone();
+  float* d = delta.data();
+  for (std::int64_t k = 0; k < delta.numel(); ++k) d[k] -= own.data()[k];
+  allreduce_across(delta);
+  Tensor mean = center_.clone();  // x̄ = anchor − mean Δ
+  float* m = mean.data();
+  for (std::int64_t k = 0; k < delta.numel(); ++k) {
+    d[k] /= static_cast<float>(groups_);
+    m[k] -= d[k];
   }
-  measure_consensus(means);
-  for (std::size_t i = 0; i < tensors_.size(); ++i) tensors_[i].value->copy_from(center_[i]);
+  measure_consensus(own, mean);
+  float* anchor = center_.data();
+  float* buf = outer_momentum_.data();
+  for (std::int64_t k = 0; k < delta.numel(); ++k) {
+    float step = d[k];
+    if (mu > 0) {
+      buf[k] = static_cast<float>(mu) * buf[k] + d[k];
+      step = nesterov ? d[k] + static_cast<float>(mu) * buf[k] : buf[k];
+    }
+    anchor[k] -= static_cast<float>(lr) * step;
+  }
+  unpack(center_, values());
 }
 
 void Synchronizer::easgd_step() {
   // Synchronous EASGD: x_g ← x_g − α (x_g − c), c ← c + α Σ_g (x_g − c), from the same old values,
   // so Σ_g x_g + c is unchanged.
   const auto alpha = static_cast<float>(sync_.easgd_alpha.value_or(0.9 / groups_));
-  std::vector<Tensor> own_diffs, sums, means;
-  for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    const Tensor own = tensors_[i].value->to(Device::host());
-    Tensor diff = own.clone();
-    float* d = diff.data();
-    const float* c = center_[i].data();
-    for (std::int64_t k = 0; k < diff.numel(); ++k) d[k] -= c[k];
-    own_diffs.push_back(diff.clone());
-    allreduce_across(diff);
-    Tensor mean = center_[i].clone();  // x̄ = c + Σ_g (x_g − c) / G
-    float* m = mean.data();
-    for (std::int64_t k = 0; k < diff.numel(); ++k) m[k] += d[k] / static_cast<float>(groups_);
-    sums.push_back(std::move(diff));
-    means.push_back(std::move(mean));
+  Tensor own = pack(values());
+  Tensor diff = own.clone();
+  float* d = diff.data();
+  const float* c = center_.data();
+  for (std::int64_t k = 0; k < diff.numel(); ++k) d[k] -= c[k];
+  Tensor sum = diff.clone();
+  allreduce_across(sum);
+  Tensor mean = center_.clone();  // x̄ = c + Σ_g (x_g − c) / G
+  float* m = mean.data();
+  const float* all = sum.data();
+  for (std::int64_t k = 0; k < mean.numel(); ++k) m[k] += all[k] / static_cast<float>(groups_);
+  measure_consensus(own, mean);  // of the values before the pull
+  float* x = own.data();
+  float* centre = center_.data();
+  for (std::int64_t k = 0; k < own.numel(); ++k) {
+    x[k] -= alpha * d[k];
+    centre[k] += alpha * all[k];
   }
-  measure_consensus(means);  // of the values before the pull
-  for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    OnHost v(*tensors_[i].value);
-    float* x = v.data();
-    float* c = center_[i].data();
-    const float* own = own_diffs[i].data();
-    const float* all = sums[i].data();
-    for (std::size_t k = 0; k < v.size(); ++k) {
-      x[k] -= alpha * own[k];
-      c[k] += alpha * all[k];
-    }
-  }
+  unpack(own, values());
 }
 
 void Synchronizer::gossip(std::int64_t round) {
@@ -303,15 +324,8 @@ void Synchronizer::gossip(std::int64_t round) {
     from.push_back((g - offset % n + n) % n);
     to.push_back((g + offset) % n);
   }
-  std::size_t total = 0;
-  for (const auto& t : tensors_) total += static_cast<std::size_t>(t.value->numel());
-  Tensor mine{Shape({static_cast<std::int64_t>(total)})};
-  std::size_t at = 0;
-  for (auto& t : tensors_) {
-    const Tensor own = t.value->to(Device::host());
-    std::copy(own.data(), own.data() + own.numel(), mine.data() + at);
-    at += static_cast<std::size_t>(own.numel());
-  }
+  Tensor mine = pack(values());
+  const auto total = static_cast<std::size_t>(mine.numel());
   std::vector<Tensor> theirs;
   std::vector<Message> sends, receives;
   for (int peer : from) {
@@ -328,12 +342,7 @@ void Synchronizer::gossip(std::int64_t round) {
     for (const auto& t : theirs) sum += t.data()[k];
     m[k] = sum * weight;
   }
-  at = 0;
-  for (auto& t : tensors_) {
-    OnHost v(*t.value);
-    std::copy(m + at, m + at + v.size(), v.data());
-    at += v.size();
-  }
+  unpack(mine, values());
 }
 
 double Synchronizer::squared_norm(bool gradients) {

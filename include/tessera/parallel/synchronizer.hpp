@@ -37,7 +37,7 @@ struct SyncTensor {
 /// What the synchronizer did so far (in checkpoints; each metrics row carries it).
 struct SyncStats {
   std::int64_t syncs = 0;            ///< exchanges across groups (bsp and adascale: every step)
-  double bytes = 0;                  ///< bytes this rank put into collectives across groups
+  double bytes = 0;                  ///< bytes this rank put into the training's exchanges across groups
   double gain = 1;                   ///< AdaScale's gain r_t of the last step (1 otherwise)
   double scaled_time = 0;            ///< AdaScale's schedule position: the sum of the gains
   std::optional<double> consensus;   ///< ‖x_g − mean‖ / ‖mean‖ over groups at the last measure
@@ -109,22 +109,37 @@ class Synchronizer {
   double adascale_step();
   /// Σ over groups of ‖values‖² (or of the gradients), each block counted once per group.
   double squared_norm(bool gradients);
-  /// Sets stats_.consensus from this rank's values and their mean over groups (a weighted sum
-  /// over the world).
-  void measure_consensus(const std::vector<Tensor>& means);
+  /// Sets stats_.consensus from this rank's values and their mean over groups, both packed (a
+  /// weighted sum over the world).
+  void measure_consensus(const Tensor& own, const Tensor& mean);
+  /// The values or gradients of every tensor, in order.
+  std::vector<Tensor*> values() const;
+  std::vector<Tensor*> gradients() const;
+  /// `tensors` copied into one flat host buffer (one collective for all of them), and back.
+  static Tensor pack(const std::vector<Tensor*>& tensors);
+  static void unpack(const Tensor& flat, const std::vector<Tensor*>& tensors);
+  /// The mean over groups of a packed buffer (one allreduce; its bytes counted in stats() with `count`).
+  Tensor mean_across(const Tensor& flat, bool count = true);
   /// Sum over all ranks of the norm-weighted value of `term` per tensor.
   double weighted_sum(const std::function<double(std::size_t)>& term);
-  void allreduce_across(Tensor& host);
+  /// Sums a packed buffer over groups in place (its bytes counted in stats() with `count`).
+  void allreduce_across(Tensor& flat, bool count = true);
 
   SyncOptions sync_;
   int groups_ = 1, group_ = 0;
-  Communicator& world_;
+  /// Rank q of every group (delayed like every exchange across groups).
   std::unique_ptr<Communicator> across_;
+  /// Every rank, for norms summed over all groups (delayed too).
+  std::unique_ptr<Communicator> all_;
   std::vector<SyncTensor> tensors_;
-  /// easgd: the center; diloco: the parameters at the last sync (the anchor).
-  std::vector<Tensor> center_;
-  /// diloco: the outer optimizer's momentum.
-  std::vector<Tensor> outer_momentum_;
+  /// Where each tensor starts in a packed buffer (and the total at the end).
+  std::vector<std::int64_t> offsets_;
+  /// easgd: the center; diloco: the parameters at the last sync (the anchor); packed.
+  Tensor center_;
+  /// diloco: the outer optimizer's momentum, packed.
+  Tensor outer_momentum_;
+  /// Per-parameter views of center_ and outer_momentum_, named as state() names them.
+  std::vector<std::pair<std::string, Tensor>> state_views_;
   SyncStats stats_;
 };
 
