@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 """Synchronization modes of replica groups compared on one training task: each mode's time and
-steps to a target test accuracy, bytes across groups, consensus distance and AdaScale's gain,
-without and with an injected delay on every exchange across groups. Prints one markdown table.
+steps to a target test accuracy, updates per second, bytes across groups, consensus distance,
+AdaScale's gain and ssp's staleness, without and with an injected delay on every exchange across
+groups and with injected stragglers. Prints one markdown table.
 
     python3 bench/sync_bench.py [--steps 2800] [--eval-every 100] [--target 0.9] [--delays 0,20ms]
-                                [--modes bsp,local_sgd4,...] [--dataset fashion|cosmo] [--output FILE]
+                                [--stragglers none,slow:1:2x] [--modes bsp,local_sgd4,...]
+                                [--preset stragglers] [--dataset fashion|cosmo] [--output FILE]
 
 Every run is `mpirun -n RANKS tessera train` with a 1-rank plan, so RANKS ranks are RANKS replica
 groups of one rank, each mode as `--sync MODE ...` (README: Synchronization; docs/sync.md):
@@ -17,6 +19,24 @@ groups of one rank, each mode as `--sync MODE ...` (README: Synchronization; doc
     easgd4         easgd every 4 steps (alpha 0.9 / groups unless --easgd-alpha)
     gossip_ring    gossip on the ring, every step
     adascale       adascale (gradients over all groups, learning rate times the gain)
+    ssp2           ssp, staleness 2 (--staleness)             ssp4          the same, staleness 4
+
+--modes defaults to every mode but ssp2 and ssp4.
+
+Runs are keyed by (mode, delay, straggler): every --delays value (--inject-comm-delay) with every
+--stragglers value (--inject-straggler, docs/sync.md: Stragglers), e.g. slow:1:2x (group 1's steps
+take 2x its compute), random:1:2x (each step one group drawn by the seed sleeps 2x its compute),
+tail:10ms (every group sleeps an exponential delay of mean 10 ms each step); none (the default)
+passes no --inject-straggler and keeps the folder names of runs without one. A spec with commas
+(slow:1,2:2x) stays one entry: a piece that starts with a digit joins the one before it. Ratios
+to bsp are within the same (delay, straggler). With a straggler, bsp's mean step is compared with
+what waiting for the slowest group every step predicts from bsp's step without one, c: random:1:2x
+(one group sleeps twice its compute each step) gives c + 2c = 3c; slow:1:2x gives 2c.
+
+--preset stragglers: modes bsp,ssp2,ssp4,local_sgd4, stragglers none,slow:1:2x,random:1:2x,
+delays 0 and 1500 steps; --modes, --stragglers, --delays and --steps given as well win:
+
+    python3 bench/sync_bench.py --preset stragglers --resume --output runs/sync_bench/stragglers.md
 
 AdaScale's claim is checked against a reference run of one group (one rank, bsp) at batch
 --batch / RANKS with the same learning rate: RANKS groups at --batch should reach the target in
@@ -26,7 +46,10 @@ target by then is slower than twice any run that reaches it within --steps).
 
 Times to target count training only: every validation's own time is taken out of the clock
 (`elapsed_s` of metrics.csv counts it). "wall s" is the whole mpirun, start-up and validations
-included. Bytes across groups are rank 0's (every rank of a 1-rank-group job sends alike).
+included. "updates/s" is the steps over those training seconds. Bytes across groups are rank 0's
+(every rank of a 1-rank-group job sends alike); so are ssp's staleness (the mean over the steps of
+`staleness` in metrics.jsonl) and its seconds waited for the others (`sync_wait_s` of the last
+training row); binaries older than ssp write neither, shown as "-".
 
 --dataset fashion (the default): models/fashion_cnn.yaml on Fashion-MNIST (--data-dir with
 train.h5 and test.h5; made with `tessera convert fashion-mnist` when missing), target a test
@@ -61,7 +84,17 @@ MODES = {
     "easgd4": (["--sync", "easgd", "--sync-period", "4"], "easgd period 4"),
     "gossip_ring": (["--sync", "gossip", "--gossip-topology", "ring", "--sync-period", "1"], "gossip ring, every step"),
     "adascale": (["--sync", "adascale"], "adascale"),
+    "ssp2": (["--sync", "ssp", "--staleness", "2"], "ssp s=2"),
+    "ssp4": (["--sync", "ssp", "--staleness", "4"], "ssp s=4"),
 }
+DEFAULT_MODES = [m for m in MODES if not m.startswith("ssp")]
+
+# --preset NAME -> what it sets (options given on the command line win).
+PRESETS = {
+    "stragglers": dict(modes="bsp,ssp2,ssp4,local_sgd4", stragglers="none,slow:1:2x,random:1:2x", delays="0",
+                       steps=1500),
+}
+STRAGGLER_KINDS = ("slow", "random", "tail")
 
 DATASETS = {
     # model, training file, validation file, defaults
@@ -83,8 +116,12 @@ def parse_args():
     p.add_argument("--eval-batch", type=int, help="validation batch (fashion: 1000; cosmo: 16)")
     p.add_argument("--target", type=float, default=0.9, help="fashion: target test accuracy (0.9)")
     p.add_argument("--cosmo-target-mse", type=float, default=0.05, help="cosmo: target validation MSE (0.05, a guess)")
-    p.add_argument("--delays", default="0,20ms", help="comma-separated --inject-comm-delay values; 0: none (0,20ms)")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
+    p.add_argument("--delays", help="comma-separated --inject-comm-delay values; 0: none (0,20ms)")
+    p.add_argument("--stragglers", help="comma-separated --inject-straggler specs, e.g. slow:1:2x, random:1:2x, "
+                   "tail:10ms; none: no straggler (none)")
+    p.add_argument("--modes", help="comma-separated subset of: " + ", ".join(MODES) + " (all but ssp2, ssp4)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="stragglers: modes bsp,ssp2,ssp4,local_sgd4, stragglers "
+                   "none,slow:1:2x,random:1:2x, delays 0, 1500 steps (options given as well win)")
     p.add_argument("--no-reference", action="store_true", help="leave out adascale's 1-group reference run")
     p.add_argument("--ref-steps", type=int, help="steps of the 1-group reference (default: 2 x --steps)")
     p.add_argument("--ranks", type=int, default=4, help="ranks = replica groups (4)")
@@ -110,6 +147,10 @@ def parse_args():
     p.add_argument("--output", help="also write the table (with its heading) into this file")
     args = p.parse_args()
 
+    preset = PRESETS[args.preset] if args.preset else {}
+    for key, value in dict(dict(modes=",".join(DEFAULT_MODES), stragglers="none", delays="0,20ms"), **preset).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     d = DATASETS[args.dataset]
     for key in ("steps", "eval_every", "eval_batch", "batch", "optimizer", "lr", "momentum"):
         if getattr(args, key) is None:
@@ -123,6 +164,13 @@ def parse_args():
     if unknown:
         p.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
     args.delays = [x.strip() for x in args.delays.split(",") if x.strip()]
+    args.stragglers = split_stragglers(args.stragglers)
+    unknown = [x for x in args.stragglers if not no_straggler(x) and x.split(":")[0] not in STRAGGLER_KINDS]
+    if unknown:
+        p.error(f"unknown straggler spec(s) {', '.join(unknown)}; known: none, "
+                + ", ".join(f"{k}:..." for k in STRAGGLER_KINDS))
+    if not args.delays or not args.stragglers or not args.modes:
+        p.error("--modes, --delays and --stragglers need at least one value each")
     if args.ranks < 2:
         p.error("--ranks must be at least 2 (one replica group has nothing to synchronize)")
     if args.batch % args.ranks:
@@ -137,6 +185,59 @@ def parse_args():
 
 def no_delay(delay):
     return delay in ("0", "none", "0ms", "0s")
+
+
+def no_straggler(straggler):
+    return straggler is None or straggler in ("", "none")
+
+
+def split_stragglers(text):
+    """The comma-separated specs; a piece that starts with a digit (the 2:2x of slow:1,2:2x) joins the one before."""
+    specs = []
+    for piece in (x.strip() for x in text.split(",")):
+        if not piece:
+            continue
+        if specs and piece[0].isdigit():
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    return specs
+
+
+def seconds_of(text):
+    """Seconds of a duration such as 50ms or 0.1s (None when not one)."""
+    for unit, factor in (("ms", 1e-3), ("s", 1.0)):
+        if text.endswith(unit):
+            try:
+                return float(text[:-len(unit)]) * factor
+            except ValueError:
+                return None
+    return None
+
+
+def expected_bsp_step(straggler, c, groups):
+    """bsp's expected step under `straggler` from its step without one, c: every step waits for the
+    slowest group, whose sleep comes on top of c. (seconds, the formula) or None."""
+    kind, _, rest = straggler.partition(":")
+    parts = rest.split(":")
+    try:
+        if kind == "slow" and len(parts) == 2 and parts[1].endswith("x"):
+            f = float(parts[1][:-1])
+            return f * c, f"{f:g}c (the slow group's steps take {f:g}x its compute, taken as c)"
+        if kind == "random" and len(parts) == 2 and parts[1].endswith("x"):
+            f = float(parts[1][:-1])
+            return (1 + f) * c, (f"c + {f:g}c = {1 + f:g}c (each step a delayed group sleeps {f:g}x its compute, "
+                                 f"taken as c)")
+        if kind == "random" and len(parts) == 2 and seconds_of(parts[1]) is not None:
+            return c + seconds_of(parts[1]), f"c + {parts[1]}"
+        if kind == "tail" and len(parts) == 1 and seconds_of(parts[0]) is not None:
+            harmonic = sum(1 / k for k in range(1, groups + 1))
+            return (c + seconds_of(parts[0]) * harmonic,
+                    f"c + {parts[0]} x H_{groups} = c + {parts[0]} x {harmonic:.3g} (the mean of the largest of "
+                    f"{groups} exponential sleeps)")
+    except ValueError:
+        return None
+    return None
 
 
 def launcher(args, procs):
@@ -174,17 +275,22 @@ def ensure_data(args):
 class Run:
     """One training run: its command, and what its metrics say once done."""
 
-    def __init__(self, key, label, delay, procs, batch, steps, sync_options):
-        self.key, self.label, self.delay = key, label, delay
+    def __init__(self, key, label, delay, straggler, procs, batch, steps, sync_options):
+        self.key, self.label, self.delay, self.straggler = key, label, delay, straggler
         self.procs, self.batch, self.steps, self.sync_options = procs, batch, steps, sync_options
         self.error = None
         self.wall = None
         self.summary = {}
         self.validation = []  # (step, accuracy or None, loss, training seconds so far)
         self.train_rows = []
+        self.validating = 0.0
+        self.staleness = []    # ssp: per training row of metrics.jsonl (absent from older binaries)
+        self.sync_wait = None  # ssp: sync_wait_s of the last training row (seconds waited so far)
 
     def folder(self, args):
         name = self.key if self.delay is None else f"{self.key}_{'nodelay' if no_delay(self.delay) else self.delay}"
+        if not no_straggler(self.straggler):  # runs without one keep their names (--resume)
+            name += "_" + self.straggler.replace(":", "-").replace(",", "+")
         return os.path.join(args.work_dir, args.dataset, name)
 
     def command(self, args, plan, train, val, metrics_dir):
@@ -193,6 +299,7 @@ class Run:
             command += ["--threads", str(args.threads)]
         command += ["train", "--model", os.path.join(ROOT, "models", DATASETS[args.dataset]["model"]), "--plan", plan,
                     "--data", train, "--val-data", val, "--batch", str(self.batch), "--steps", str(self.steps),
+                    "--epochs", "1000",  # --steps ends the run
                     "--eval-every", str(args.eval_every), "--eval-batch", str(args.eval_batch),
                     "--optimizer", args.optimizer, "--lr", repr(args.lr), "--seed", str(args.seed)]
         if args.optimizer == "sgd" and args.momentum:
@@ -200,6 +307,8 @@ class Run:
         command += self.sync_options
         if self.delay is not None and not no_delay(self.delay):
             command += ["--inject-comm-delay", self.delay]
+        if not no_straggler(self.straggler):
+            command += ["--inject-straggler", self.straggler]
         return command + ["--metrics-dir", metrics_dir]
 
     def execute(self, args, plan, train, val):
@@ -214,13 +323,13 @@ class Run:
                 saved = json.load(f)
             if saved.get("command") == text:
                 self.wall = saved.get("wall_s")
-                print(f"reusing {self.label} ({self.delay_text()}): {folder}", file=sys.stderr)
+                print(f"reusing {self.label} ({self.setting_text()}): {folder}", file=sys.stderr)
                 self.read(folder)
                 return
         for stale in ("summary.json", "metrics.csv", "metrics.jsonl", "command.txt"):
             if os.path.exists(os.path.join(folder, stale)):
                 os.remove(os.path.join(folder, stale))
-        print(f"running {self.label} ({self.delay_text()}): {text}", file=sys.stderr, flush=True)
+        print(f"running {self.label} ({self.setting_text()}): {text}", file=sys.stderr, flush=True)
         start = time.monotonic()
         with open(os.path.join(folder, "log.txt"), "w") as log:
             result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -254,9 +363,46 @@ class Run:
                 self.train_rows.append(row)
             previous = elapsed
         self.validating = validating
+        last = {}
+        try:
+            with open(os.path.join(folder, "metrics.jsonl")) as f:
+                for line in f:
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        continue
+                    if row.get("kind") != "train":
+                        continue
+                    last = row
+                    if row.get("staleness") is not None:
+                        self.staleness.append(float(row["staleness"]))
+        except OSError:
+            pass
+        if last.get("sync_wait_s") is not None:
+            self.sync_wait = float(last["sync_wait_s"])
 
     def delay_text(self):
         return "-" if self.delay is None else ("none" if no_delay(self.delay) else self.delay)
+
+    def straggler_text(self):
+        return "-" if self.delay is None else ("none" if no_straggler(self.straggler) else self.straggler)
+
+    def setting_text(self):
+        if no_straggler(self.straggler):
+            return self.delay_text()
+        return f"{self.delay_text()}, straggler {self.straggler}"
+
+    def train_seconds(self):
+        """The run's own clock less its validations (None without a summary)."""
+        return self.summary["seconds"] - self.validating if "seconds" in self.summary else None
+
+    def updates_per_second(self):
+        seconds = self.train_seconds()
+        return self.summary.get("steps", self.steps) / seconds if seconds else None
+
+    def mean_step(self):
+        seconds = self.train_seconds()
+        return seconds / self.summary.get("steps", self.steps) if seconds is not None else None
 
     def reached(self, args):
         """(steps, training seconds) at the first validation that meets the target, or None."""
@@ -298,20 +444,22 @@ def table(args, runs, reference):
              + (f" momentum {args.momentum:g}" if args.optimizer == "sgd" and args.momentum else "")
              + f"; target {target}, validated every {args.eval_every} steps", ""]
     quality = "final test acc." if args.dataset == "fashion" else "final val. MSE"
-    lines.append(f"| delay | mode | wall s | train s | steps to target | train s to target | speed-up vs bsp | "
-                 f"steps vs bsp | {quality} | MB across groups, rank 0 | bytes vs bsp | consensus end | "
-                 f"consensus max | gain end (mean) |")
-    lines.append("|" + "---|" * 14)
-    for delay, group in runs:
+    lines.append(f"| delay | straggler | mode | wall s | train s | updates/s | updates/s vs bsp | steps to target | "
+                 f"train s to target | speed-up vs bsp | steps vs bsp | {quality} | MB across groups, rank 0 | "
+                 f"bytes vs bsp | consensus end | consensus max | gain end (mean) | staleness (mean) | sync wait s |")
+    lines.append("|" + "---|" * 19)
+    for setting, group in runs:
         base = next((r for r in group if r.key == "bsp" and not r.error), None)
         base_hit = base.reached(args) if base else None
         base_bytes = base.summary.get("cross_group_bytes") if base else None
+        base_rate = base.updates_per_second() if base else None
         rows = list(group)
-        if reference is not None and delay == runs[0][0]:
+        if reference is not None and setting == runs[0][0]:
             rows.append(reference)
         for r in rows:
             if r.error:
-                lines.append(f"| {r.delay_text()} | {r.label} | {fmt(r.wall, '.0f')} | {r.error} |" + " |" * 10)
+                lines.append(f"| {r.delay_text()} | {r.straggler_text()} | {r.label} | {fmt(r.wall, '.0f')} | "
+                             f"{r.error} |" + " |" * 14)
                 continue
             s = r.summary
             hit = r.reached(args)
@@ -328,21 +476,58 @@ def table(args, runs, reference):
                 bytes_ratio = f"{nbytes / base_bytes:.3f}"
             gains = r.gains()
             gain = f"{s.get('gain', 1):.3g} ({statistics.mean(gains):.3g})" if gains else fmt(s.get("gain"), ".3g")
-            train_s = s["seconds"] - r.validating if "seconds" in s else None
-            lines.append(f"| {r.delay_text()} | {r.label} | {fmt(r.wall, '.0f')} | {fmt(train_s, '.1f')} | {steps_to} | "
+            rate = r.updates_per_second()
+            rate_ratio = "-"
+            if r is not reference and rate and base_rate:
+                rate_ratio = f"{rate / base_rate:.2f}"
+            ssp = r.key.startswith("ssp")
+            staleness = fmt(statistics.mean(r.staleness) if ssp and r.staleness else None, ".2f")
+            wait = fmt(r.sync_wait if ssp else None, ".1f")
+            lines.append(f"| {r.delay_text()} | {r.straggler_text()} | {r.label} | {fmt(r.wall, '.0f')} | "
+                         f"{fmt(r.train_seconds(), '.1f')} | {fmt(rate, '.1f')} | {rate_ratio} | {steps_to} | "
                          f"{secs_to} | {speedup} | {steps_ratio} | {r.final_quality(args)} | "
                          f"{fmt(nbytes / 1e6 if nbytes is not None else None, '.1f')} | {bytes_ratio} | "
-                         f"{fmt(s.get('consensus'), '.3g')} | {fmt(r.most_consensus(), '.3g')} | {gain} |")
+                         f"{fmt(s.get('consensus'), '.3g')} | {fmt(r.most_consensus(), '.3g')} | {gain} | "
+                         f"{staleness} | {wait} |")
     lines.append("")
-    lines.append("train s: the run's own clock less its validations; speed-up: bsp's training seconds to the target "
-                 "over the mode's, same delay; steps vs bsp: the mode's steps to target over bsp's; consensus: "
-                 "||x_g - mean|| / ||mean|| over groups, at the end (the last validation) and the largest measured "
-                 "(before every sync and at validations; gossip: at validations only); gain: AdaScale's at the last "
-                 "step (mean over the steps).")
+    lines.append("train s: the run's own clock less its validations; updates/s: steps over train s; ratios to bsp "
+                 "(updates/s, speed-up, steps, bytes) are within the same delay and straggler; speed-up: bsp's "
+                 "training seconds to the target over the mode's; steps vs bsp: the mode's steps to target over "
+                 "bsp's; consensus: ||x_g - mean|| / ||mean|| over groups, at the end (the last validation) and the "
+                 "largest measured (before every sync and at validations; gossip: at validations only); gain: "
+                 "AdaScale's at the last step (mean over the steps); staleness (ssp): how many steps late the other "
+                 "groups' gradients in an update were, mean over the steps; sync wait s (ssp): rank 0's seconds "
+                 "waiting for them, in all.")
+    expectations = []
+    for (delay, straggler), group in runs:
+        bsp = next((r for r in group if r.key == "bsp" and not r.error), None)
+        if no_straggler(straggler) or bsp is None or bsp.mean_step() is None:
+            continue
+        clean = next((g for (d, x), g in runs if d == delay and no_straggler(x)), [])
+        plain = next((r for r in clean if r.key == "bsp" and not r.error), None)
+        setting = f"bsp under {straggler}, delay {bsp.delay_text()}"
+        if plain is None or plain.mean_step() is None:
+            expectations.append(f"{setting}: mean step {1e3 * bsp.mean_step():.2f} ms; no bsp run without a "
+                                f"straggler at this delay to compare with.")
+            continue
+        c = plain.mean_step()
+        expected = expected_bsp_step(straggler, c, args.ranks)
+        if expected is None:
+            expectations.append(f"{setting}: mean step {1e3 * bsp.mean_step():.2f} ms against {1e3 * c:.2f} ms "
+                                f"without a straggler (no expectation for this spec).")
+            continue
+        value, formula = expected
+        expectations.append(f"{setting}: mean step {1e3 * bsp.mean_step():.2f} ms measured against "
+                            f"{1e3 * value:.2f} ms expected = {formula}, c = {1e3 * c:.2f} ms (bsp's mean step "
+                            f"without a straggler; every step waits for the slowest group): measured / expected "
+                            f"{bsp.mean_step() / value:.2f}.")
+    if expectations:
+        lines.append("")
+        lines.extend(expectations)
     if reference is not None:
         lines.append("")
         ref_hit = None if reference.error else reference.reached(args)
-        for delay, group in runs:
+        for _, group in runs:
             ada = next((r for r in group if r.key == "adascale" and not r.error), None)
             if ada is None:
                 continue
@@ -359,8 +544,8 @@ def table(args, runs, reference):
                 ratio = hit[0] / ref_hit[0]
                 verdict = (f"adascale {hit[0]} steps against the reference's {ref_hit[0]}: ratio {ratio:.2f}, claim "
                            f"(<= 0.5) " + ("holds" if ratio <= 0.5 else "fails"))
-            lines.append(f"AdaScale, delay {ada.delay_text()}: {args.ranks} groups at batch {args.batch} against 1 group "
-                         f"at batch {reference.batch}, same lr: {verdict}.")
+            lines.append(f"AdaScale, delay {ada.setting_text()}: {args.ranks} groups at batch {args.batch} against 1 "
+                         f"group at batch {reference.batch}, same lr: {verdict}.")
     return "\n".join(lines)
 
 
@@ -375,27 +560,29 @@ def main():
         f.write(PLAN_1RANK)
 
     quarter = str(args.steps // 4)
-    runs = []
+    runs = []  # ((delay, straggler), the runs of that setting)
     for delay in args.delays:
-        group = []
-        for key in args.modes:
-            options, label = MODES[key]
-            options = [o.replace("{quarter}", quarter) for o in options]
-            if key.startswith("diloco"):
-                for flag, value in (("--outer-optimizer", args.outer_optimizer), ("--outer-lr", args.outer_lr),
-                                    ("--outer-momentum", args.outer_momentum)):
-                    if value is not None:
-                        options += [flag, str(value)]
-            if key.startswith("easgd") and args.easgd_alpha is not None:
-                options += ["--easgd-alpha", str(args.easgd_alpha)]
-            group.append(Run(key, label.replace("{quarter}", quarter), delay, args.ranks, args.batch, args.steps, options))
-        runs.append((delay, group))
+        for straggler in args.stragglers:
+            group = []
+            for key in args.modes:
+                options, label = MODES[key]
+                options = [o.replace("{quarter}", quarter) for o in options]
+                if key.startswith("diloco"):
+                    for flag, value in (("--outer-optimizer", args.outer_optimizer), ("--outer-lr", args.outer_lr),
+                                        ("--outer-momentum", args.outer_momentum)):
+                        if value is not None:
+                            options += [flag, str(value)]
+                if key.startswith("easgd") and args.easgd_alpha is not None:
+                    options += ["--easgd-alpha", str(args.easgd_alpha)]
+                group.append(Run(key, label.replace("{quarter}", quarter), delay, straggler, args.ranks, args.batch,
+                                 args.steps, options))
+            runs.append(((delay, straggler), group))
     reference = None
     if "adascale" in args.modes and not args.no_reference:
-        reference = Run("reference_1group", f"1-group reference, batch {args.batch // args.ranks}", None, 1,
+        reference = Run("reference_1group", f"1-group reference, batch {args.batch // args.ranks}", None, None, 1,
                         args.batch // args.ranks, args.ref_steps, ["--sync", "bsp"])
 
-    for delay, group in runs:
+    for _, group in runs:
         for r in group:
             r.execute(args, plan, train, val)
     if reference is not None:

@@ -52,13 +52,19 @@ SyncOptions parse_sync(const YAML::Node& node, const std::string& where) {
     else if (key == "outer_momentum") s.outer_momentum = number(v, key);
     else if (key == "easgd_alpha") s.easgd_alpha = number(v, key);
     else if (key == "topology") s.topology = scalar(v, key);
+    else if (key == "staleness") {
+      const double bound = number(v, key);
+      if (!(bound >= 0 && bound <= 1e6) || bound != static_cast<double>(static_cast<int>(bound)))
+        fail_input("{}: 'staleness' must be a number of steps, an integer 0 or more, got '{}'", where, scalar(v, key));
+      s.staleness = static_cast<int>(bound);
+    }
     else if (key == "optimizer_state") {
       const std::string text = scalar(v, key);
       if (text != "true" && text != "false") fail_input("{}: 'optimizer_state' must be true or false, got '{}'", where, text);
       s.optimizer_state = text == "true";
     } else
       fail_input("{}: unknown key '{}' (known: mode, period, start, optimizer_state, outer_optimizer, outer_lr, "
-                 "outer_momentum, easgd_alpha, topology)", where, key);
+                 "outer_momentum, easgd_alpha, topology, staleness)", where, key);
   }
   return s;
 }

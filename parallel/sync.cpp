@@ -18,6 +18,7 @@ SyncOptions SyncOptions::over(const SyncOptions& base) const {
   if (!outer_momentum) s.outer_momentum = base.outer_momentum;
   if (!easgd_alpha) s.easgd_alpha = base.easgd_alpha;
   if (!topology) s.topology = base.topology;
+  if (!staleness) s.staleness = base.staleness;
   return s;
 }
 
@@ -32,6 +33,7 @@ std::string SyncOptions::to_yaml() const {
   if (outer_momentum) add("outer_momentum", fmt::format("{}", *outer_momentum));
   if (easgd_alpha) add("easgd_alpha", fmt::format("{}", *easgd_alpha));
   if (topology) add("topology", *topology);
+  if (staleness) add("staleness", std::to_string(*staleness));
   if (mode == "bsp" && s.empty()) return "";
   return fmt::format("sync: {{mode: {}{}}}\n", mode, s);
 }
@@ -39,7 +41,7 @@ std::string SyncOptions::to_yaml() const {
 bool sums_within_groups(const SyncOptions& sync) { return sync.mode != "bsp"; }
 
 const std::vector<std::string>& sync_modes() {
-  static const std::vector<std::string> modes{"bsp", "local_sgd", "diloco", "easgd", "gossip", "adascale"};
+  static const std::vector<std::string> modes{"bsp", "local_sgd", "diloco", "easgd", "gossip", "adascale", "ssp"};
   return modes;
 }
 
@@ -66,6 +68,8 @@ void check_sync(const SyncOptions& s, int groups) {
   refuse_unless(s.outer_momentum.has_value(), "outer_momentum", "--outer-momentum", {"diloco"}, s.mode);
   refuse_unless(s.easgd_alpha.has_value(), "easgd_alpha", "--easgd-alpha", {"easgd"}, s.mode);
   refuse_unless(s.topology.has_value(), "topology", "--gossip-topology", {"gossip"}, s.mode);
+  refuse_unless(s.staleness.has_value(), "staleness", "--staleness", {"ssp"}, s.mode);
+  if (s.staleness && *s.staleness < 0) fail_input("staleness (--staleness) must be 0 or more, got {}", *s.staleness);
   if (s.period && *s.period < 1) fail_input("sync period (--sync-period) must be at least 1, got {}", *s.period);
   if (s.start && *s.start < 0) fail_input("sync start (--sync-start) must be 0 or more, got {}", *s.start);
   if (s.outer_optimizer && *s.outer_optimizer != "sgd" && *s.outer_optimizer != "nesterov")

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "tessera/core/error.hpp"
@@ -51,11 +52,19 @@ Synchronizer::Synchronizer(const SyncOptions& sync, int groups, Communicator& wo
   all_ = delayed(world.duplicate(), delay);
 }
 
-Synchronizer::~Synchronizer() = default;
+Synchronizer::~Synchronizer() {
+  // Every group started the same sums: waiting for them completes (their results are not needed).
+  for (auto& p : pending_)
+    if (p.request) p.request->wait();
+}
+
+int Synchronizer::lag() const { return sync_.mode == "ssp" ? sync_.staleness.value_or(2) : 0; }
 
 bool Synchronizer::within_groups() const { return sums_within_groups(sync_); }
 
-bool Synchronizer::groups_differ() const { return one_of(sync_.mode, {"local_sgd", "diloco", "easgd", "gossip"}); }
+bool Synchronizer::groups_differ() const {
+  return one_of(sync_.mode, {"local_sgd", "diloco", "easgd", "gossip"}) || (sync_.mode == "ssp" && lag() > 0);
+}
 
 int Synchronizer::period() const {
   if (sync_.period) return *sync_.period;
@@ -113,31 +122,98 @@ void Synchronizer::reset_state() {
   center_ = Tensor();
   outer_momentum_ = Tensor();
   state_views_.clear();
+  for (auto& p : pending_)
+    if (p.request) p.request->wait();
+  pending_.clear();
+  pending_sums_ = Tensor();
+  const auto views = [&](Tensor& flat, std::int64_t at, const std::string& name) {
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      state_views_.emplace_back(fmt::format("{}/{}", name, tensors_[i].name),
+                                flat.slice(at + offsets_[i], at + offsets_[i + 1]).reshape(tensors_[i].value->shape()));
+  };
+  if (sync_.mode == "ssp" && lag() > 0) {
+    const int slots = lag();
+    pending_.resize(static_cast<std::size_t>(slots));
+    pending_sums_ = Tensor(Shape({slots * offsets_.back()}));
+    pending_sums_.zero();
+    for (int j = 0; j < slots; ++j) views(pending_sums_, j * offsets_.back(), fmt::format("pending/{}", j));
+    return;
+  }
   if (sync_.mode != "easgd" && sync_.mode != "diloco") return;
   // One flat buffer each, so that an exchange is one collective; state() gives per-parameter views.
   center_ = pack(values());
-  const char* kind = sync_.mode == "easgd" ? "center" : "anchor";
-  const auto add_views = [&](Tensor& flat, const char* name) {
-    for (std::size_t i = 0; i < tensors_.size(); ++i)
-      state_views_.emplace_back(fmt::format("{}/{}", name, tensors_[i].name),
-                                flat.slice(offsets_[i], offsets_[i + 1]).reshape(tensors_[i].value->shape()));
-  };
-  add_views(center_, kind);
+  views(center_, 0, sync_.mode == "easgd" ? "center" : "anchor");
   if (sync_.mode == "diloco") {
     outer_momentum_ = Tensor(center_.shape());
     outer_momentum_.zero();
-    add_views(outer_momentum_, "outer_momentum");
+    views(outer_momentum_, 0, "outer_momentum");
   }
 }
 
-std::vector<std::pair<std::string, Tensor*>> Synchronizer::state() {
-  std::vector<std::pair<std::string, Tensor*>> out;
-  for (auto& [name, view] : state_views_) out.emplace_back(name, &view);
+std::vector<SyncState> Synchronizer::state() {
+  for (std::size_t j = 0; j < pending_.size(); ++j) settle(j);
+  std::vector<SyncState> out;
+  for (auto& [name, view] : state_views_) out.push_back({name, &view, sync_.mode == "ssp"});
   return out;
 }
 
+void Synchronizer::restored(std::int64_t next) {
+  // Slot j holds the last step before `next` that is j mod s (none before step 0).
+  const auto slots = static_cast<std::int64_t>(pending_.size());
+  for (std::int64_t step = std::max<std::int64_t>(next - slots, 0); step < next; ++step) {
+    Pending& p = pending_[static_cast<std::size_t>(step % slots)];
+    p.step = step;
+    p.settled = true;
+  }
+}
+
+void Synchronizer::settle(std::size_t slot) {
+  Pending& p = pending_[slot];
+  if (p.step < 0 || p.settled) return;
+  const auto begin = std::chrono::steady_clock::now();
+  p.request->wait();
+  p.request.reset();
+  stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  const std::int64_t n = offsets_.back();
+  float* sum = pending_sums_.data() + static_cast<std::int64_t>(slot) * n;
+  const float* own = p.own.data();
+  for (std::int64_t k = 0; k < n; ++k) sum[k] -= own[k];
+  p.own = Tensor();
+  p.settled = true;
+}
+
+void Synchronizer::ssp_step(std::int64_t step) {
+  // Each group steps on its own gradient at once; the sum over groups of step t's gradients
+  // arrives while steps t + 1 ... t + s compute and replaces this group's own at step t + s. So the
+  // update of step t uses every group's gradients up to step t − s plus this group's own after it.
+  const auto slots = static_cast<std::int64_t>(pending_.size());
+  const std::int64_t n = offsets_.back();
+  const Tensor summand = pack(gradients());  // 1/G of this group's own mean gradient
+  Tensor own = summand.clone();
+  for (std::int64_t k = 0; k < n; ++k) own.data()[k] *= static_cast<float>(groups_);
+  Tensor use = own.clone();
+  const auto slot = static_cast<std::size_t>(step % slots);
+  Pending& p = pending_[slot];
+  float* sum = pending_sums_.data() + static_cast<std::int64_t>(slot) * n;
+  stats_.staleness = 0;
+  if (p.step >= 0) {  // step − s: its correction, Σ_g g_g − this group's own
+    settle(slot);
+    float* u = use.data();
+    for (std::int64_t k = 0; k < n; ++k) u[k] += sum[k];
+    stats_.staleness = step - p.step;
+  }
+  std::copy(summand.data(), summand.data() + n, sum);
+  p.step = step;
+  p.own = std::move(own);
+  p.settled = false;
+  p.request = across_->iallreduce(sum, static_cast<std::size_t>(n), DType::F32, ReduceOp::Sum);
+  stats_.bytes += static_cast<double>(n) * kFloat;
+  ++stats_.syncs;
+  unpack(use, gradients());
+}
+
 bool Synchronizer::syncs_after(std::int64_t step) const {
-  if (!groups_differ() || groups_ == 1) return false;
+  if (!one_of(sync_.mode, {"local_sgd", "diloco", "easgd", "gossip"}) || groups_ == 1) return false;
   const std::int64_t start = sync_.start.value_or(0);
   if (step < start) return false;  // post-local SGD: gradients are summed until then
   return (step + 1 - start) % period() == 0;
@@ -156,8 +232,12 @@ double Synchronizer::before_update(std::int64_t step, const std::function<double
     stats_.scaled_time += stats_.gain;
     return lr;
   }
-  if (sync_.mode == "local_sgd" && step < sync_.start.value_or(0)) {
+  if ((sync_.mode == "local_sgd" && step < sync_.start.value_or(0)) || (sync_.mode == "ssp" && lag() == 0)) {
     sum_gradients();
+    return schedule(step);
+  }
+  if (sync_.mode == "ssp") {
+    ssp_step(step);
     return schedule(step);
   }
   // A group's gradient summed within it is 1/G of the mean over its own samples.

@@ -14,6 +14,7 @@
 #include "tessera/core/log.hpp"
 #include "tessera/io/dataset.hpp"
 #include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/straggler.hpp"
 #include "tessera/parallel/sync.hpp"
 #include "tessera/parallel/watchdog.hpp"
 #include "tessera/train/trainer.hpp"
@@ -30,6 +31,7 @@ struct TrainArgs {
   std::string precision;  ///< empty: the model file's
   std::string sync_mode;  ///< empty: the plan file's (bsp by default)
   std::string comm_delay;  ///< --inject-comm-delay
+  std::string straggler;   ///< --inject-straggler
   SyncOptions sync;       ///< the --sync options given (over the plan file's sync: section)
   TrainerOptions trainer;
   ExecutorOptions executor;
@@ -117,6 +119,8 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     args.trainer.sync = sync;
     args.executor.within_groups = sums_within_groups(sync);
     args.trainer.comm_delay = args.executor.cross_group_delay = parse_comm_delay(args.comm_delay);
+    args.trainer.straggler = parse_straggler(args.straggler);
+    check_straggler(args.trainer.straggler, world->size() % plan->ranks() == 0 ? world->size() / plan->ranks() : 1);
     args.trainer.plan_text = plan->to_yaml();
     Hdf5DatasetOptions data_options{args.inputs, args.targets};
     train = open_hdf5_dataset(args.data, *world, data_options);
@@ -189,7 +193,7 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   cmd->add_option("--sync", args->sync_mode,
                   "How replica groups synchronize (a job of a multiple of the plan's ranks runs it as replica "
                   "groups): bsp (every gradient over all groups every step; the default, and the plan file's "
-                  "sync: mode otherwise), local_sgd, diloco, easgd, gossip or adascale (README: Synchronization)");
+                  "sync: mode otherwise), local_sgd, diloco, easgd, gossip, adascale or ssp (README: Synchronization)");
   SyncOptions& sync = args->sync;
   cmd->add_option_function<int>("--sync-period", [&sync](const int& v) { sync.period = v; },
                                 "Steps between syncs (local_sgd, diloco, easgd, gossip)");
@@ -207,6 +211,8 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
                                    "easgd's elastic pull, in [0, 1]");
   cmd->add_option_function<std::string>("--gossip-topology", [&sync](const std::string& v) { sync.topology = v; },
                                         "gossip's graph: ring or exponential");
+  cmd->add_option_function<int>("--staleness", [&sync](const int& v) { sync.staleness = v; },
+                                "ssp: steps a group may run ahead of the slowest (default 2; 0 is bsp)");
   auto& t = args->trainer;
   cmd->add_option("--epochs", t.epochs, "Epochs")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--steps", t.max_steps, "Stop after this many steps (0: all epochs)")->capture_default_str();
@@ -287,6 +293,10 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   cmd->add_option("--inject-comm-delay", args->comm_delay,
                   "Testing aid: every collective across replica groups takes this much longer: LATENCY or "
                   "LATENCY,BANDWIDTH, e.g. 20ms or 20ms,1GB/s");
+  cmd->add_option("--inject-straggler", args->straggler,
+                  "Testing aid: replica groups that sleep after a step's compute, the same schedule on every rank "
+                  "and run: slow:GROUPS:FACTORx (e.g. slow:1:2x), random:K:DELAY (e.g. random:1:50ms or "
+                  "random:1:2x), tail:MEAN (e.g. tail:10ms)");
   cmd->add_option("--watchdog-seconds", t.watchdog_seconds,
                   "A rank with no finished step (or setup) for this long prints what it is stuck in and ends the "
                   "job, exit code 4 (0: off)")

@@ -73,6 +73,8 @@ Placement block_of(const Parameter& param, Communicator& replica_group) {
   return p;
 }
 
+Placement per_group(const Placement& p, int group, int groups);
+
 /// With replica groups, parameters and optimizer state are written by group 0 (each group's
 /// copies of them are the same, or the consensus is written: see save_checkpoint).
 bool in_first_group(Executor& executor) { return executor.replica_group_index() == 0; }
@@ -98,10 +100,14 @@ std::vector<StateTensor> state_tensors(Model& model, Executor& executor, Optimiz
                    nullptr, true});
   }
   if (sync)
-    for (auto& [name, tensor] : sync->state()) {
-      const auto found = blocks.find(name.substr(name.find('/') + 1));
+    for (auto& [name, tensor, per_group_state] : sync->state()) {
+      const auto found = blocks.find(name.substr(name.rfind('/') + 1));
       if (found == blocks.end()) fail("checkpoint: synchronizer state '{}' names no parameter", name);
-      out.push_back({"sync/" + name, tensor, found->second, nullptr, false});
+      StateTensor t{"sync/" + name, tensor, found->second, nullptr, false};
+      if (per_group_state) {  // each group's own: stored with the group outermost
+        t.placement = per_group(found->second, executor.replica_group_index(), sync->groups());
+      }
+      out.push_back(t);
     }
   for (std::size_t k = 0; k < nodes.size(); ++k) {
     const auto buffers = nodes[k].layer->buffers();
@@ -144,6 +150,8 @@ void write_sync_stats(CheckpointWriter& writer, const Synchronizer& sync) {
   writer.set_attribute("sync_gain_variance", s.gain_variance);
   writer.set_attribute("sync_gain_square", s.gain_square);
   writer.set_attribute("sync_gain_updates", s.gain_updates);
+  writer.set_attribute("sync_staleness", s.staleness);
+  writer.set_attribute("sync_wait_seconds", s.wait_seconds);
 }
 
 SyncStats read_sync_stats(CheckpointReader& reader) {
@@ -157,6 +165,8 @@ SyncStats read_sync_stats(CheckpointReader& reader) {
   s.gain_variance = reader.double_attribute("sync_gain_variance");
   s.gain_square = reader.double_attribute("sync_gain_square");
   s.gain_updates = reader.int_attribute("sync_gain_updates");
+  s.staleness = reader.int_attribute("sync_staleness");
+  s.wait_seconds = reader.double_attribute("sync_wait_seconds");
   return s;
 }
 
@@ -295,7 +305,10 @@ CheckpointMeta restore_checkpoint(const std::string& path, Model& model, Executo
       t.tensor->copy_from(staging);
     }
   }
-  if (sync && resumes_sync) sync->set_stats(read_sync_stats(reader));
+  if (sync && resumes_sync) {
+    sync->set_stats(read_sync_stats(reader));
+    sync->restored(reader.int_attribute("step"));
+  }
   else if (sync) sync->reset_state();
   optimizer.set_steps_taken(reader.int_attribute("optimizer_steps"));
   CheckpointMeta meta;

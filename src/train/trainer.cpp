@@ -37,7 +37,8 @@ struct Trainer::Metrics {
   std::ofstream csv;
   std::string dir;
   static constexpr const char* kCsvHeader =
-      "kind,step,epoch,loss,accuracy,lr,samples_per_s,elapsed_s,syncs,cross_group_bytes,gain,consensus\n";
+      "kind,step,epoch,loss,accuracy,lr,samples_per_s,elapsed_s,syncs,cross_group_bytes,gain,consensus,staleness,"
+      "sync_wait_s\n";
   /// With `resume`, the files are opened by resume_from() once the start step is known.
   Metrics(const std::string& folder, bool resume) : dir(folder) {
     std::filesystem::create_directories(dir);
@@ -99,12 +100,13 @@ struct Trainer::Metrics {
     jsonl
         << fmt::format(
                R"({{"kind":"train","step":{},"epoch":{},"loss":{:.9g},"accuracy":{:.6g},"lr":{:.9g},"samples_per_s":{:.6g},"elapsed_s":{:.6g},)"
-               R"("syncs":{},"cross_group_bytes":{:.0f},"gain":{:.6g},"consensus":{}}})",
+               R"("syncs":{},"cross_group_bytes":{:.0f},"gain":{:.6g},"consensus":{},"staleness":{},"sync_wait_s":{:.6g}}})",
                step, epoch, loss, accuracy, lr, rate, elapsed, sync.syncs, sync.bytes, sync.gain,
-               consensus.empty() ? std::string("null") : consensus)
+               consensus.empty() ? std::string("null") : consensus, sync.staleness, sync.wait_seconds)
         << '\n';
-    csv << fmt::format("train,{},{},{:.9g},{:.6g},{:.9g},{:.6g},{:.6g},{},{:.0f},{:.6g},{}\n", step, epoch, loss, accuracy,
-                       lr, rate, elapsed, sync.syncs, sync.bytes, sync.gain, consensus);
+    csv << fmt::format("train,{},{},{:.9g},{:.6g},{:.9g},{:.6g},{:.6g},{},{:.0f},{:.6g},{},{},{:.6g}\n", step, epoch, loss,
+                       accuracy, lr, rate, elapsed, sync.syncs, sync.bytes, sync.gain, consensus, sync.staleness,
+                       sync.wait_seconds);
   }
   void summary(const TrainSummary& s, int ranks, std::int64_t global_batch) {
     std::ofstream out(dir + "/summary.json");
@@ -125,7 +127,7 @@ struct Trainer::Metrics {
                  R"({{"kind":"validation","step":{},"epoch":{},"loss":{:.9g},"accuracy":{},"elapsed_s":{:.6g}}})", step,
                  epoch, loss, acc, elapsed)
           << '\n';
-    csv << fmt::format("validation,{},{},{:.9g},{},,,{:.6g},,,,\n", step, epoch, loss, accuracy ? acc : "", elapsed);
+    csv << fmt::format("validation,{},{},{:.9g},{},,,{:.6g},,,,,,\n", step, epoch, loss, accuracy ? acc : "", elapsed);
     jsonl.flush();
     csv.flush();
   }
@@ -141,6 +143,7 @@ Trainer::Trainer(Model& model, Executor& executor, std::shared_ptr<Dataset> trai
   optimizer_ = create_optimizer(options_.optimizer);
   const int groups = executor_.replica_groups();
   sync_ = std::make_unique<Synchronizer>(options_.sync, groups, executor_.world(), options_.comm_delay);
+  check_straggler(options_.straggler, groups);
   if (groups > 1 && sync_->within_groups() != executor_.within_groups())
     fail("trainer: --sync {} needs an executor made with ExecutorOptions::within_groups = {}", options_.sync.mode,
          sync_->within_groups());
@@ -152,7 +155,16 @@ Trainer::Trainer(Model& model, Executor& executor, std::shared_ptr<Dataset> trai
     metrics_ = std::make_unique<Metrics>(options_.metrics_dir, !options_.resume.empty());
 }
 
-Trainer::~Trainer() = default;
+/// A stop request posted at a step boundary, agreed by a nonblocking allreduce.
+struct Trainer::StopCheck {
+  std::int64_t posted = 0;
+  int flag = 0;
+  std::unique_ptr<CommRequest> request;
+};
+
+Trainer::~Trainer() {
+  for (auto& check : stop_checks_) check->request->wait();  // every rank posted the same checks
+}
 
 BatchResult Trainer::evaluate(Dataset& data) {
   executor_.average_buffers();
@@ -316,7 +328,14 @@ bool Trainer::train_step(Run& state, std::int64_t step) {
     const WatchdogScope scope(watch, "an injected hang (--inject-hang)");
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
+  const auto compute_start = Clock::now();
   const BatchResult r = executor_.train_step(batch.inputs, batch.targets, options_.global_batch, step);
+  if (options_.straggler.any()) {
+    const double delay = straggler_delay(options_.straggler, options_.seed, step, executor_.replica_group_index(),
+                                         executor_.replica_groups(), seconds_since(compute_start));
+    const WatchdogScope scope(watch, "an injected straggler delay (--inject-straggler)");
+    std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+  }
   double lr = 0;
   {
     const WatchdogScope scope(watch, "synchronizing replica groups (before the update)");
@@ -373,7 +392,23 @@ bool Trainer::checkpoint_or_stop(Run& state, bool last) {
   if (options_.stop_request != nullptr) {
     const int flag = options_.stop_request->load() ? 1 : 0;
     const WatchdogScope scope(state.watch, "stop-request allreduce (the signal check after a step)");
-    stop = executor_.world().allreduce_value(flag, ReduceOp::Max) != 0;
+    const int lag = sync_->lag();
+    if (lag == 0) {
+      stop = executor_.world().allreduce_value(flag, ReduceOp::Max) != 0;
+    } else {
+      // Replica groups may be up to `lag` steps apart: each rank reads the check posted `lag`
+      // steps earlier, so that every rank stops after the same step without waiting for the slowest.
+      auto check = std::make_unique<StopCheck>();
+      check->posted = reached;
+      check->flag = flag;
+      check->request = executor_.world().iallreduce(&check->flag, 1, DType::I32, ReduceOp::Max);
+      stop_checks_.push_back(std::move(check));
+      if (stop_checks_.front()->posted + lag <= reached) {
+        stop_checks_.front()->request->wait();
+        stop = stop_checks_.front()->flag != 0;
+        stop_checks_.pop_front();
+      }
+    }
   }
   if (!options_.checkpoint_dir.empty() &&
       ((options_.checkpoint_every > 0 && reached % options_.checkpoint_every == 0) || last || stop))

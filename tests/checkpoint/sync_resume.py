@@ -39,6 +39,7 @@ MODES = {
     "easgd": ["--sync", "easgd", "--sync-period", "2"],
     "gossip": ["--sync", "gossip", "--gossip-topology", "ring"],
     "adascale": ["--sync", "adascale"],
+    "ssp": ["--sync", "ssp", "--staleness", "2"],
 }
 COLUMNS = ["loss", "syncs", "cross_group_bytes", "gain", "consensus"]
 problems = []
@@ -81,6 +82,8 @@ for name, options in MODES.items():
             elif np.array_equal(groups[0], groups[1]):
                 problems.append(f"{name}: the groups did not differ at the checkpoint (the test proves nothing)")
             expected = f["sync/center/fc1.weight"] if name == "easgd" else groups.mean(axis=0)
+            if name == "ssp" and f["sync/pending/0/fc1.weight"].shape != groups.shape:
+                problems.append(f"{name}: pending corrections are not stored per group")
             if not np.allclose(mean, expected, rtol=1e-5, atol=1e-7):
                 problems.append(f"{name}: param/ is not the consensus model")
     run(options + ["--steps", "12", "--checkpoint-dir", ckpt, "--resume", "auto", "--metrics-dir", part])

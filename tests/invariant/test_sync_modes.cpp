@@ -6,6 +6,10 @@
 #include <numeric>
 
 #include "invariant_harness.hpp"
+#include <chrono>
+#include <thread>
+
+#include "tessera/parallel/straggler.hpp"
 #include "tessera/parallel/synchronizer.hpp"
 #include "tessera/train/trainer.hpp"
 
@@ -174,7 +178,7 @@ TEST(SyncModes, EasgdConservesTheSumOfGroupsAndCenter) {
     OneTensor t;
     t.set([&](std::int64_t k) { return 0.5f * static_cast<float>(k); });  // the center starts here
     synchronizer.attach(t.tensors());
-    Tensor& center = *synchronizer.state().at(0).second;
+    Tensor& center = *synchronizer.state().at(0).tensor;
     for (std::int64_t step = 0; step < 3; ++step) {
       t.set([&](std::int64_t k) { return static_cast<float>(std::sin(1.0 + g * 7 + k * 3 + step)); });
       const Tensor value = t.value.clone(), centre = center.clone();
@@ -304,6 +308,100 @@ TEST(SyncModes, AdaScaleGainIsThePapersEstimateWithinOneAndS) {
       double sum = 0;
       for (int q = 0; q < groups; ++q) sum += gradient(c, q, k) / groups;
       EXPECT_NEAR(t.grad.data()[k], sum, 1e-5);
+    }
+  }
+}
+
+TEST(SyncModes, SspWithStalenessZeroEqualsBsp) {
+  for (const auto& plan : plans()) {
+    SCOPED_TRACE(plan);
+    SyncOptions ssp = mode("ssp");
+    ssp.staleness = 0;
+    const auto bsp = train_synced(plan, mode("bsp"), 4);
+    const auto stale = train_synced(plan, ssp, 4);
+    // Two 1-rank groups add the same two gradients either way: the same to the bit.
+    const bool exact = ranks() <= 2 && Plan::parse(plan, "p.yaml").ranks() == 1;
+    expect_close(stale, bsp, 1e-5);
+    for (std::size_t i = 0; exact && i < bsp.size(); ++i) EXPECT_EQ(relative_error(stale[i], bsp[i]), 0.0) << i;
+  }
+}
+
+TEST(SyncModes, SspAppliesEveryGradientOnceWithinTheBound) {
+  auto world = MpiCommunicator::world();
+  const int g = world->rank(), groups = world->size();
+  for (const int bound : {1, 3}) {
+    SCOPED_TRACE(bound);
+    SyncOptions sync = mode("ssp");
+    sync.staleness = bound;
+    Synchronizer synchronizer(sync, groups, *world);
+    OneTensor t;
+    synchronizer.attach(t.tensors());
+    constexpr int kSteps = 9;
+    const auto own = [&](int group, int step, std::int64_t k) {  // a group's own mean gradient
+      return static_cast<double>(std::cos(0.7 * group + 0.3 * step + 0.11 * static_cast<double>(k)));
+    };
+    std::vector<double> applied(5, 0.0), produced(5, 0.0);
+    for (int step = 0; step < kSteps; ++step) {
+      for (std::int64_t k = 0; k < 5; ++k) t.grad.data()[k] = static_cast<float>(own(g, step, k) / groups);
+      // Group 1 straggles: the others run ahead, within the bound the collectives enforce.
+      if (g == 1) std::this_thread::sleep_for(std::chrono::milliseconds(3 * (step % 3)));
+      synchronizer.before_update(step, [](std::int64_t) { return 0.1; });
+      const std::int64_t staleness = synchronizer.stats().staleness;
+      EXPECT_LE(staleness, bound) << "step " << step;
+      EXPECT_EQ(staleness, step >= bound && groups > 1 ? bound : 0) << "step " << step;
+      for (std::int64_t k = 0; k < 5; ++k) {
+        applied[static_cast<std::size_t>(k)] += t.grad.data()[k];
+        for (int q = 0; q < groups; ++q) produced[static_cast<std::size_t>(k)] += own(q, step, k) / groups;
+      }
+    }
+    // What is still pending: the corrections of the last `bound` steps (Σ_g g_g − this group's own).
+    for (const auto& state : synchronizer.state()) {
+      EXPECT_TRUE(state.per_group);
+      for (std::int64_t k = 0; k < 5 && groups > 1; ++k) applied[static_cast<std::size_t>(k)] += state.tensor->data()[k];
+    }
+    for (std::int64_t k = 0; k < 5; ++k)
+      EXPECT_NEAR(applied[static_cast<std::size_t>(k)], produced[static_cast<std::size_t>(k)], 1e-5) << "element " << k;
+  }
+}
+
+TEST(SyncModes, TheStragglerScheduleIsTheSameOnEveryRank) {
+  auto world = MpiCommunicator::world();
+  const int groups = std::max(world->size(), 2);
+  for (const char* text : {"slow:1:3x", "random:1:50ms", "random:2:2x", "tail:10ms"}) {
+    SCOPED_TRACE(text);
+    const StragglerSpec spec = parse_straggler(text);
+    if (spec.count > groups) continue;
+    // The schedule (not its timing): every group's delay at every step for a fixed compute time.
+    double mine = 0;
+    std::vector<double> delays;
+    for (std::int64_t step = 0; step < 200; ++step)
+      for (int group = 0; group < groups; ++group) {
+        delays.push_back(straggler_delay(spec, 7, step, group, groups, 0.01));
+        mine = mine * 1.000001 + delays.back();
+      }
+    const auto all = world->allgather_value(mine);
+    for (double other : all) EXPECT_EQ(other, mine);
+    double total = 0;
+    int delayed = 0;
+    for (double d : delays) {
+      total += d;
+      delayed += d > 0;
+    }
+    const std::int64_t expected_delayed = spec.kind == StragglerSpec::Kind::Slow     ? 200  // group 1, every step
+                                          : spec.kind == StragglerSpec::Kind::Random ? 200 * spec.count
+                                                                                     : -1;
+    if (expected_delayed >= 0) {
+      EXPECT_EQ(delayed, expected_delayed);
+    } else {
+      EXPECT_NEAR(total / static_cast<double>(delays.size()), 0.01, 0.0015);
+    }
+    // Another seed draws another schedule (where there is a choice).
+    if (spec.kind == StragglerSpec::Kind::Tail || (spec.kind == StragglerSpec::Kind::Random && spec.count < groups)) {
+      double other = 0;
+      for (std::int64_t step = 0; step < 200; ++step)
+        for (int group = 0; group < groups; ++group)
+          other = other * 1.000001 + straggler_delay(spec, 8, step, group, groups, 0.01);
+      EXPECT_NE(other, mine);
     }
   }
 }

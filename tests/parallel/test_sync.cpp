@@ -5,6 +5,7 @@
 #include "expect_input_error.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/delayed_communicator.hpp"
+#include "tessera/parallel/straggler.hpp"
 #include "tessera/parallel/sync.hpp"
 
 namespace tessera {
@@ -75,6 +76,30 @@ TEST(SyncOptions, ChecksNameTheOption) {
   EXPECT_NO_THROW(check_sync(s, 4));
   EXPECT_EQ(Plan::parse("ranks: 1\n" + s.to_yaml(), "p.yaml").sync(), s);
   for (const auto& m : sync_modes()) EXPECT_NO_THROW(check_sync(mode(m), 2)) << m;
+}
+
+TEST(Stragglers, SpecsAndTheirRefusals) {
+  const StragglerSpec slow = parse_straggler("slow:1,3:2.5x");
+  EXPECT_EQ(slow.groups, (std::vector<int>{1, 3}));
+  EXPECT_EQ(slow.factor, 2.5);
+  EXPECT_EQ(straggler_delay(slow, 1, 0, 3, 4, 0.2), 1.5 * 0.2);
+  EXPECT_EQ(straggler_delay(slow, 1, 0, 0, 4, 0.2), 0.0);
+  const StragglerSpec random = parse_straggler("random:1:50ms");
+  EXPECT_EQ(random.count, 1);
+  EXPECT_DOUBLE_EQ(random.seconds, 0.05);
+  EXPECT_TRUE(parse_straggler("random:2:2x").relative);
+  EXPECT_DOUBLE_EQ(parse_straggler("tail:10ms").seconds, 0.01);
+  EXPECT_FALSE(parse_straggler("none").any());
+  for (const char* bad : {"slow:1", "slow:a:2x", "slow:1:0.5x", "random:0:1ms", "random:1:fast", "tail:10", "late:1"})
+    expect_input_error([&] { (void)parse_straggler(bad); }, {"--inject-straggler", bad});
+  expect_input_error([&] { check_straggler(slow, 2); }, {"names group 3, but this job has 2 replica groups"});
+  expect_input_error([&] { check_straggler(parse_straggler("random:3:1ms"), 2); }, {"delays 3 random groups"});
+  SyncOptions s = mode("ssp");
+  s.staleness = -1;
+  expect_input_error([&] { check_sync(s, 2); }, {"staleness (--staleness) must be 0 or more, got -1"});
+  s = mode("bsp");
+  s.staleness = 2;
+  expect_input_error([&] { check_sync(s, 2); }, {"'staleness' (--staleness) is for --sync ssp, not bsp"});
 }
 
 TEST(CommDelay, ParsesLatencyAndBandwidth) {

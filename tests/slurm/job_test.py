@@ -142,6 +142,8 @@ def check_train(args, env, extra):
     train_rows = [r for r in rows if r.get("kind") == "train"]
     if len(train_rows) != steps:
         fail(f"{metrics}/metrics.jsonl has {len(train_rows)} train rows, expected {steps}")
+    if "--sync" in train_args and not train_rows[-1].get("syncs"):
+        fail(f"{metrics}/metrics.jsonl: --sync was passed on, but the last row counts no syncs across groups")
     summary = json.load(open(os.path.join(metrics, "summary.json")))
     if summary.get("ranks") != args.ranks or summary.get("steps") != steps:
         fail(f"summary.json says ranks {summary.get('ranks')}, steps {summary.get('steps')}; "

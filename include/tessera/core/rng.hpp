@@ -12,6 +12,7 @@ enum class RngStream : std::uint64_t {
   Dropout = 2,
   Shuffle = 3,
   Data = 4,
+  Straggler = 5,
 };
 
 /// Combine a base stream with a sub-key (layer id, step, epoch...) into one 64-bit stream id.

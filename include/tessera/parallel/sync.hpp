@@ -16,6 +16,7 @@ struct SyncOptions {
   std::optional<double> outer_lr, outer_momentum;  ///< (diloco)
   std::optional<double> easgd_alpha;          ///< the elastic pull, in [0, 1] (easgd)
   std::optional<std::string> topology;        ///< ring or exponential (gossip)
+  std::optional<int> staleness;               ///< steps a group may run ahead of the slowest (ssp)
   /// These options with every key this one leaves unset taken from `base`.
   SyncOptions over(const SyncOptions& base) const;
   /// The plan file's form (`{mode: ..., period: ...}`), empty for bsp without options.

@@ -43,6 +43,18 @@ struct SyncStats {
   std::optional<double> consensus;   ///< ‖x_g − mean‖ / ‖mean‖ over groups at the last measure
   double gain_variance = 0, gain_square = 0;  ///< AdaScale's moving averages (not debiased)
   std::int64_t gain_updates = 0;     ///< how many steps fed them
+  /// ssp: how old (in steps) the other groups' gradients folded into the last update were (0: none
+  /// folded yet), and the seconds spent waiting for them.
+  std::int64_t staleness = 0;
+  double wait_seconds = 0;
+};
+
+/// One tensor of the mode's state for checkpoints: shaped as its parameter's block, equal in
+/// every group unless `per_group`.
+struct SyncState {
+  std::string name;
+  Tensor* tensor = nullptr;
+  bool per_group = false;
 };
 
 class Synchronizer {
@@ -59,7 +71,8 @@ class Synchronizer {
   int group() const { return group_; }
   /// Whether the executor sums gradients within each group only (every mode but bsp).
   bool within_groups() const;
-  /// Whether groups' parameters may differ between syncs (local_sgd, diloco, easgd, gossip).
+  /// Whether groups' parameters may differ between syncs (local_sgd, diloco, easgd, gossip; ssp
+  /// by each group's last s gradients).
   bool groups_differ() const;
   /// The step period between syncs, with each mode's default.
   int period() const;
@@ -82,14 +95,21 @@ class Synchronizer {
   void after_update(std::int64_t step);
   /// Whether after_update(step) exchanges parameters across groups.
   bool syncs_after(std::int64_t step) const;
+  /// How many steps a group may run ahead of the slowest (ssp's staleness; 0 otherwise): what
+  /// must be agreed across groups (a stop request) is read this many steps after it was posted.
+  int lag() const;
 
   /// The consensus model (collective): per tensor, the mean over groups (easgd: the center).
   /// With `record`, measures the consensus distance on the way (stats().consensus; checkpoints
   /// leave it alone, so that a resumed run reports what the uninterrupted one does).
   std::vector<Tensor> consensus(bool record);
-  /// The mode's state tensors, named "<kind>/<parameter>" (kind: center, anchor, outer_momentum),
-  /// each shaped as its parameter's block and equal in every group.
-  std::vector<std::pair<std::string, Tensor*>> state();
+  /// The mode's state tensors, named "<kind>/<parameter>" (kind: center, anchor, outer_momentum;
+  /// ssp: pending/<slot>, each group's own). Waits for every exchange in flight first, so that the
+  /// tensors hold everything a resumed run needs.
+  std::vector<SyncState> state();
+  /// After restoring state() from a checkpoint written before step `next`: the pending slots hold
+  /// the corrections of the steps before it.
+  void restored(std::int64_t next);
   const SyncStats& stats() const { return stats_; }
   void set_stats(const SyncStats& stats) { stats_ = stats; }
 
@@ -104,6 +124,11 @@ class Synchronizer {
   /// Averages the values (and with `optimizer_state`, their optimizer state) across groups.
   void average(bool optimizer_state);
   void diloco_step();
+  /// ssp's gradient at `step`: this group's own, plus the correction of step − s (the sum over
+  /// groups minus this group's own, once it arrived); starts the sum of this step's.
+  void ssp_step(std::int64_t step);
+  /// Waits for pending slot `slot`'s sum and turns it into its correction (in pending_sums_).
+  void settle(std::size_t slot);
   void easgd_step();
   /// Sums the gradients across groups and returns AdaScale's gain from the groups' gradients.
   double adascale_step();
@@ -138,8 +163,18 @@ class Synchronizer {
   Tensor center_;
   /// diloco: the outer optimizer's momentum, packed.
   Tensor outer_momentum_;
-  /// Per-parameter views of center_ and outer_momentum_, named as state() names them.
+  /// Per-parameter views of center_, outer_momentum_ and pending_sums_, named as state() names them.
   std::vector<std::pair<std::string, Tensor>> state_views_;
+  /// ssp: per slot (step mod s), the packed sum over groups of that step's gradients, in flight,
+  /// then (settled) that sum minus this group's own gradient: the correction folded in s steps later.
+  Tensor pending_sums_;
+  struct Pending {
+    std::int64_t step = -1;  ///< the step whose sum the slot holds (-1: none)
+    Tensor own;              ///< this group's own (scaled) gradient of that step, until settled
+    std::unique_ptr<CommRequest> request;
+    bool settled = false;
+  };
+  std::vector<Pending> pending_;
   SyncStats stats_;
 };
 

@@ -3,12 +3,14 @@
 // reading only its samples of each batch, the next batch prefetched while this one trains;
 // validation every N steps; metrics as JSON lines and CSV; a progress line on rank 0.
 #include <atomic>
+#include <deque>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "tessera/core/clock.hpp"
+#include "tessera/parallel/straggler.hpp"
 #include "tessera/parallel/synchronizer.hpp"
 #include "tessera/train/executor.hpp"
 #include "tessera/train/optimizer.hpp"
@@ -52,6 +54,8 @@ struct TrainerOptions {
   SyncOptions sync;
   /// A testing aid: every collective across replica groups takes this much longer.
   CommDelay comm_delay;
+  /// A testing aid: replica groups that sleep after a step's compute (straggler.hpp).
+  StragglerSpec straggler;
   /// Set by anyone (a signal handler) to stop at the next step boundary: every rank agrees on it
   /// (one tiny allreduce per step, only when this is set), saves a checkpoint at the same step
   /// and run() returns with TrainSummary::stopped.
@@ -130,6 +134,9 @@ class Trainer {
   TrainerOptions options_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Synchronizer> sync_;
+  /// Stop requests posted and not yet read (read Synchronizer::lag() steps later).
+  struct StopCheck;
+  std::deque<std::unique_ptr<StopCheck>> stop_checks_;
   std::unique_ptr<Metrics> metrics_;
   /// Evaluates `data` with the consensus model where replica groups differ (their own values
   /// restored after).
