@@ -34,9 +34,10 @@ what waiting for the slowest group every step predicts from bsp's step without o
 (one group sleeps twice its compute each step) gives c + 2c = 3c; slow:1:2x gives 2c.
 
 --preset stragglers: modes bsp,ssp2,ssp4,local_sgd4, stragglers none,slow:1:2x,random:1:2x,
-delays 0 and 1500 steps; --modes, --stragglers, --delays and --steps given as well win:
+delays 0, 1500 steps and --work-dir runs/sync_bench_stragglers (folder names do not hold the
+steps, so runs of other lengths in runs/sync_bench stay); those options given as well win:
 
-    python3 bench/sync_bench.py --preset stragglers --resume --output runs/sync_bench/stragglers.md
+    python3 bench/sync_bench.py --preset stragglers --resume --output runs/sync_bench_stragglers/table.md
 
 AdaScale's claim is checked against a reference run of one group (one rank, bsp) at batch
 --batch / RANKS with the same learning rate: RANKS groups at --batch should reach the target in
@@ -92,7 +93,7 @@ DEFAULT_MODES = [m for m in MODES if not m.startswith("ssp")]
 # --preset NAME -> what it sets (options given on the command line win).
 PRESETS = {
     "stragglers": dict(modes="bsp,ssp2,ssp4,local_sgd4", stragglers="none,slow:1:2x,random:1:2x", delays="0",
-                       steps=1500),
+                       steps=1500, work_dir=os.path.join(ROOT, "runs", "sync_bench_stragglers")),
 }
 STRAGGLER_KINDS = ("slow", "random", "tail")
 
@@ -121,7 +122,8 @@ def parse_args():
                    "tail:10ms; none: no straggler (none)")
     p.add_argument("--modes", help="comma-separated subset of: " + ", ".join(MODES) + " (all but ssp2, ssp4)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="stragglers: modes bsp,ssp2,ssp4,local_sgd4, stragglers "
-                   "none,slow:1:2x,random:1:2x, delays 0, 1500 steps (options given as well win)")
+                   "none,slow:1:2x,random:1:2x, delays 0, 1500 steps, work dir runs/sync_bench_stragglers (options "
+                   "given as well win)")
     p.add_argument("--no-reference", action="store_true", help="leave out adascale's 1-group reference run")
     p.add_argument("--ref-steps", type=int, help="steps of the 1-group reference (default: 2 x --steps)")
     p.add_argument("--ranks", type=int, default=4, help="ranks = replica groups (4)")
@@ -139,8 +141,8 @@ def parse_args():
                    "made when missing")
     p.add_argument("--cosmo-train", type=int, default=1024, help="cosmo: training samples to generate (1024)")
     p.add_argument("--cosmo-validation", type=int, default=128, help="cosmo: validation samples to generate (128)")
-    p.add_argument("--work-dir", default=os.path.join(ROOT, "runs", "sync_bench"),
-                   help="folder for the plan and every run's metrics and log (runs/sync_bench)")
+    p.add_argument("--work-dir", help="folder for the plan and every run's metrics and log (runs/sync_bench; "
+                   "--preset stragglers: runs/sync_bench_stragglers)")
     p.add_argument("--tessera", default=os.path.join(ROOT, "build", "bin", "tessera"))
     p.add_argument("--mpirun", default="mpirun", help="the mpirun program (Open MPI's options are used)")
     p.add_argument("--resume", action="store_true", help="reuse runs already done with the same command")
@@ -148,7 +150,9 @@ def parse_args():
     args = p.parse_args()
 
     preset = PRESETS[args.preset] if args.preset else {}
-    for key, value in dict(dict(modes=",".join(DEFAULT_MODES), stragglers="none", delays="0,20ms"), **preset).items():
+    defaults = dict(modes=",".join(DEFAULT_MODES), stragglers="none", delays="0,20ms",
+                    work_dir=os.path.join(ROOT, "runs", "sync_bench"))
+    for key, value in dict(defaults, **preset).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     d = DATASETS[args.dataset]
@@ -482,7 +486,7 @@ def table(args, runs, reference):
                 rate_ratio = f"{rate / base_rate:.2f}"
             ssp = r.key.startswith("ssp")
             staleness = fmt(statistics.mean(r.staleness) if ssp and r.staleness else None, ".2f")
-            wait = fmt(r.sync_wait if ssp else None, ".1f")
+            wait = fmt(r.sync_wait if ssp else None, ".3g")
             lines.append(f"| {r.delay_text()} | {r.straggler_text()} | {r.label} | {fmt(r.wall, '.0f')} | "
                          f"{fmt(r.train_seconds(), '.1f')} | {fmt(rate, '.1f')} | {rate_ratio} | {steps_to} | "
                          f"{secs_to} | {speedup} | {steps_ratio} | {r.final_quality(args)} | "

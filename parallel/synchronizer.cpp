@@ -50,12 +50,30 @@ Synchronizer::Synchronizer(const SyncOptions& sync, int groups, Communicator& wo
   group_ = world.rank() / per_group;
   across_ = delayed(world.split(world.rank() % per_group, group_), delay);
   all_ = delayed(world.duplicate(), delay);
+  control_ = world.duplicate();
 }
 
 Synchronizer::~Synchronizer() {
-  // Every group started the same sums: waiting for them completes (their results are not needed).
+  // Every rank started the same sums and posted the same flags: waiting for them completes.
   for (auto& p : pending_)
     if (p.request) p.request->wait();
+  for (auto& p : posted_) p->request->wait();
+}
+
+bool Synchronizer::agree(std::int64_t step, bool flag) {
+  if (lag() == 0) return control_->allreduce_value(flag ? 1 : 0, ReduceOp::Max) != 0;
+  auto post = std::make_unique<Posted>();
+  post->step = step;
+  post->flag = flag ? 1 : 0;
+  post->request = control_->iallreduce(&post->flag, 1, DType::I32, ReduceOp::Max);
+  posted_.push_back(std::move(post));
+  if (posted_.front()->step + lag() > step) return false;
+  const auto begin = std::chrono::steady_clock::now();
+  posted_.front()->request->wait();
+  stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  const bool any = posted_.front()->flag != 0;
+  posted_.pop_front();
+  return any;
 }
 
 int Synchronizer::lag() const { return sync_.mode == "ssp" ? sync_.staleness.value_or(2) : 0; }

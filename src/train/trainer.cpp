@@ -155,16 +155,7 @@ Trainer::Trainer(Model& model, Executor& executor, std::shared_ptr<Dataset> trai
     metrics_ = std::make_unique<Metrics>(options_.metrics_dir, !options_.resume.empty());
 }
 
-/// A stop request posted at a step boundary, agreed by a nonblocking allreduce.
-struct Trainer::StopCheck {
-  std::int64_t posted = 0;
-  int flag = 0;
-  std::unique_ptr<CommRequest> request;
-};
-
-Trainer::~Trainer() {
-  for (auto& check : stop_checks_) check->request->wait();  // every rank posted the same checks
-}
+Trainer::~Trainer() = default;
 
 BatchResult Trainer::evaluate(Dataset& data) {
   executor_.average_buffers();
@@ -331,8 +322,10 @@ bool Trainer::train_step(Run& state, std::int64_t step) {
   const auto compute_start = Clock::now();
   const BatchResult r = executor_.train_step(batch.inputs, batch.targets, options_.global_batch, step);
   if (options_.straggler.any()) {
+    // Relative delays scale the step's own work, not its waits for other groups (bsp's gradients).
+    const double compute = std::max(seconds_since(compute_start) - r.comm_wait_seconds, 0.0);
     const double delay = straggler_delay(options_.straggler, options_.seed, step, executor_.replica_group_index(),
-                                         executor_.replica_groups(), seconds_since(compute_start));
+                                         executor_.replica_groups(), compute);
     const WatchdogScope scope(watch, "an injected straggler delay (--inject-straggler)");
     std::this_thread::sleep_for(std::chrono::duration<double>(delay));
   }
@@ -392,23 +385,7 @@ bool Trainer::checkpoint_or_stop(Run& state, bool last) {
   if (options_.stop_request != nullptr) {
     const int flag = options_.stop_request->load() ? 1 : 0;
     const WatchdogScope scope(state.watch, "stop-request allreduce (the signal check after a step)");
-    const int lag = sync_->lag();
-    if (lag == 0) {
-      stop = executor_.world().allreduce_value(flag, ReduceOp::Max) != 0;
-    } else {
-      // Replica groups may be up to `lag` steps apart: each rank reads the check posted `lag`
-      // steps earlier, so that every rank stops after the same step without waiting for the slowest.
-      auto check = std::make_unique<StopCheck>();
-      check->posted = reached;
-      check->flag = flag;
-      check->request = executor_.world().iallreduce(&check->flag, 1, DType::I32, ReduceOp::Max);
-      stop_checks_.push_back(std::move(check));
-      if (stop_checks_.front()->posted + lag <= reached) {
-        stop_checks_.front()->request->wait();
-        stop = stop_checks_.front()->flag != 0;
-        stop_checks_.pop_front();
-      }
-    }
+    stop = sync_->agree(reached, flag != 0);
   }
   if (!options_.checkpoint_dir.empty() &&
       ((options_.checkpoint_every > 0 && reached % options_.checkpoint_every == 0) || last || stop))

@@ -35,6 +35,8 @@ parser.add_argument("--ranks", type=int, default=2)
 parser.add_argument("--steps", type=int, default=120)
 parser.add_argument("--signal-after", type=int, default=10, help="signal once this step's progress line is out")
 parser.add_argument("--case", action="append", choices=["usr1-mpirun", "term-one-rank"])
+parser.add_argument("--train-arg", action="append", default=[],
+                    help="one more argument for every tessera train run (repeatable), e.g. --sync")
 args = parser.parse_args()
 cases = args.case or ["usr1-mpirun", "term-one-rank"]
 EXIT_STOPPED = 75
@@ -57,7 +59,8 @@ def command(name, *extra):
                                         "--data", args.data, "--steps", str(args.steps), "--batch", "32",
                                         "--seed", "5", "--progress-every", "5", "--checkpoint-every", "1000",
                                         "--checkpoint-dir", os.path.join(args.work, name, "checkpoints"),
-                                        "--metrics-dir", os.path.join(args.work, name, "metrics")] + list(extra))
+                                        "--metrics-dir", os.path.join(args.work, name, "metrics")] + args.train_arg +
+            list(extra))
 
 
 def run(name, log_name, *extra, timeout=240):

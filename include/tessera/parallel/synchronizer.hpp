@@ -6,6 +6,7 @@
 // crosses groups runs on one communicator: rank q of every group. The update rules and their
 // sources: docs/sync.md.
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -95,9 +96,13 @@ class Synchronizer {
   void after_update(std::int64_t step);
   /// Whether after_update(step) exchanges parameters across groups.
   bool syncs_after(std::int64_t step) const;
-  /// How many steps a group may run ahead of the slowest (ssp's staleness; 0 otherwise): what
-  /// must be agreed across groups (a stop request) is read this many steps after it was posted.
+  /// How many steps a group may run ahead of the slowest (ssp's staleness; 0 otherwise).
   int lag() const;
+  /// Agrees on a flag (a stop request) across every rank after step `step` (collective): whether
+  /// any rank raised it. With lag() 0 at once; else each rank posts its flag now and reads the
+  /// result posted lag() steps earlier, so that every rank answers the same after the same step
+  /// without fast groups waiting for the slowest each step (the wait counts in stats()).
+  bool agree(std::int64_t step, bool flag);
 
   /// The consensus model (collective): per tensor, the mean over groups (easgd: the center).
   /// With `record`, measures the consensus distance on the way (stats().consensus; checkpoints
@@ -156,6 +161,15 @@ class Synchronizer {
   std::unique_ptr<Communicator> across_;
   /// Every rank, for norms summed over all groups (delayed too).
   std::unique_ptr<Communicator> all_;
+  /// Every rank, not delayed, for agree() (a control message, not an exchange of the mode).
+  std::unique_ptr<Communicator> control_;
+  /// Flags posted by agree() and not read yet.
+  struct Posted {
+    std::int64_t step = 0;
+    int flag = 0;
+    std::unique_ptr<CommRequest> request;
+  };
+  std::deque<std::unique_ptr<Posted>> posted_;
   std::vector<SyncTensor> tensors_;
   /// Where each tensor starts in a packed buffer (and the total at the end).
   std::vector<std::int64_t> offsets_;

@@ -3,7 +3,6 @@
 // reading only its samples of each batch, the next batch prefetched while this one trains;
 // validation every N steps; metrics as JSON lines and CSV; a progress line on rank 0.
 #include <atomic>
-#include <deque>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -134,9 +133,6 @@ class Trainer {
   TrainerOptions options_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Synchronizer> sync_;
-  /// Stop requests posted and not yet read (read Synchronizer::lag() steps later).
-  struct StopCheck;
-  std::deque<std::unique_ptr<StopCheck>> stop_checks_;
   std::unique_ptr<Metrics> metrics_;
   /// Evaluates `data` with the consensus model where replica groups differ (their own values
   /// restored after).
