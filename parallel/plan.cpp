@@ -57,6 +57,8 @@ SyncOptions parse_sync(const YAML::Node& node, const std::string& where) {
       if (!(bound >= 0 && bound <= 1e6) || bound != static_cast<double>(static_cast<int>(bound)))
         fail_input("{}: 'staleness' must be a number of steps, an integer 0 or more, got '{}'", where, scalar(v, key));
       s.staleness = static_cast<int>(bound);
+    } else if (key == "staleness_range") {
+      parse_staleness_range(scalar(v, key), s);
     }
     else if (key == "optimizer_state") {
       const std::string text = scalar(v, key);
@@ -64,7 +66,7 @@ SyncOptions parse_sync(const YAML::Node& node, const std::string& where) {
       s.optimizer_state = text == "true";
     } else
       fail_input("{}: unknown key '{}' (known: mode, period, start, optimizer_state, outer_optimizer, outer_lr, "
-                 "outer_momentum, easgd_alpha, topology, staleness)", where, key);
+                 "outer_momentum, easgd_alpha, topology, staleness, staleness_range)", where, key);
   }
   return s;
 }

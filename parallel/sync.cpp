@@ -19,6 +19,10 @@ SyncOptions SyncOptions::over(const SyncOptions& base) const {
   if (!easgd_alpha) s.easgd_alpha = base.easgd_alpha;
   if (!topology) s.topology = base.topology;
   if (!staleness) s.staleness = base.staleness;
+  if (!staleness_low) {
+    s.staleness_low = base.staleness_low;
+    s.staleness_high = base.staleness_high;
+  }
   return s;
 }
 
@@ -34,14 +38,29 @@ std::string SyncOptions::to_yaml() const {
   if (easgd_alpha) add("easgd_alpha", fmt::format("{}", *easgd_alpha));
   if (topology) add("topology", *topology);
   if (staleness) add("staleness", std::to_string(*staleness));
+  if (staleness_low) add("staleness_range", fmt::format("\"{}:{}\"", *staleness_low, staleness_high.value_or(*staleness_low)));
   if (mode == "bsp" && s.empty()) return "";
   return fmt::format("sync: {{mode: {}{}}}\n", mode, s);
+}
+
+void parse_staleness_range(const std::string& text, SyncOptions& sync) {
+  const auto colon = text.find(':');
+  try {
+    std::size_t a = 0, b = 0;
+    if (colon == std::string::npos) throw std::invalid_argument(text);
+    const std::string low = text.substr(0, colon), high = text.substr(colon + 1);
+    sync.staleness_low = std::stoi(low, &a);
+    sync.staleness_high = std::stoi(high, &b);
+    if (a != low.size() || b != high.size()) throw std::invalid_argument(text);
+  } catch (const std::exception&) {
+    fail_input("staleness range (--staleness-range) must be LOW:HIGH, such as 1:8, got '{}'", text);
+  }
 }
 
 bool sums_within_groups(const SyncOptions& sync) { return sync.mode != "bsp"; }
 
 const std::vector<std::string>& sync_modes() {
-  static const std::vector<std::string> modes{"bsp", "local_sgd", "diloco", "easgd", "gossip", "adascale", "ssp"};
+  static const std::vector<std::string> modes{"bsp", "local_sgd", "diloco", "easgd", "gossip", "adascale", "ssp", "dssp"};
   return modes;
 }
 
@@ -70,6 +89,10 @@ void check_sync(const SyncOptions& s, int groups) {
   refuse_unless(s.topology.has_value(), "topology", "--gossip-topology", {"gossip"}, s.mode);
   refuse_unless(s.staleness.has_value(), "staleness", "--staleness", {"ssp"}, s.mode);
   if (s.staleness && *s.staleness < 0) fail_input("staleness (--staleness) must be 0 or more, got {}", *s.staleness);
+  refuse_unless(s.staleness_low.has_value(), "staleness_range", "--staleness-range", {"dssp"}, s.mode);
+  if (s.staleness_low && (*s.staleness_low < 0 || s.staleness_high.value_or(-1) < *s.staleness_low))
+    fail_input("staleness range (--staleness-range) must be LOW:HIGH with 0 <= LOW <= HIGH, got {}:{}",
+               *s.staleness_low, s.staleness_high.value_or(-1));
   if (s.period && *s.period < 1) fail_input("sync period (--sync-period) must be at least 1, got {}", *s.period);
   if (s.start && *s.start < 0) fail_input("sync start (--sync-start) must be 0 or more, got {}", *s.start);
   if (s.outer_optimizer && *s.outer_optimizer != "sgd" && *s.outer_optimizer != "nesterov")

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/log.hpp"
 
 namespace tessera {
 namespace {
@@ -76,12 +77,22 @@ bool Synchronizer::agree(std::int64_t step, bool flag) {
   return any;
 }
 
-int Synchronizer::lag() const { return sync_.mode == "ssp" ? sync_.staleness.value_or(2) : 0; }
+bool Synchronizer::stale() const { return sync_.mode == "ssp" || sync_.mode == "dssp"; }
+
+int Synchronizer::lag() const {
+  if (sync_.mode == "ssp") return sync_.staleness.value_or(2);
+  if (sync_.mode == "dssp") return sync_.staleness_high.value_or(8);
+  return 0;
+}
+
+int Synchronizer::lowest_bound() const {
+  return sync_.mode == "dssp" ? sync_.staleness_low.value_or(1) : lag();
+}
 
 bool Synchronizer::within_groups() const { return sums_within_groups(sync_); }
 
 bool Synchronizer::groups_differ() const {
-  return one_of(sync_.mode, {"local_sgd", "diloco", "easgd", "gossip"}) || (sync_.mode == "ssp" && lag() > 0);
+  return one_of(sync_.mode, {"local_sgd", "diloco", "easgd", "gossip"}) || (stale() && lag() > 0);
 }
 
 int Synchronizer::period() const {
@@ -149,12 +160,13 @@ void Synchronizer::reset_state() {
       state_views_.emplace_back(fmt::format("{}/{}", name, tensors_[i].name),
                                 flat.slice(at + offsets_[i], at + offsets_[i + 1]).reshape(tensors_[i].value->shape()));
   };
-  if (sync_.mode == "ssp" && lag() > 0) {
+  if (stale() && lag() > 0) {
     const int slots = lag();
     pending_.resize(static_cast<std::size_t>(slots));
-    pending_sums_ = Tensor(Shape({slots * offsets_.back()}));
+    pending_sums_ = Tensor(Shape({slots * slot_size()}));
     pending_sums_.zero();
-    for (int j = 0; j < slots; ++j) views(pending_sums_, j * offsets_.back(), fmt::format("pending/{}", j));
+    for (int j = 0; j < slots; ++j) views(pending_sums_, j * slot_size(), fmt::format("pending/{}", j));
+    intervals_.assign(static_cast<std::size_t>(groups_), 0.0f);
     return;
   }
   if (sync_.mode != "easgd" && sync_.mode != "diloco") return;
@@ -169,19 +181,28 @@ void Synchronizer::reset_state() {
 }
 
 std::vector<SyncState> Synchronizer::state() {
-  for (std::size_t j = 0; j < pending_.size(); ++j) settle(j);
+  // Every slot settled; one already folded in holds a zero correction, so that a resumed run,
+  // which folds every slot it finds, adds nothing twice.
+  for (std::size_t j = 0; j < pending_.size(); ++j) {
+    settle(j);
+    if (pending_[j].folded) {
+      float* sum = pending_sums_.data() + static_cast<std::int64_t>(j) * slot_size();
+      std::fill(sum, sum + offsets_.back(), 0.0f);
+    }
+  }
   std::vector<SyncState> out;
-  for (auto& [name, view] : state_views_) out.push_back({name, &view, sync_.mode == "ssp"});
+  for (auto& [name, view] : state_views_) out.push_back({name, &view, stale()});
   return out;
 }
 
 void Synchronizer::restored(std::int64_t next) {
-  // Slot j holds the last step before `next` that is j mod s (none before step 0).
+  // Slot j holds the last step before `next` that is j mod its size (none before step 0).
   const auto slots = static_cast<std::int64_t>(pending_.size());
   for (std::int64_t step = std::max<std::int64_t>(next - slots, 0); step < next; ++step) {
     Pending& p = pending_[static_cast<std::size_t>(step % slots)];
     p.step = step;
     p.settled = true;
+    p.folded = false;
   }
 }
 
@@ -193,39 +214,77 @@ void Synchronizer::settle(std::size_t slot) {
   p.request.reset();
   stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   const std::int64_t n = offsets_.back();
-  float* sum = pending_sums_.data() + static_cast<std::int64_t>(slot) * n;
+  float* sum = pending_sums_.data() + static_cast<std::int64_t>(slot) * slot_size();
   const float* own = p.own.data();
   for (std::int64_t k = 0; k < n; ++k) sum[k] -= own[k];
+  if (p.step > intervals_step_) {  // every group's step interval as of that step
+    std::copy(sum + n, sum + n + groups_, intervals_.begin());
+    intervals_step_ = p.step;
+  }
   p.own = Tensor();
   p.settled = true;
 }
 
+int Synchronizer::choose_bound() {
+  const int low = lowest_bound(), high = lag();
+  if (low == high) return low;
+  // DSSP's rule: the fastest group may run r* steps beyond the low bound, r* the number of its
+  // own steps that fit into the slowest group's next one (its projected wait), at most high − low.
+  const double mine = interval_, slowest = *std::max_element(intervals_.begin(), intervals_.end());
+  if (!(mine > 0) || !(slowest > mine)) return low;
+  const auto extra = static_cast<int>(std::lround(slowest / mine)) - 1;
+  return low + std::clamp(extra, 0, high - low);
+}
+
 void Synchronizer::ssp_step(std::int64_t step) {
   // Each group steps on its own gradient at once; the sum over groups of step t's gradients
-  // arrives while steps t + 1 ... t + s compute and replaces this group's own at step t + s. So the
-  // update of step t uses every group's gradients up to step t − s plus this group's own after it.
+  // arrives while later steps compute and replaces this group's own at the first step t' with
+  // t <= t' − bound(t'). So every update has applied every group's gradients up to `bound` steps
+  // before it and this group's own after them (ssp: bound s; dssp: chosen in [low, high]).
+  const auto now = std::chrono::steady_clock::now();
+  if (last_step_time_) {
+    const double seconds = std::chrono::duration<double>(now - *last_step_time_).count();
+    interval_ = interval_ > 0 ? 0.8 * interval_ + 0.2 * seconds : seconds;
+  }
+  last_step_time_ = now;
   const auto slots = static_cast<std::int64_t>(pending_.size());
   const std::int64_t n = offsets_.back();
   const Tensor summand = pack(gradients());  // 1/G of this group's own mean gradient
   Tensor own = summand.clone();
   for (std::int64_t k = 0; k < n; ++k) own.data()[k] *= static_cast<float>(groups_);
   Tensor use = own.clone();
+  const int bound = choose_bound();
+  if (bound != stats_.bound && sync_.mode == "dssp" && group_ == 0 && step > 0)
+    log_info("dssp: staleness bound {} from step {} (step intervals: this group {:.3g} s, slowest {:.3g} s)", bound,
+             step, interval_, *std::max_element(intervals_.begin(), intervals_.end()));
+  stats_.bound = bound;
+  // Fold in, oldest first, every step at least `bound` old whose correction is not in yet.
+  std::vector<std::size_t> due;
+  for (std::size_t j = 0; j < pending_.size(); ++j)
+    if (pending_[j].step >= 0 && !pending_[j].folded && pending_[j].step <= step - bound) due.push_back(j);
+  std::sort(due.begin(), due.end(), [&](std::size_t a, std::size_t b) { return pending_[a].step < pending_[b].step; });
+  float* u = use.data();
+  for (std::size_t j : due) {
+    settle(j);
+    const float* correction = pending_sums_.data() + static_cast<std::int64_t>(j) * slot_size();
+    for (std::int64_t k = 0; k < n; ++k) u[k] += correction[k];
+    pending_[j].folded = true;
+    newest_folded_ = std::max(newest_folded_, pending_[j].step);
+  }
+  stats_.staleness = newest_folded_ >= 0 ? step - newest_folded_ : 0;
   const auto slot = static_cast<std::size_t>(step % slots);
   Pending& p = pending_[slot];
-  float* sum = pending_sums_.data() + static_cast<std::int64_t>(slot) * n;
-  stats_.staleness = 0;
-  if (p.step >= 0) {  // step − s: its correction, Σ_g g_g − this group's own
-    settle(slot);
-    float* u = use.data();
-    for (std::int64_t k = 0; k < n; ++k) u[k] += sum[k];
-    stats_.staleness = step - p.step;
-  }
+  if (p.step >= 0 && !p.folded) fail("synchronizer: step {} would overwrite step {}, not yet folded in", step, p.step);
+  float* sum = pending_sums_.data() + static_cast<std::int64_t>(slot) * slot_size();
   std::copy(summand.data(), summand.data() + n, sum);
+  std::fill(sum + n, sum + slot_size(), 0.0f);
+  sum[n + group_] = static_cast<float>(interval_);
   p.step = step;
   p.own = std::move(own);
   p.settled = false;
-  p.request = across_->iallreduce(sum, static_cast<std::size_t>(n), DType::F32, ReduceOp::Sum);
-  stats_.bytes += static_cast<double>(n) * kFloat;
+  p.folded = false;
+  p.request = across_->iallreduce(sum, static_cast<std::size_t>(slot_size()), DType::F32, ReduceOp::Sum);
+  stats_.bytes += static_cast<double>(slot_size()) * kFloat;
   ++stats_.syncs;
   unpack(use, gradients());
 }
@@ -250,11 +309,11 @@ double Synchronizer::before_update(std::int64_t step, const std::function<double
     stats_.scaled_time += stats_.gain;
     return lr;
   }
-  if ((sync_.mode == "local_sgd" && step < sync_.start.value_or(0)) || (sync_.mode == "ssp" && lag() == 0)) {
+  if ((sync_.mode == "local_sgd" && step < sync_.start.value_or(0)) || (stale() && lag() == 0)) {
     sum_gradients();
     return schedule(step);
   }
-  if (sync_.mode == "ssp") {
+  if (stale()) {
     ssp_step(step);
     return schedule(step);
   }

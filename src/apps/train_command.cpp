@@ -32,6 +32,7 @@ struct TrainArgs {
   std::string sync_mode;  ///< empty: the plan file's (bsp by default)
   std::string comm_delay;  ///< --inject-comm-delay
   std::string straggler;   ///< --inject-straggler
+  std::string staleness_range;  ///< --staleness-range
   SyncOptions sync;       ///< the --sync options given (over the plan file's sync: section)
   TrainerOptions trainer;
   ExecutorOptions executor;
@@ -113,6 +114,7 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
       }
     }
     else plan = std::make_unique<Plan>(Plan::load(args.plan));
+    if (!args.staleness_range.empty()) parse_staleness_range(args.staleness_range, args.sync);
     SyncOptions sync = args.sync.over(plan->sync());
     sync.mode = args.sync_mode.empty() ? plan->sync().mode : args.sync_mode;
     check_sync(sync, world->size() % plan->ranks() == 0 ? world->size() / plan->ranks() : 1);
@@ -193,7 +195,7 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   cmd->add_option("--sync", args->sync_mode,
                   "How replica groups synchronize (a job of a multiple of the plan's ranks runs it as replica "
                   "groups): bsp (every gradient over all groups every step; the default, and the plan file's "
-                  "sync: mode otherwise), local_sgd, diloco, easgd, gossip, adascale or ssp (README: Synchronization)");
+                  "sync: mode otherwise), local_sgd, diloco, easgd, gossip, adascale, ssp or dssp (README: Synchronization)");
   SyncOptions& sync = args->sync;
   cmd->add_option_function<int>("--sync-period", [&sync](const int& v) { sync.period = v; },
                                 "Steps between syncs (local_sgd, diloco, easgd, gossip)");
@@ -213,6 +215,8 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
                                         "gossip's graph: ring or exponential");
   cmd->add_option_function<int>("--staleness", [&sync](const int& v) { sync.staleness = v; },
                                 "ssp: steps a group may run ahead of the slowest (default 2; 0 is bsp)");
+  cmd->add_option("--staleness-range", args->staleness_range,
+                  "dssp: LOW:HIGH, the range it chooses its staleness bound in (default 1:8)");
   auto& t = args->trainer;
   cmd->add_option("--epochs", t.epochs, "Epochs")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--steps", t.max_steps, "Stop after this many steps (0: all epochs)")->capture_default_str();

@@ -312,27 +312,40 @@ TEST(SyncModes, AdaScaleGainIsThePapersEstimateWithinOneAndS) {
   }
 }
 
-TEST(SyncModes, SspWithStalenessZeroEqualsBsp) {
+TEST(SyncModes, SspAndDsspWithStalenessZeroEqualBsp) {
+  SyncOptions ssp = mode("ssp");
+  ssp.staleness = 0;
+  SyncOptions dssp = mode("dssp");
+  dssp.staleness_low = dssp.staleness_high = 0;
   for (const auto& plan : plans()) {
     SCOPED_TRACE(plan);
-    SyncOptions ssp = mode("ssp");
-    ssp.staleness = 0;
     const auto bsp = train_synced(plan, mode("bsp"), 4);
-    const auto stale = train_synced(plan, ssp, 4);
-    // Two 1-rank groups add the same two gradients either way: the same to the bit.
-    const bool exact = ranks() <= 2 && Plan::parse(plan, "p.yaml").ranks() == 1;
-    expect_close(stale, bsp, 1e-5);
-    for (std::size_t i = 0; exact && i < bsp.size(); ++i) EXPECT_EQ(relative_error(stale[i], bsp[i]), 0.0) << i;
+    for (const auto& sync : {ssp, dssp}) {
+      SCOPED_TRACE(sync.mode);
+      const auto stale = train_synced(plan, sync, 4);
+      // Two 1-rank groups add the same two gradients either way: the same to the bit.
+      const bool exact = ranks() <= 2 && Plan::parse(plan, "p.yaml").ranks() == 1;
+      expect_close(stale, bsp, 1e-5);
+      for (std::size_t i = 0; exact && i < bsp.size(); ++i) EXPECT_EQ(relative_error(stale[i], bsp[i]), 0.0) << i;
+    }
   }
 }
 
 TEST(SyncModes, SspAppliesEveryGradientOnceWithinTheBound) {
   auto world = MpiCommunicator::world();
   const int g = world->rank(), groups = world->size();
-  for (const int bound : {1, 3}) {
-    SCOPED_TRACE(bound);
-    SyncOptions sync = mode("ssp");
-    sync.staleness = bound;
+  // ssp with bounds 1 and 3; dssp choosing its bound in [1, 3] from the groups' step intervals.
+  for (const int case_index : {0, 1, 2}) {
+    const bool dynamic = case_index == 2;
+    const int bound = case_index == 0 ? 1 : 3;
+    SCOPED_TRACE(case_index);
+    SyncOptions sync = mode(dynamic ? "dssp" : "ssp");
+    if (dynamic) {
+      sync.staleness_low = 1;
+      sync.staleness_high = 3;
+    } else {
+      sync.staleness = bound;
+    }
     Synchronizer synchronizer(sync, groups, *world);
     OneTensor t;
     synchronizer.attach(t.tensors());
@@ -348,7 +361,13 @@ TEST(SyncModes, SspAppliesEveryGradientOnceWithinTheBound) {
       synchronizer.before_update(step, [](std::int64_t) { return 0.1; });
       const std::int64_t staleness = synchronizer.stats().staleness;
       EXPECT_LE(staleness, bound) << "step " << step;
-      EXPECT_EQ(staleness, step >= bound && groups > 1 ? bound : 0) << "step " << step;
+      if (dynamic && groups > 1) {
+        EXPECT_GE(synchronizer.stats().bound, 1);
+        EXPECT_LE(synchronizer.stats().bound, 3);
+        EXPECT_LE(staleness, synchronizer.stats().bound) << "step " << step;
+      } else {
+        EXPECT_EQ(staleness, step >= bound && groups > 1 ? bound : 0) << "step " << step;
+      }
       for (std::int64_t k = 0; k < 5; ++k) {
         applied[static_cast<std::size_t>(k)] += t.grad.data()[k];
         for (int q = 0; q < groups; ++q) produced[static_cast<std::size_t>(k)] += own(q, step, k) / groups;

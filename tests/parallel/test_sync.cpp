@@ -97,6 +97,13 @@ TEST(Stragglers, SpecsAndTheirRefusals) {
   SyncOptions s = mode("ssp");
   s.staleness = -1;
   expect_input_error([&] { check_sync(s, 2); }, {"staleness (--staleness) must be 0 or more, got -1"});
+  s = mode("dssp");
+  parse_staleness_range("3:1", s);
+  expect_input_error([&] { check_sync(s, 2); }, {"must be LOW:HIGH with 0 <= LOW <= HIGH, got 3:1"});
+  expect_input_error([&] { parse_staleness_range("3", s); }, {"such as 1:8, got '3'"});
+  parse_staleness_range("1:8", s);
+  EXPECT_NO_THROW(check_sync(s, 2));
+  EXPECT_EQ(Plan::parse("ranks: 1\n" + s.to_yaml(), "p.yaml").sync(), s);
   s = mode("bsp");
   s.staleness = 2;
   expect_input_error([&] { check_sync(s, 2); }, {"'staleness' (--staleness) is for --sync ssp, not bsp"});

@@ -17,6 +17,8 @@ struct SyncOptions {
   std::optional<double> easgd_alpha;          ///< the elastic pull, in [0, 1] (easgd)
   std::optional<std::string> topology;        ///< ring or exponential (gossip)
   std::optional<int> staleness;               ///< steps a group may run ahead of the slowest (ssp)
+  /// The range [low, high] dssp chooses its staleness bound in.
+  std::optional<int> staleness_low, staleness_high;
   /// These options with every key this one leaves unset taken from `base`.
   SyncOptions over(const SyncOptions& base) const;
   /// The plan file's form (`{mode: ..., period: ...}`), empty for bsp without options.
@@ -30,6 +32,9 @@ bool sums_within_groups(const SyncOptions& sync);
 
 /// The modes Tessera knows, in the order the docs list them.
 const std::vector<std::string>& sync_modes();
+
+/// "LOW:HIGH" (--staleness-range, the plan file's staleness_range) into `sync`; an InputError otherwise.
+void parse_staleness_range(const std::string& text, SyncOptions& sync);
 
 /// Checks `sync` for a job of `groups` replica groups: a known mode, options that this mode takes,
 /// in range; an InputError naming the option (its command-line and plan-file names) otherwise.

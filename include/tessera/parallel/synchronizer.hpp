@@ -5,6 +5,7 @@
 // synchronizer does the rest). Rank q of every group holds the same shard, so everything that
 // crosses groups runs on one communicator: rank q of every group. The update rules and their
 // sources: docs/sync.md.
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -48,6 +49,8 @@ struct SyncStats {
   /// folded yet), and the seconds spent waiting for them.
   std::int64_t staleness = 0;
   double wait_seconds = 0;
+  /// ssp, dssp: the staleness bound of the last step (dssp chooses it in its range).
+  int bound = 0;
 };
 
 /// One tensor of the mode's state for checkpoints: shaped as its parameter's block, equal in
@@ -96,7 +99,7 @@ class Synchronizer {
   void after_update(std::int64_t step);
   /// Whether after_update(step) exchanges parameters across groups.
   bool syncs_after(std::int64_t step) const;
-  /// How many steps a group may run ahead of the slowest (ssp's staleness; 0 otherwise).
+  /// How many steps a group may run ahead of the slowest (ssp's staleness, dssp's highest bound; 0 otherwise).
   int lag() const;
   /// Agrees on a flag (a stop request) across every rank after step `step` (collective): whether
   /// any rank raised it. With lag() 0 at once; else each rank posts its flag now and reads the
@@ -134,6 +137,14 @@ class Synchronizer {
   void ssp_step(std::int64_t step);
   /// Waits for pending slot `slot`'s sum and turns it into its correction (in pending_sums_).
   void settle(std::size_t slot);
+  /// ssp or dssp.
+  bool stale() const;
+  /// ssp: its staleness; dssp: the low end of its range.
+  int lowest_bound() const;
+  /// The staleness bound of this step (dssp: from the groups' step intervals).
+  int choose_bound();
+  /// A pending slot: the packed gradients and, after them, one step interval per group.
+  std::int64_t slot_size() const { return offsets_.back() + groups_; }
   void easgd_step();
   /// Sums the gradients across groups and returns AdaScale's gain from the groups' gradients.
   double adascale_step();
@@ -187,8 +198,16 @@ class Synchronizer {
     Tensor own;              ///< this group's own (scaled) gradient of that step, until settled
     std::unique_ptr<CommRequest> request;
     bool settled = false;
+    bool folded = false;  ///< its correction is in an update already
   };
   std::vector<Pending> pending_;
+  std::int64_t newest_folded_ = -1;
+  /// This group's step interval (a moving average) and every group's, as the newest settled sum
+  /// carried them (dssp's controller).
+  double interval_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> last_step_time_;
+  std::vector<float> intervals_;
+  std::int64_t intervals_step_ = -1;
   SyncStats stats_;
 };
 
