@@ -20,8 +20,9 @@ groups of one rank, each mode as `--sync MODE ...` (README: Synchronization; doc
     gossip_ring    gossip on the ring, every step
     adascale       adascale (gradients over all groups, learning rate times the gain)
     ssp2           ssp, staleness 2 (--staleness)             ssp4          the same, staleness 4
+    dssp1_8        dssp, its bound chosen in [1, 8] (--staleness-range)
 
---modes defaults to every mode but ssp2 and ssp4.
+--modes defaults to every mode but ssp2, ssp4 and dssp1_8.
 
 Runs are keyed by (mode, delay, straggler): every --delays value (--inject-comm-delay) with every
 --stragglers value (--inject-straggler, docs/sync.md: Stragglers), e.g. slow:1:2x (group 1's steps
@@ -33,7 +34,7 @@ to bsp are within the same (delay, straggler). With a straggler, bsp's mean step
 what waiting for the slowest group every step predicts from bsp's step without one, c: random:1:2x
 (one group sleeps twice its compute each step) gives c + 2c = 3c; slow:1:2x gives 2c.
 
---preset stragglers: modes bsp,ssp2,ssp4,local_sgd4, stragglers none,slow:1:2x,random:1:2x,
+--preset stragglers: modes bsp,ssp2,ssp4,dssp1_8,local_sgd4, stragglers none,slow:1:2x,random:1:2x,
 delays 0, 1500 steps and --work-dir runs/sync_bench_stragglers (folder names do not hold the
 steps, so runs of other lengths in runs/sync_bench stay); those options given as well win:
 
@@ -87,12 +88,13 @@ MODES = {
     "adascale": (["--sync", "adascale"], "adascale"),
     "ssp2": (["--sync", "ssp", "--staleness", "2"], "ssp s=2"),
     "ssp4": (["--sync", "ssp", "--staleness", "4"], "ssp s=4"),
+    "dssp1_8": (["--sync", "dssp", "--staleness-range", "1:8"], "dssp [1, 8]"),
 }
-DEFAULT_MODES = [m for m in MODES if not m.startswith("ssp")]
+DEFAULT_MODES = [m for m in MODES if not m.startswith(("ssp", "dssp"))]
 
 # --preset NAME -> what it sets (options given on the command line win).
 PRESETS = {
-    "stragglers": dict(modes="bsp,ssp2,ssp4,local_sgd4", stragglers="none,slow:1:2x,random:1:2x", delays="0",
+    "stragglers": dict(modes="bsp,ssp2,ssp4,dssp1_8,local_sgd4", stragglers="none,slow:1:2x,random:1:2x", delays="0",
                        steps=1500, work_dir=os.path.join(ROOT, "runs", "sync_bench_stragglers")),
 }
 STRAGGLER_KINDS = ("slow", "random", "tail")
@@ -120,8 +122,8 @@ def parse_args():
     p.add_argument("--delays", help="comma-separated --inject-comm-delay values; 0: none (0,20ms)")
     p.add_argument("--stragglers", help="comma-separated --inject-straggler specs, e.g. slow:1:2x, random:1:2x, "
                    "tail:10ms; none: no straggler (none)")
-    p.add_argument("--modes", help="comma-separated subset of: " + ", ".join(MODES) + " (all but ssp2, ssp4)")
-    p.add_argument("--preset", choices=sorted(PRESETS), help="stragglers: modes bsp,ssp2,ssp4,local_sgd4, stragglers "
+    p.add_argument("--modes", help="comma-separated subset of: " + ", ".join(MODES) + " (all but ssp2, ssp4, dssp1_8)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="stragglers: modes bsp,ssp2,ssp4,dssp1_8,local_sgd4, stragglers "
                    "none,slow:1:2x,random:1:2x, delays 0, 1500 steps, work dir runs/sync_bench_stragglers (options "
                    "given as well win)")
     p.add_argument("--no-reference", action="store_true", help="leave out adascale's 1-group reference run")
