@@ -241,12 +241,15 @@ void Synchronizer::ssp_step(std::int64_t step) {
   // arrives while later steps compute and replaces this group's own at the first step t' with
   // t <= t' − bound(t'). So every update has applied every group's gradients up to `bound` steps
   // before it and this group's own after them (ssp: bound s; dssp: chosen in [low, high]).
+  // This group's own step time: since the last step, less what it spent waiting for the others.
   const auto now = std::chrono::steady_clock::now();
   if (last_step_time_) {
-    const double seconds = std::chrono::duration<double>(now - *last_step_time_).count();
-    interval_ = interval_ > 0 ? 0.8 * interval_ + 0.2 * seconds : seconds;
+    const double seconds = std::chrono::duration<double>(now - *last_step_time_).count() -
+                           (stats_.wait_seconds - wait_at_last_step_);
+    interval_ = interval_ > 0 ? 0.8 * interval_ + 0.2 * std::max(seconds, 0.0) : std::max(seconds, 0.0);
   }
   last_step_time_ = now;
+  wait_at_last_step_ = stats_.wait_seconds;
   const auto slots = static_cast<std::int64_t>(pending_.size());
   const std::int64_t n = offsets_.back();
   const Tensor summand = pack(gradients());  // 1/G of this group's own mean gradient

@@ -115,10 +115,12 @@ struct Trainer::Metrics {
     out << fmt::format(
                R"({{"ranks":{},"steps":{},"global_batch":{},"seconds":{:.6g},"samples_per_s":{:.6g},"step_s":{:.6g},)"
                R"("comm_wait_s":{:.6g},"comm_share":{:.6g},"final_loss":{:.9g},"val_loss":{},"val_accuracy":{},)"
-               R"("syncs":{},"cross_group_bytes":{:.0f},"gain":{:.6g},"consensus":{}}})",
+               R"("syncs":{},"cross_group_bytes":{:.0f},"gain":{:.6g},"consensus":{},"staleness_bound":{},)"
+               R"("sync_wait_s":{:.6g}}})",
                ranks, s.steps, global_batch, s.seconds, s.samples_per_second, s.seconds / steps,
                s.comm_wait_seconds / steps, s.seconds > 0 ? s.comm_wait_seconds / s.seconds : 0.0, s.final_loss,
-               opt(s.val_loss), opt(s.val_accuracy), s.sync.syncs, s.sync.bytes, s.sync.gain, opt(s.sync.consensus))
+               opt(s.val_loss), opt(s.val_accuracy), s.sync.syncs, s.sync.bytes, s.sync.gain, opt(s.sync.consensus),
+               s.sync.bound, s.sync.wait_seconds)
         << '\n';
   }
   void eval_row(std::int64_t step, std::int64_t epoch, double loss, std::optional<double> accuracy, double elapsed) {

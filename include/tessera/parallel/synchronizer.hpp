@@ -202,10 +202,11 @@ class Synchronizer {
   };
   std::vector<Pending> pending_;
   std::int64_t newest_folded_ = -1;
-  /// This group's step interval (a moving average) and every group's, as the newest settled sum
-  /// carried them (dssp's controller).
+  /// This group's step interval without its waits for the others (a moving average) and every
+  /// group's, as the newest settled sum carried them (dssp's controller).
   double interval_ = 0;
   std::optional<std::chrono::steady_clock::time_point> last_step_time_;
+  double wait_at_last_step_ = 0;
   std::vector<float> intervals_;
   std::int64_t intervals_step_ = -1;
   SyncStats stats_;
