@@ -202,6 +202,11 @@ Plan Plan::replicated(int groups) const {
   return plan;
 }
 
+ReplicaPlace replica_place(int rank, int job_ranks, int groups) {
+  const int per_group = job_ranks / groups;
+  return {rank / per_group, rank % per_group};
+}
+
 Plan Plan::for_job(int job_ranks) const {
   if (job_ranks < ranks_ || job_ranks % ranks_ != 0)
     fail_input("plan '{}' is for {} ranks but the job has {} ranks (a job runs a plan on its ranks, or on a "

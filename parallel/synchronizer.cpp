@@ -9,6 +9,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
+#include "tessera/parallel/plan.hpp"
 
 namespace tessera {
 namespace {
@@ -47,9 +48,9 @@ Synchronizer::Synchronizer(const SyncOptions& sync, int groups, Communicator& wo
   check_sync(sync_, groups_);
   if (groups_ < 1 || world.size() % groups_ != 0)
     fail("synchronizer: {} ranks do not form {} replica groups", world.size(), groups_);
-  const int per_group = world.size() / groups_;
-  group_ = world.rank() / per_group;
-  across_ = delayed(world.split(world.rank() % per_group, group_), delay);
+  const ReplicaPlace place = replica_place(world.rank(), world.size(), groups_);
+  group_ = place.group;
+  across_ = delayed(world.split(place.rank, group_), delay);
   all_ = delayed(world.duplicate(), delay);
   control_ = world.duplicate();
 }
@@ -388,12 +389,16 @@ void Synchronizer::measure_consensus(const Tensor& own, const Tensor& mean) {
 }
 
 std::vector<Tensor> Synchronizer::consensus(bool record) {
-  const Tensor own = pack(values());
-  // Not counted in stats().bytes: checkpoints call it too, and a resumed run must count what the
-  // uninterrupted one does.
-  Tensor mean = groups_ > 1 ? mean_across(own, /*count=*/false) : own.clone();
-  if (record) measure_consensus(own, mean);
-  if (sync_.mode == "easgd") mean = center_.clone();
+  // easgd's consensus is its center; the mean over groups is needed for it only to measure.
+  Tensor mean = sync_.mode == "easgd" ? center_.clone() : Tensor();
+  if (record || !mean.defined()) {
+    const Tensor own = pack(values());
+    // Not counted in stats().bytes: checkpoints call it too, and a resumed run must count what the
+    // uninterrupted one does.
+    Tensor average = groups_ > 1 ? mean_across(own, /*count=*/false) : own.clone();
+    if (record) measure_consensus(own, average);
+    if (!mean.defined()) mean = std::move(average);
+  }
   std::vector<Tensor> out;
   for (std::size_t i = 0; i < tensors_.size(); ++i)
     out.push_back(mean.slice(offsets_[i], offsets_[i + 1]).reshape(tensors_[i].value->shape()).clone());

@@ -31,8 +31,8 @@ Placement replicated(const Tensor& tensor, Executor& executor) {
   if (p.global_shape.empty()) p.global_shape = {1};  // a scalar is stored as [1]
   p.box.begin.assign(p.global_shape.size(), 0);
   p.box.extent = p.global_shape;
-  const int per_group = executor.world().size() / executor.replica_groups();
-  p.group_writes = executor.world().rank() % per_group == 0;
+  p.group_writes =
+      replica_place(executor.world().rank(), executor.world().size(), executor.replica_groups()).rank == 0;
   p.writes = executor.world().rank() == 0;
   return p;
 }

@@ -214,12 +214,12 @@ Communicator* Executor::group(const std::vector<int>& grid, const std::vector<in
   // The partition of all ranks into groups, the same vector on every rank: the key of the cache,
   // so that every rank creates the same communicators in the same order.
   const int size = world_->size();
-  const int per_group = size / replica_groups_;
   std::vector<int> colors(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     std::vector<int> c = grid_coords(grid, r);
     for (int a : axes) c[static_cast<std::size_t>(a)] = 0;
-    colors[static_cast<std::size_t>(r)] = grid_rank(grid, c) + (within ? size * (r / per_group) : 0);
+    colors[static_cast<std::size_t>(r)] =
+        grid_rank(grid, c) + (within ? size * replica_place(r, size, replica_groups_).group : 0);
   }
   const int me = world_->rank();
   const int color = colors[static_cast<std::size_t>(me)];
@@ -228,7 +228,8 @@ Communicator* Executor::group(const std::vector<int>& grid, const std::vector<in
   if (!slot) {
     bool spans_groups = false;
     for (int r = 0; r < size; ++r)
-      spans_groups = spans_groups || (colors[static_cast<std::size_t>(r)] == color && r / per_group != me / per_group);
+      spans_groups = spans_groups || (colors[static_cast<std::size_t>(r)] == color &&
+                                      replica_place(r, size, replica_groups_).group != replica_group_index());
     slot = world_->split(color, me);
     if (spans_groups) slot = delayed(std::move(slot), options_.cross_group_delay);
     group_colors_[slot.get()] = color;

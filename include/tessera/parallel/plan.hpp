@@ -47,6 +47,14 @@ struct PlanLayerInfo {
   bool filter_splittable = false;
 };
 
+/// Where rank `rank` of a job of `job_ranks` ranks sits when the job runs a plan as `groups`
+/// replica groups (Plan::replicated puts the group outermost: group g is ranks [gP, (g + 1)P)).
+struct ReplicaPlace {
+  int group = 0;  ///< its replica group
+  int rank = 0;   ///< its rank within the group, the plan's rank whose shard it holds
+};
+ReplicaPlace replica_place(int rank, int job_ranks, int groups);
+
 class Plan {
  public:
   /// Every layer split by sample over `ranks`.

@@ -128,7 +128,7 @@ class Executor {
   /// group only (ExecutorOptions::within_groups).
   bool within_groups() const { return options_.within_groups; }
   /// This rank's replica group (ranks [g P, (g + 1) P) of a plan of P ranks form group g).
-  int replica_group_index() const { return world_->rank() / (world_->size() / replica_groups_); }
+  int replica_group_index() const { return replica_place(world_->rank(), world_->size(), replica_groups_).group; }
   /// The kernels the layers run on (its implementations(), how bf16 convolutions ran).
   const DnnBackend& backend() const { return *backend_; }
   /// Whether messages between this job's GPUs go over NCCL (ExecutorOptions::gpu_comm).
