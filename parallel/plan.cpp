@@ -52,6 +52,7 @@ SyncOptions parse_sync(const YAML::Node& node, const std::string& where) {
     else if (key == "outer_momentum") s.outer_momentum = number(v, key);
     else if (key == "easgd_alpha") s.easgd_alpha = number(v, key);
     else if (key == "topology") s.topology = scalar(v, key);
+    else if (key == "quorum") s.quorum = scalar(v, key);
     else if (key == "staleness") {
       const double bound = number(v, key);
       if (!(bound >= 0 && bound <= 1e6) || bound != static_cast<double>(static_cast<int>(bound)))
@@ -66,7 +67,7 @@ SyncOptions parse_sync(const YAML::Node& node, const std::string& where) {
       s.optimizer_state = text == "true";
     } else
       fail_input("{}: unknown key '{}' (known: mode, period, start, optimizer_state, outer_optimizer, outer_lr, "
-                 "outer_momentum, easgd_alpha, topology, staleness, staleness_range)", where, key);
+                 "outer_momentum, easgd_alpha, topology, staleness, staleness_range, quorum)", where, key);
   }
   return s;
 }

@@ -19,6 +19,7 @@ SyncOptions SyncOptions::over(const SyncOptions& base) const {
   if (!easgd_alpha) s.easgd_alpha = base.easgd_alpha;
   if (!topology) s.topology = base.topology;
   if (!staleness) s.staleness = base.staleness;
+  if (!quorum) s.quorum = base.quorum;
   if (!staleness_low) {
     s.staleness_low = base.staleness_low;
     s.staleness_high = base.staleness_high;
@@ -39,6 +40,7 @@ std::string SyncOptions::to_yaml() const {
   if (topology) add("topology", *topology);
   if (staleness) add("staleness", std::to_string(*staleness));
   if (staleness_low) add("staleness_range", fmt::format("\"{}:{}\"", *staleness_low, staleness_high.value_or(*staleness_low)));
+  if (quorum) add("quorum", *quorum);
   if (mode == "bsp" && s.empty()) return "";
   return fmt::format("sync: {{mode: {}{}}}\n", mode, s);
 }
@@ -60,7 +62,7 @@ void parse_staleness_range(const std::string& text, SyncOptions& sync) {
 bool sums_within_groups(const SyncOptions& sync) { return sync.mode != "bsp"; }
 
 const std::vector<std::string>& sync_modes() {
-  static const std::vector<std::string> modes{"bsp", "local_sgd", "diloco", "easgd", "gossip", "adascale", "ssp", "dssp"};
+  static const std::vector<std::string> modes{"bsp", "local_sgd", "diloco", "easgd", "gossip", "adascale", "ssp", "dssp", "eager"};
   return modes;
 }
 
@@ -87,7 +89,10 @@ void check_sync(const SyncOptions& s, int groups) {
   refuse_unless(s.outer_momentum.has_value(), "outer_momentum", "--outer-momentum", {"diloco"}, s.mode);
   refuse_unless(s.easgd_alpha.has_value(), "easgd_alpha", "--easgd-alpha", {"easgd"}, s.mode);
   refuse_unless(s.topology.has_value(), "topology", "--gossip-topology", {"gossip"}, s.mode);
-  refuse_unless(s.staleness.has_value(), "staleness", "--staleness", {"ssp"}, s.mode);
+  refuse_unless(s.staleness.has_value(), "staleness", "--staleness", {"ssp", "eager"}, s.mode);
+  refuse_unless(s.quorum.has_value(), "quorum", "--quorum", {"eager"}, s.mode);
+  if (s.quorum && *s.quorum != "solo" && *s.quorum != "majority")
+    fail_input("quorum (--quorum) '{}': choose solo or majority", *s.quorum);
   if (s.staleness && *s.staleness < 0) fail_input("staleness (--staleness) must be 0 or more, got {}", *s.staleness);
   refuse_unless(s.staleness_low.has_value(), "staleness_range", "--staleness-range", {"dssp"}, s.mode);
   if (s.staleness_low && (*s.staleness_low < 0 || s.staleness_high.value_or(-1) < *s.staleness_low))
@@ -107,6 +112,10 @@ void check_sync(const SyncOptions& s, int groups) {
   if (s.mode == "adascale" && groups < 2)
     fail_input("--sync adascale needs two replica groups or more (a job of a multiple of the plan's ranks); this "
                "job has {}", groups);
+}
+
+int eager_quorum(const SyncOptions& sync, int groups) {
+  return sync.quorum.value_or("majority") == "solo" ? 1 : groups / 2 + 1;
 }
 
 }  // namespace tessera

@@ -53,9 +53,11 @@ Synchronizer::Synchronizer(const SyncOptions& sync, int groups, Communicator& wo
   across_ = delayed(world.split(place.rank, group_), delay);
   all_ = delayed(world.duplicate(), delay);
   control_ = world.duplicate();
+  if (sync_.mode == "eager") within_ = world.split(group_, place.rank);
 }
 
 Synchronizer::~Synchronizer() {
+  partial_.reset();  // every rank took the same last round
   // Every rank started the same sums and posted the same flags: waiting for them completes.
   for (auto& p : pending_)
     if (p.request) p.request->wait();
@@ -83,6 +85,7 @@ bool Synchronizer::stale() const { return sync_.mode == "ssp" || sync_.mode == "
 int Synchronizer::lag() const {
   if (sync_.mode == "ssp") return sync_.staleness.value_or(2);
   if (sync_.mode == "dssp") return sync_.staleness_high.value_or(8);
+  if (sync_.mode == "eager") return sync_.staleness.value_or(4);
   return 0;
 }
 
@@ -156,6 +159,9 @@ void Synchronizer::reset_state() {
     if (p.request) p.request->wait();
   pending_.clear();
   pending_sums_ = Tensor();
+  partial_.reset();
+  held_ = Tensor();
+  restored_items_.clear();
   const auto views = [&](Tensor& flat, std::int64_t at, const std::string& name) {
     for (std::size_t i = 0; i < tensors_.size(); ++i)
       state_views_.emplace_back(fmt::format("{}/{}", name, tensors_[i].name),
@@ -168,6 +174,12 @@ void Synchronizer::reset_state() {
     pending_sums_.zero();
     for (int j = 0; j < slots; ++j) views(pending_sums_, j * slot_size(), fmt::format("pending/{}", j));
     intervals_.assign(static_cast<std::size_t>(groups_), 0.0f);
+    return;
+  }
+  if (sync_.mode == "eager" && lag() > 0) {
+    held_ = Tensor(Shape({lag() * offsets_.back()}));
+    held_.zero();
+    for (int j = 0; j < lag(); ++j) views(held_, j * offsets_.back(), fmt::format("pending/{}", j));
     return;
   }
   if (sync_.mode != "easgd" && sync_.mode != "diloco") return;
@@ -191,12 +203,30 @@ std::vector<SyncState> Synchronizer::state() {
       std::fill(sum, sum + offsets_.back(), 0.0f);
     }
   }
+  // eager: each gradient not summed yet in the slot of its step (at most `staleness` of them, of
+  // the last `staleness` steps).
+  if (held_.defined()) {
+    held_.zero();
+    const std::int64_t n = offsets_.back();
+    for (const auto& item : partial_ ? partial_->pending() : restored_items_)
+      std::copy(item.values.begin(), item.values.end(), held_.data() + (item.step % lag()) * n);
+  }
   std::vector<SyncState> out;
-  for (auto& [name, view] : state_views_) out.push_back({name, &view, stale()});
+  for (auto& [name, view] : state_views_) out.push_back({name, &view, stale() || held_.defined()});
   return out;
 }
 
 void Synchronizer::restored(std::int64_t next) {
+  if (held_.defined()) {  // the slots that hold a gradient of the steps (next − staleness, next)
+    const std::int64_t n = offsets_.back();
+    restored_items_.clear();
+    for (std::int64_t step = std::max<std::int64_t>(next - lag(), 0); step < next; ++step) {
+      const float* slot = held_.data() + (step % lag()) * n;
+      if (std::all_of(slot, slot + n, [](float v) { return v == 0.0f; })) continue;
+      restored_items_.push_back({step, std::vector<float>(slot, slot + n)});
+    }
+    return;
+  }
   // Slot j holds the last step before `next` that is j mod its size (none before step 0).
   const auto slots = static_cast<std::int64_t>(pending_.size());
   for (std::int64_t step = std::max<std::int64_t>(next - slots, 0); step < next; ++step) {
@@ -276,6 +306,7 @@ void Synchronizer::ssp_step(std::int64_t step) {
     newest_folded_ = std::max(newest_folded_, pending_[j].step);
   }
   stats_.staleness = newest_folded_ >= 0 ? step - newest_folded_ : 0;
+  stats_.contributors = due.empty() ? 1 : groups_;
   const auto slot = static_cast<std::size_t>(step % slots);
   Pending& p = pending_[slot];
   if (p.step >= 0 && !p.folded) fail("synchronizer: step {} would overwrite step {}, not yet folded in", step, p.step);
@@ -293,6 +324,24 @@ void Synchronizer::ssp_step(std::int64_t step) {
   unpack(use, gradients());
 }
 
+void Synchronizer::eager_step(std::int64_t step) {
+  const auto n = static_cast<std::size_t>(offsets_.back());
+  if (!partial_)
+    partial_ = std::make_unique<PartialAllreduce>(*across_, *within_, eager_quorum(sync_, groups_), lag(), n, step,
+                                                  std::move(restored_items_));
+  const Tensor summand = pack(gradients());  // 1/G of this group's own mean gradient
+  partial_->contribute(step, summand.data());
+  PartialRound round = partial_->result(step);
+  Tensor sum{Shape({static_cast<std::int64_t>(n)})};
+  std::copy(round.sum.begin(), round.sum.end(), sum.data());
+  unpack(sum, gradients());
+  stats_.staleness = round.staleness;
+  stats_.contributors = round.contributors;
+  stats_.wait_seconds += round.wait_seconds;
+  stats_.bytes += static_cast<double>(n + 2 * static_cast<std::size_t>(groups_)) * kFloat;
+  ++stats_.syncs;
+}
+
 bool Synchronizer::syncs_after(std::int64_t step) const {
   if (!one_of(sync_.mode, {"local_sgd", "diloco", "easgd", "gossip"}) || groups_ == 1) return false;
   const std::int64_t start = sync_.start.value_or(0);
@@ -301,6 +350,8 @@ bool Synchronizer::syncs_after(std::int64_t step) const {
 }
 
 double Synchronizer::before_update(std::int64_t step, const std::function<double(std::int64_t)>& schedule) {
+  // Every group's gradient is in this update, unless the mode below says otherwise.
+  stats_.contributors = groups_;
   if (groups_ == 1) return schedule(step);
   if (sync_.mode == "bsp") {  // the executor summed every gradient over all groups
     ++stats_.syncs;
@@ -321,8 +372,13 @@ double Synchronizer::before_update(std::int64_t step, const std::function<double
     ssp_step(step);
     return schedule(step);
   }
+  if (sync_.mode == "eager") {
+    eager_step(step);
+    return schedule(step);
+  }
   // A group's gradient summed within it is 1/G of the mean over its own samples.
   scale_gradients(static_cast<float>(groups_));
+  stats_.contributors = 1;
   return schedule(step);
 }
 

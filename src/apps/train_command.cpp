@@ -195,7 +195,7 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   cmd->add_option("--sync", args->sync_mode,
                   "How replica groups synchronize (a job of a multiple of the plan's ranks runs it as replica "
                   "groups): bsp (every gradient over all groups every step; the default, and the plan file's "
-                  "sync: mode otherwise), local_sgd, diloco, easgd, gossip, adascale, ssp or dssp (README: Synchronization)");
+                  "sync: mode otherwise), local_sgd, diloco, easgd, gossip, adascale, ssp, dssp or eager (README: Synchronization)");
   SyncOptions& sync = args->sync;
   cmd->add_option_function<int>("--sync-period", [&sync](const int& v) { sync.period = v; },
                                 "Steps between syncs (local_sgd, diloco, easgd, gossip)");
@@ -214,7 +214,10 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   cmd->add_option_function<std::string>("--gossip-topology", [&sync](const std::string& v) { sync.topology = v; },
                                         "gossip's graph: ring or exponential");
   cmd->add_option_function<int>("--staleness", [&sync](const int& v) { sync.staleness = v; },
-                                "ssp: steps a group may run ahead of the slowest (default 2; 0 is bsp)");
+                                "ssp, eager: steps a group may run ahead of the slowest (ssp default 2, eager 4; 0 is bsp)");
+  cmd->add_option_function<std::string>("--quorum", [&sync](const std::string& v) { sync.quorum = v; },
+                                        "eager: the groups a round waits for: solo (the first) or majority "
+                                        "(more than half; the default)");
   cmd->add_option("--staleness-range", args->staleness_range,
                   "dssp: LOW:HIGH, the range it chooses its staleness bound in (default 1:8)");
   auto& t = args->trainer;

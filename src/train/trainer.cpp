@@ -38,7 +38,7 @@ struct Trainer::Metrics {
   std::string dir;
   static constexpr const char* kCsvHeader =
       "kind,step,epoch,loss,accuracy,lr,samples_per_s,elapsed_s,syncs,cross_group_bytes,gain,consensus,staleness,"
-      "sync_wait_s\n";
+      "sync_wait_s,contributors\n";
   /// With `resume`, the files are opened by resume_from() once the start step is known.
   Metrics(const std::string& folder, bool resume) : dir(folder) {
     std::filesystem::create_directories(dir);
@@ -100,13 +100,15 @@ struct Trainer::Metrics {
     jsonl
         << fmt::format(
                R"({{"kind":"train","step":{},"epoch":{},"loss":{:.9g},"accuracy":{:.6g},"lr":{:.9g},"samples_per_s":{:.6g},"elapsed_s":{:.6g},)"
-               R"("syncs":{},"cross_group_bytes":{:.0f},"gain":{:.6g},"consensus":{},"staleness":{},"sync_wait_s":{:.6g}}})",
+               R"("syncs":{},"cross_group_bytes":{:.0f},"gain":{:.6g},"consensus":{},"staleness":{},"sync_wait_s":{:.6g},)"
+               R"("contributors":{}}})",
                step, epoch, loss, accuracy, lr, rate, elapsed, sync.syncs, sync.bytes, sync.gain,
-               consensus.empty() ? std::string("null") : consensus, sync.staleness, sync.wait_seconds)
+               consensus.empty() ? std::string("null") : consensus, sync.staleness, sync.wait_seconds,
+               sync.contributors)
         << '\n';
-    csv << fmt::format("train,{},{},{:.9g},{:.6g},{:.9g},{:.6g},{:.6g},{},{:.0f},{:.6g},{},{},{:.6g}\n", step, epoch, loss,
-                       accuracy, lr, rate, elapsed, sync.syncs, sync.bytes, sync.gain, consensus, sync.staleness,
-                       sync.wait_seconds);
+    csv << fmt::format("train,{},{},{:.9g},{:.6g},{:.9g},{:.6g},{:.6g},{},{:.0f},{:.6g},{},{},{:.6g},{}\n", step, epoch,
+                       loss, accuracy, lr, rate, elapsed, sync.syncs, sync.bytes, sync.gain, consensus, sync.staleness,
+                       sync.wait_seconds, sync.contributors);
   }
   void summary(const TrainSummary& s, int ranks, std::int64_t global_batch) {
     std::ofstream out(dir + "/summary.json");
@@ -116,11 +118,11 @@ struct Trainer::Metrics {
                R"({{"ranks":{},"steps":{},"global_batch":{},"seconds":{:.6g},"samples_per_s":{:.6g},"step_s":{:.6g},)"
                R"("comm_wait_s":{:.6g},"comm_share":{:.6g},"final_loss":{:.9g},"val_loss":{},"val_accuracy":{},)"
                R"("syncs":{},"cross_group_bytes":{:.0f},"gain":{:.6g},"consensus":{},"staleness_bound":{},)"
-               R"("sync_wait_s":{:.6g}}})",
+               R"("sync_wait_s":{:.6g},"sync_wait_s_per_group":[{:.6g}]}})",
                ranks, s.steps, global_batch, s.seconds, s.samples_per_second, s.seconds / steps,
                s.comm_wait_seconds / steps, s.seconds > 0 ? s.comm_wait_seconds / s.seconds : 0.0, s.final_loss,
                opt(s.val_loss), opt(s.val_accuracy), s.sync.syncs, s.sync.bytes, s.sync.gain, opt(s.sync.consensus),
-               s.sync.bound, s.sync.wait_seconds)
+               s.sync.bound, s.sync.wait_seconds, fmt::join(s.group_wait_seconds, ","))
         << '\n';
   }
   void eval_row(std::int64_t step, std::int64_t epoch, double loss, std::optional<double> accuracy, double elapsed) {
@@ -471,6 +473,13 @@ TrainSummary Trainer::run() {
   // The slowest rank's communication wait is what the step pays for.
   summary.comm_wait_seconds = executor_.world().allreduce_value(summary.comm_wait_seconds, ReduceOp::Max);
   summary.sync = sync_->stats();
+  const auto waits = executor_.world().allgather_value(summary.sync.wait_seconds);
+  summary.group_wait_seconds.assign(static_cast<std::size_t>(sync_->groups()), 0.0);
+  for (std::size_t r = 0; r < waits.size(); ++r) {
+    const int g = replica_place(static_cast<int>(r), static_cast<int>(waits.size()), sync_->groups()).group;
+    auto& wait = summary.group_wait_seconds[static_cast<std::size_t>(g)];
+    wait = std::max(wait, waits[r]);
+  }
   if (metrics_) metrics_->summary(summary, executor_.world().size(), options_.global_batch);
   return summary;
 }

@@ -2,7 +2,8 @@
 // states: local_sgd with period 1 equals bsp, diloco with outer SGD at lr 1 equals local_sgd,
 // averaging happens exactly on schedule, easgd conserves the sum of the groups and the center,
 // gossip keeps the mean and its consensus distance falls geometrically, AdaScale's gain is the
-// paper's estimate and lies in [1, S]. At 1-4 ranks (one group at 1 rank: nothing crosses groups).
+// paper's estimate and lies in [1, S], ssp and eager sum every gradient exactly once within their
+// bound. At 1-4 ranks (one group at 1 rank: nothing crosses groups).
 #include <numeric>
 
 #include "invariant_harness.hpp"
@@ -380,6 +381,103 @@ TEST(SyncModes, SspAppliesEveryGradientOnceWithinTheBound) {
     }
     for (std::int64_t k = 0; k < 5; ++k)
       EXPECT_NEAR(applied[static_cast<std::size_t>(k)], produced[static_cast<std::size_t>(k)], 1e-5) << "element " << k;
+  }
+}
+
+TEST(SyncModes, EagerWithStalenessZeroOrTwoGroupsOfMajorityEqualsBsp) {
+  // Staleness 0 makes every round wait for every group; so does a majority of two groups.
+  std::vector<SyncOptions> modes;
+  for (const char* quorum : {"solo", "majority"}) {
+    SyncOptions eager = mode("eager");
+    eager.quorum = quorum;
+    eager.staleness = 0;
+    modes.push_back(eager);
+  }
+  for (const auto& plan : plans()) {
+    SCOPED_TRACE(plan);
+    const int groups = ranks() / Plan::parse(plan, "p.yaml").ranks();
+    const auto bsp = train_synced(plan, mode("bsp"), 4);
+    auto all = modes;
+    if (groups == 2) all.push_back(mode("eager"));  // majority, staleness 4
+    for (const auto& sync : all) {
+      SCOPED_TRACE(sync.to_yaml());
+      const auto eager = train_synced(plan, sync, 4);
+      const bool exact = ranks() <= 2 && Plan::parse(plan, "p.yaml").ranks() == 1;
+      expect_close(eager, bsp, 1e-5);
+      for (std::size_t i = 0; exact && i < bsp.size(); ++i) EXPECT_EQ(relative_error(eager[i], bsp[i]), 0.0) << i;
+    }
+  }
+}
+
+TEST(SyncModes, EagerSumsEveryGradientOnceWithinTheBoundAndGroupsStayEqual) {
+  auto world = MpiCommunicator::world();
+  const int g = world->rank(), groups = world->size();
+  for (const char* quorum : {"solo", "majority"}) {
+    for (const int bound : {1, 3}) {
+      SCOPED_TRACE(fmt::format("{} staleness {}", quorum, bound));
+      SyncOptions sync = mode("eager");
+      sync.quorum = quorum;
+      sync.staleness = bound;
+      constexpr int kSteps = 12;
+      std::vector<double> applied(5, 0.0), produced(5, 0.0);
+      int partial_rounds = 0;
+      const auto own = [&](int group, int step, std::int64_t k) {
+        return static_cast<double>(std::cos(0.7 * group + 0.3 * step + 0.11 * static_cast<double>(k)));
+      };
+      OneTensor t;
+      const auto run = [&](Synchronizer& synchronizer, int first, int last) {
+        for (int step = first; step < last; ++step) {
+          for (std::int64_t k = 0; k < 5; ++k) t.grad.data()[k] = static_cast<float>(own(g, step, k) / groups);
+          // Group 1 straggles: the rounds go on without it, within the bound.
+          if (g == 1) std::this_thread::sleep_for(std::chrono::milliseconds(4 * (step % 3)));
+          synchronizer.before_update(step, [](std::int64_t) { return 0.1; });
+          const SyncStats& stats = synchronizer.stats();
+          EXPECT_LE(stats.staleness, bound) << "step " << step;
+          EXPECT_GE(stats.contributors, groups > 1 ? (std::string(quorum) == "solo" ? 1 : groups / 2 + 1) : 1);
+          EXPECT_LE(stats.contributors, groups);
+          partial_rounds += stats.contributors < groups;
+          // Every group applies the same sum in every round.
+          double mine = 0;
+          for (std::int64_t k = 0; k < 5; ++k) mine = mine * 1.5 + t.grad.data()[k];
+          for (double other : world->allgather_value(mine)) EXPECT_EQ(other, mine) << "step " << step;
+          for (std::int64_t k = 0; k < 5; ++k) {
+            applied[static_cast<std::size_t>(k)] += t.grad.data()[k];
+            for (int q = 0; q < groups; ++q) produced[static_cast<std::size_t>(k)] += own(q, step, k) / groups;
+          }
+        }
+      };
+      // A run of kSteps, then one that resumes from its state (what a checkpoint holds) for 6 more.
+      std::vector<Tensor> saved;
+      {
+        Synchronizer synchronizer(sync, groups, *world);
+        synchronizer.attach(t.tensors());
+        run(synchronizer, 0, kSteps);
+        for (const auto& state : synchronizer.state()) {
+          EXPECT_TRUE(state.per_group);
+          saved.push_back(state.tensor->clone());
+        }
+      }
+      Synchronizer resumed(sync, groups, *world);
+      resumed.attach(t.tensors());
+      const auto states = resumed.state();
+      ASSERT_EQ(states.size(), saved.size());
+      for (std::size_t i = 0; i < saved.size(); ++i) states[i].tensor->copy_from(saved[i]);
+      resumed.restored(kSteps);
+      run(resumed, kSteps, kSteps + 6);
+      // Whatever no round summed yet is held by its group for the next (and for checkpoints).
+      Tensor held(Shape({5}));
+      held.zero();
+      for (const auto& state : resumed.state())
+        for (std::int64_t k = 0; k < 5; ++k) held.data()[k] += state.tensor->data()[k];
+      const auto held_by_all = sum_over_groups(held);
+      for (std::int64_t k = 0; k < 5; ++k) applied[static_cast<std::size_t>(k)] += held_by_all[static_cast<std::size_t>(k)];
+      for (std::int64_t k = 0; k < 5; ++k)
+        EXPECT_NEAR(applied[static_cast<std::size_t>(k)], produced[static_cast<std::size_t>(k)], 1e-5) << "element " << k;
+      // Solo never waits for the sleeping group: some rounds went on without it.
+      if (groups > 1 && std::string(quorum) == "solo") {
+        EXPECT_GT(partial_rounds, 0);
+      }
+    }
   }
 }
 

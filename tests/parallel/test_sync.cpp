@@ -106,7 +106,22 @@ TEST(Stragglers, SpecsAndTheirRefusals) {
   EXPECT_EQ(Plan::parse("ranks: 1\n" + s.to_yaml(), "p.yaml").sync(), s);
   s = mode("bsp");
   s.staleness = 2;
-  expect_input_error([&] { check_sync(s, 2); }, {"'staleness' (--staleness) is for --sync ssp, not bsp"});
+  expect_input_error([&] { check_sync(s, 2); }, {"'staleness' (--staleness) is for --sync ssp or eager, not bsp"});
+  s = mode("eager");
+  s.quorum = "most";
+  expect_input_error([&] { check_sync(s, 4); }, {"quorum (--quorum) 'most': choose solo or majority"});
+  s.quorum = "solo";
+  s.staleness = 3;
+  EXPECT_NO_THROW(check_sync(s, 4));
+  EXPECT_EQ(Plan::parse("ranks: 1\n" + s.to_yaml(), "p.yaml").sync(), s);
+  EXPECT_EQ(eager_quorum(s, 4), 1);
+  s.quorum = "majority";
+  EXPECT_EQ(eager_quorum(s, 4), 3);
+  EXPECT_EQ(eager_quorum(s, 5), 3);
+  EXPECT_EQ(eager_quorum(mode("eager"), 2), 2);  // majority by default
+  s = mode("ssp");
+  s.quorum = "solo";
+  expect_input_error([&] { check_sync(s, 2); }, {"'quorum' (--quorum) is for --sync eager, not ssp"});
 }
 
 TEST(CommDelay, ParsesLatencyAndBandwidth) {

@@ -16,9 +16,10 @@ struct SyncOptions {
   std::optional<double> outer_lr, outer_momentum;  ///< (diloco)
   std::optional<double> easgd_alpha;          ///< the elastic pull, in [0, 1] (easgd)
   std::optional<std::string> topology;        ///< ring or exponential (gossip)
-  std::optional<int> staleness;               ///< steps a group may run ahead of the slowest (ssp)
+  std::optional<int> staleness;               ///< steps a group may run ahead of the slowest (ssp, eager)
   /// The range [low, high] dssp chooses its staleness bound in.
   std::optional<int> staleness_low, staleness_high;
+  std::optional<std::string> quorum;          ///< solo or majority: groups a round waits for (eager)
   /// These options with every key this one leaves unset taken from `base`.
   SyncOptions over(const SyncOptions& base) const;
   /// The plan file's form (`{mode: ..., period: ...}`), empty for bsp without options.
@@ -39,5 +40,8 @@ void parse_staleness_range(const std::string& text, SyncOptions& sync);
 /// Checks `sync` for a job of `groups` replica groups: a known mode, options that this mode takes,
 /// in range; an InputError naming the option (its command-line and plan-file names) otherwise.
 void check_sync(const SyncOptions& sync, int groups);
+
+/// How many groups an eager round waits for, of `groups`: solo 1, majority more than half.
+int eager_quorum(const SyncOptions& sync, int groups);
 
 }  // namespace tessera

@@ -17,6 +17,7 @@
 
 #include "tessera/core/communicator.hpp"
 #include "tessera/parallel/delayed_communicator.hpp"
+#include "tessera/parallel/partial_allreduce.hpp"
 #include "tessera/parallel/sync.hpp"
 #include "tessera/tensor/tensor.hpp"
 
@@ -45,12 +46,15 @@ struct SyncStats {
   std::optional<double> consensus;   ///< ‖x_g − mean‖ / ‖mean‖ over groups at the last measure
   double gain_variance = 0, gain_square = 0;  ///< AdaScale's moving averages (not debiased)
   std::int64_t gain_updates = 0;     ///< how many steps fed them
-  /// ssp: how old (in steps) the other groups' gradients folded into the last update were (0: none
-  /// folded yet), and the seconds spent waiting for them.
+  /// ssp, eager: how old (in steps) the oldest gradient in the last update was (ssp: the other
+  /// groups' folded in; 0: none yet), and the seconds spent waiting for the other groups.
   std::int64_t staleness = 0;
   double wait_seconds = 0;
   /// ssp, dssp: the staleness bound of the last step (dssp chooses it in its range).
   int bound = 0;
+  /// eager: the groups whose gradients are in the last update (every mode that sums over all
+  /// groups: all of them).
+  int contributors = 0;
 };
 
 /// One tensor of the mode's state for checkpoints: shaped as its parameter's block, equal in
@@ -99,7 +103,7 @@ class Synchronizer {
   void after_update(std::int64_t step);
   /// Whether after_update(step) exchanges parameters across groups.
   bool syncs_after(std::int64_t step) const;
-  /// How many steps a group may run ahead of the slowest (ssp's staleness, dssp's highest bound; 0 otherwise).
+  /// How many steps a group may run ahead of the slowest (ssp's and eager's staleness, dssp's highest bound; 0 otherwise).
   int lag() const;
   /// Agrees on a flag (a stop request) across every rank after step `step` (collective): whether
   /// any rank raised it. With lag() 0 at once; else each rank posts its flag now and reads the
@@ -112,7 +116,7 @@ class Synchronizer {
   /// leave it alone, so that a resumed run reports what the uninterrupted one does).
   std::vector<Tensor> consensus(bool record);
   /// The mode's state tensors, named "<kind>/<parameter>" (kind: center, anchor, outer_momentum;
-  /// ssp: pending/<slot>, each group's own). Waits for every exchange in flight first, so that the
+  /// ssp, eager: pending/<slot>, each group's own). Waits for every exchange in flight first, so that the
   /// tensors hold everything a resumed run needs.
   std::vector<SyncState> state();
   /// After restoring state() from a checkpoint written before step `next`: the pending slots hold
@@ -146,6 +150,8 @@ class Synchronizer {
   /// A pending slot: the packed gradients and, after them, one step interval per group.
   std::int64_t slot_size() const { return offsets_.back() + groups_; }
   void easgd_step();
+  /// eager's gradient at `step`: the sum of the round the quorum fired for it.
+  void eager_step(std::int64_t step);
   /// Sums the gradients across groups and returns AdaScale's gain from the groups' gradients.
   double adascale_step();
   /// Σ over groups of ‖values‖² (or of the gradients), each block counted once per group.
@@ -201,6 +207,12 @@ class Synchronizer {
     bool folded = false;  ///< its correction is in an update already
   };
   std::vector<Pending> pending_;
+  /// eager: this group's ranks, the rounds (from the first step on), and for checkpoints the
+  /// gradients handed and not summed yet, packed per slot (step mod staleness).
+  std::unique_ptr<Communicator> within_;
+  std::unique_ptr<PartialAllreduce> partial_;
+  Tensor held_;
+  std::vector<PartialItem> restored_items_;
   std::int64_t newest_folded_ = -1;
   /// This group's step interval without its waits for the others (a moving average) and every
   /// group's, as the newest settled sum carried them (dssp's controller).

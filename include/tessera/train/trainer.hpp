@@ -90,6 +90,8 @@ struct TrainSummary {
   double comm_wait_seconds = 0;
   /// What crossed replica groups (Synchronizer::stats): syncs, bytes, the last gain and consensus.
   SyncStats sync;
+  /// Per replica group: the seconds it waited for the others (its slowest rank's sync wait).
+  std::vector<double> group_wait_seconds;
 };
 
 /// Every parameter block of the model with its gradient, its optimizer state (prepared here) and
