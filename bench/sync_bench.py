@@ -21,8 +21,10 @@ groups of one rank, each mode as `--sync MODE ...` (README: Synchronization; doc
     adascale       adascale (gradients over all groups, learning rate times the gain)
     ssp2           ssp, staleness 2 (--staleness)             ssp4          the same, staleness 4
     dssp1_8        dssp, its bound chosen in [1, 8] (--staleness-range)
+    eager_solo     eager, a round fires with the first group (--quorum solo), staleness 4
+    eager_majority eager, a round fires with more than half the groups (--quorum majority), staleness 4
 
---modes defaults to every mode but ssp2, ssp4 and dssp1_8.
+--modes defaults to every mode but ssp2, ssp4, dssp1_8, eager_solo and eager_majority.
 
 Runs are keyed by (mode, delay, straggler): every --delays value (--inject-comm-delay) with every
 --stragglers value (--inject-straggler, docs/sync.md: Stragglers), e.g. slow:1:2x (group 1's steps
@@ -34,8 +36,8 @@ to bsp are within the same (delay, straggler). With a straggler, bsp's mean step
 what waiting for the slowest group every step predicts from bsp's step without one, c: random:1:2x
 (one group sleeps twice its compute each step) gives c + 2c = 3c; slow:1:2x gives 2c.
 
---preset stragglers: modes bsp,ssp2,ssp4,dssp1_8,local_sgd4, stragglers none,slow:1:2x,random:1:2x,
-delays 0, 1500 steps and --work-dir runs/sync_bench_stragglers (folder names do not hold the
+--preset stragglers: modes bsp,ssp2,ssp4,dssp1_8,eager_solo,eager_majority,local_sgd4, stragglers
+none,slow:1:2x,random:1:2x, delays 0, 2800 steps and --work-dir runs/sync_bench_stragglers (folder names do not hold the
 steps, so runs of other lengths in runs/sync_bench stay); those options given as well win:
 
     python3 bench/sync_bench.py --preset stragglers --resume --output runs/sync_bench_stragglers/table.md
@@ -51,7 +53,8 @@ Times to target count training only: every validation's own time is taken out of
 included. "updates/s" is the steps over those training seconds. Bytes across groups are rank 0's
 (every rank of a 1-rank-group job sends alike); so are ssp's staleness (the mean over the steps of
 `staleness` in metrics.jsonl) and its seconds waited for the others (`sync_wait_s` of the last
-training row); binaries older than ssp write neither, shown as "-".
+training row), likewise for dssp and eager, with eager's groups per round (`contributors`, mean);
+binaries older than ssp write neither, shown as "-".
 
 --dataset fashion (the default): models/fashion_cnn.yaml on Fashion-MNIST (--data-dir with
 train.h5 and test.h5; made with `tessera convert fashion-mnist` when missing), target a test
@@ -89,13 +92,17 @@ MODES = {
     "ssp2": (["--sync", "ssp", "--staleness", "2"], "ssp s=2"),
     "ssp4": (["--sync", "ssp", "--staleness", "4"], "ssp s=4"),
     "dssp1_8": (["--sync", "dssp", "--staleness-range", "1:8"], "dssp [1, 8]"),
+    "eager_solo": (["--sync", "eager", "--quorum", "solo"], "eager solo, s=4"),
+    "eager_majority": (["--sync", "eager", "--quorum", "majority"], "eager majority, s=4"),
 }
-DEFAULT_MODES = [m for m in MODES if not m.startswith(("ssp", "dssp"))]
+STRAGGLER_MODES = ("ssp", "dssp", "eager")
+DEFAULT_MODES = [m for m in MODES if not m.startswith(STRAGGLER_MODES)]
 
 # --preset NAME -> what it sets (options given on the command line win).
 PRESETS = {
-    "stragglers": dict(modes="bsp,ssp2,ssp4,dssp1_8,local_sgd4", stragglers="none,slow:1:2x,random:1:2x", delays="0",
-                       steps=1500, work_dir=os.path.join(ROOT, "runs", "sync_bench_stragglers")),
+    "stragglers": dict(modes="bsp,ssp2,ssp4,dssp1_8,eager_solo,eager_majority,local_sgd4",
+                       stragglers="none,slow:1:2x,random:1:2x", delays="0",
+                       steps=2800, work_dir=os.path.join(ROOT, "runs", "sync_bench_stragglers")),
 }
 STRAGGLER_KINDS = ("slow", "random", "tail")
 
@@ -122,9 +129,10 @@ def parse_args():
     p.add_argument("--delays", help="comma-separated --inject-comm-delay values; 0: none (0,20ms)")
     p.add_argument("--stragglers", help="comma-separated --inject-straggler specs, e.g. slow:1:2x, random:1:2x, "
                    "tail:10ms; none: no straggler (none)")
-    p.add_argument("--modes", help="comma-separated subset of: " + ", ".join(MODES) + " (all but ssp2, ssp4, dssp1_8)")
-    p.add_argument("--preset", choices=sorted(PRESETS), help="stragglers: modes bsp,ssp2,ssp4,dssp1_8,local_sgd4, stragglers "
-                   "none,slow:1:2x,random:1:2x, delays 0, 1500 steps, work dir runs/sync_bench_stragglers (options "
+    p.add_argument("--modes", help="comma-separated subset of: " + ", ".join(MODES) + " (all but ssp2, ssp4, dssp1_8, eager_solo, "
+                   "eager_majority)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="stragglers: modes bsp,ssp2,ssp4,dssp1_8,eager_solo,eager_majority,"
+                   "local_sgd4, stragglers none,slow:1:2x,random:1:2x, delays 0, 2800 steps, work dir runs/sync_bench_stragglers (options "
                    "given as well win)")
     p.add_argument("--no-reference", action="store_true", help="leave out adascale's 1-group reference run")
     p.add_argument("--ref-steps", type=int, help="steps of the 1-group reference (default: 2 x --steps)")
@@ -292,6 +300,7 @@ class Run:
         self.validating = 0.0
         self.staleness = []    # ssp: per training row of metrics.jsonl (absent from older binaries)
         self.sync_wait = None  # ssp: sync_wait_s of the last training row (seconds waited so far)
+        self.contributors = []  # eager: groups whose gradients are in each update
 
     def folder(self, args):
         name = self.key if self.delay is None else f"{self.key}_{'nodelay' if no_delay(self.delay) else self.delay}"
@@ -382,6 +391,8 @@ class Run:
                     last = row
                     if row.get("staleness") is not None:
                         self.staleness.append(float(row["staleness"]))
+                    if row.get("contributors") is not None:
+                        self.contributors.append(float(row["contributors"]))
         except OSError:
             pass
         if last.get("sync_wait_s") is not None:
@@ -452,8 +463,9 @@ def table(args, runs, reference):
     quality = "final test acc." if args.dataset == "fashion" else "final val. MSE"
     lines.append(f"| delay | straggler | mode | wall s | train s | updates/s | updates/s vs bsp | steps to target | "
                  f"train s to target | speed-up vs bsp | steps vs bsp | {quality} | MB across groups, rank 0 | "
-                 f"bytes vs bsp | consensus end | consensus max | gain end (mean) | staleness (mean) | sync wait s |")
-    lines.append("|" + "---|" * 19)
+                 f"bytes vs bsp | consensus end | consensus max | gain end (mean) | staleness (mean) | sync wait s | "
+                 f"groups per update (mean) |")
+    lines.append("|" + "---|" * 20)
     for setting, group in runs:
         base = next((r for r in group if r.key == "bsp" and not r.error), None)
         base_hit = base.reached(args) if base else None
@@ -465,7 +477,7 @@ def table(args, runs, reference):
         for r in rows:
             if r.error:
                 lines.append(f"| {r.delay_text()} | {r.straggler_text()} | {r.label} | {fmt(r.wall, '.0f')} | "
-                             f"{r.error} |" + " |" * 14)
+                             f"{r.error} |" + " |" * 15)
                 continue
             s = r.summary
             hit = r.reached(args)
@@ -486,24 +498,27 @@ def table(args, runs, reference):
             rate_ratio = "-"
             if r is not reference and rate and base_rate:
                 rate_ratio = f"{rate / base_rate:.2f}"
-            ssp = r.key.startswith("ssp")
-            staleness = fmt(statistics.mean(r.staleness) if ssp and r.staleness else None, ".2f")
-            wait = fmt(r.sync_wait if ssp else None, ".3g")
+            stale = r.key.startswith(STRAGGLER_MODES)
+            staleness = fmt(statistics.mean(r.staleness) if stale and r.staleness else None, ".2f")
+            wait = fmt(r.sync_wait if stale else None, ".3g")
+            eager = r.key.startswith("eager")
+            groups = fmt(statistics.mean(r.contributors) if eager and r.contributors else None, ".2f")
             lines.append(f"| {r.delay_text()} | {r.straggler_text()} | {r.label} | {fmt(r.wall, '.0f')} | "
                          f"{fmt(r.train_seconds(), '.1f')} | {fmt(rate, '.1f')} | {rate_ratio} | {steps_to} | "
                          f"{secs_to} | {speedup} | {steps_ratio} | {r.final_quality(args)} | "
                          f"{fmt(nbytes / 1e6 if nbytes is not None else None, '.1f')} | {bytes_ratio} | "
                          f"{fmt(s.get('consensus'), '.3g')} | {fmt(r.most_consensus(), '.3g')} | {gain} | "
-                         f"{staleness} | {wait} |")
+                         f"{staleness} | {wait} | {groups} |")
     lines.append("")
     lines.append("train s: the run's own clock less its validations; updates/s: steps over train s; ratios to bsp "
                  "(updates/s, speed-up, steps, bytes) are within the same delay and straggler; speed-up: bsp's "
                  "training seconds to the target over the mode's; steps vs bsp: the mode's steps to target over "
                  "bsp's; consensus: ||x_g - mean|| / ||mean|| over groups, at the end (the last validation) and the "
                  "largest measured (before every sync and at validations; gossip: at validations only); gain: "
-                 "AdaScale's at the last step (mean over the steps); staleness (ssp): how many steps late the other "
-                 "groups' gradients in an update were, mean over the steps; sync wait s (ssp): rank 0's seconds "
-                 "waiting for them, in all.")
+                 "AdaScale's at the last step (mean over the steps); staleness (ssp, dssp, eager): how many steps "
+                 "late the oldest gradient in an update was, mean over the steps; sync wait s: rank 0's seconds "
+                 "waiting for the other groups, in all; groups per update (eager): how many groups' gradients a "
+                 "round summed, mean over the steps.")
     expectations = []
     for (delay, straggler), group in runs:
         bsp = next((r for r in group if r.key == "bsp" and not r.error), None)
