@@ -53,7 +53,10 @@ Synchronizer::Synchronizer(const SyncOptions& sync, int groups, Communicator& wo
   across_ = delayed(world.split(place.rank, group_), delay);
   all_ = delayed(world.duplicate(), delay);
   control_ = world.duplicate();
-  if (sync_.mode == "eager") within_ = world.split(group_, place.rank);
+  if (sync_.mode == "eager") {  // the rounds' agent thread has communicators of its own
+    rounds_ = across_->duplicate();
+    within_ = world.split(group_, place.rank);
+  }
 }
 
 Synchronizer::~Synchronizer() {
@@ -327,7 +330,7 @@ void Synchronizer::ssp_step(std::int64_t step) {
 void Synchronizer::eager_step(std::int64_t step) {
   const auto n = static_cast<std::size_t>(offsets_.back());
   if (!partial_)
-    partial_ = std::make_unique<PartialAllreduce>(*across_, *within_, eager_quorum(sync_, groups_), lag(), n, step,
+    partial_ = std::make_unique<PartialAllreduce>(*rounds_, *within_, eager_quorum(sync_, groups_), lag(), n, step,
                                                   std::move(restored_items_));
   const Tensor summand = pack(gradients());  // 1/G of this group's own mean gradient
   partial_->contribute(step, summand.data());

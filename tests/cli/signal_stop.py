@@ -12,8 +12,11 @@ It must exit 75 (EX_TEMPFAIL) within the time limit, rank 0 must print "stopped 
 signal ...; checkpoint written to ...; resume with --resume auto" once, D must hold the checkpoint
 of step K < S, and the same command with `--resume auto` must exit 0 with every training step's
 loss (metrics.jsonl, each step once) and the final loss (summary.json) equal to the reference
-within 1e-6 relative (bit-identical is expected, and reported).
+within 1e-6 relative (bit-identical is expected, and reported). With --timing-dependent (modes
+whose updates follow measured times: dssp, eager with late groups) the resumed run must still
+have every step once and finite losses, but its losses are not compared.
 """
+import math
 import argparse
 import json
 import os
@@ -35,6 +38,8 @@ parser.add_argument("--ranks", type=int, default=2)
 parser.add_argument("--steps", type=int, default=120)
 parser.add_argument("--signal-after", type=int, default=10, help="signal once this step's progress line is out")
 parser.add_argument("--case", action="append", choices=["usr1-mpirun", "term-one-rank"])
+parser.add_argument("--timing-dependent", action="store_true",
+                    help="the mode's updates follow measured times: do not compare the losses with the reference")
 parser.add_argument("--train-arg", action="append", default=[],
                     help="one more argument for every tessera train run (repeatable), e.g. --sync")
 args = parser.parse_args()
@@ -174,6 +179,11 @@ for case in cases:
     steps, case_losses = losses(case)
     check(steps == ref_steps, f"{case}: the metrics have train rows for steps {steps}, expected each step once")
     final = final_loss(case)
+    if args.timing_dependent:
+        check(all(math.isfinite(x) for x in case_losses + [final]), f"{case}: a loss is not finite")
+        print(f"{case}: stopped at step {stopped_at} with exit {EXIT_STOPPED}, resumed, final loss {final!r} "
+              f"(not compared: the mode follows measured times)", flush=True)
+        continue
     check(close(final, ref_final), f"{case}: final loss {final!r} differs from the uninterrupted {ref_final!r}")
     differ = [(s, a, b) for s, a, b in zip(steps, case_losses, ref_losses) if not close(a, b)]
     check(not differ, f"{case}: losses differ from the uninterrupted run at steps {differ[:5]}")

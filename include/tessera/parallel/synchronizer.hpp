@@ -207,9 +207,10 @@ class Synchronizer {
     bool folded = false;  ///< its correction is in an update already
   };
   std::vector<Pending> pending_;
-  /// eager: this group's ranks, the rounds (from the first step on), and for checkpoints the
-  /// gradients handed and not summed yet, packed per slot (step mod staleness).
-  std::unique_ptr<Communicator> within_;
+  /// eager: rank q of every group and this group's ranks (for the rounds' agent thread alone), the
+  /// rounds (from the first step on), and for checkpoints the gradients handed and not summed yet,
+  /// packed per slot (step mod staleness).
+  std::unique_ptr<Communicator> rounds_, within_;
   std::unique_ptr<PartialAllreduce> partial_;
   Tensor held_;
   std::vector<PartialItem> restored_items_;
