@@ -133,11 +133,14 @@ int main(int argc, char** argv) {
       double step_ms, exchange_mib, grad_mib, analytic_mib, state_mib;
     };
     std::vector<Row> rows;
-    const tessera::Model probe = tessera::Model::load(model_file);
+    // Shapes only: each rank allocates and initialises its blocks after the split, as tessera train does.
+    tessera::ModelOptions deferred;
+    deferred.allocate_parameters = false;
+    const tessera::Model probe = tessera::Model::load(model_file, deferred);
     for (const PlanCase& c : plans_for(probe, p, wanted)) {
-      tessera::Model model = tessera::Model::load(model_file);
-      model.init_parameters(1);
+      tessera::Model model = tessera::Model::load(model_file, deferred);
       tessera::ExecutorOptions options;
+      options.init_seed = 1;
       options.global_batch = batch;
       const tessera::Plan plan = tessera::Plan::parse(c.yaml, c.name);
       tessera::Executor executor(model, plan, world, options);

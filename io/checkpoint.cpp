@@ -434,12 +434,16 @@ void CheckpointReader::verify() {
     const auto dims = hdf5::extents(space.get());
     const std::vector<std::int64_t> shape(dims.begin(), dims.end());
     if (shape.empty()) fail_input("{}: tensor '{}' is not an array", r.path, name);
-    // This rank's block of rows.
+    // This rank's block along the first dimension that every rank gets a part of (else the
+    // largest), so that no rank reads a whole tensor that a split holds in blocks.
+    std::size_t d = 0;
+    while (d < shape.size() && shape[d] < size) ++d;
+    if (d == shape.size()) d = static_cast<std::size_t>(std::max_element(shape.begin(), shape.end()) - shape.begin());
     Box box;
     box.begin.assign(shape.size(), 0);
     box.extent = shape;
-    box.begin[0] = block_begin(shape[0], size, rank);
-    box.extent[0] = block_extent(shape[0], size, rank);
+    box.begin[d] = block_begin(shape[d], size, rank);
+    box.extent[d] = block_extent(shape[d], size, rank);
     buffer.resize(static_cast<std::size_t>(std::max<std::int64_t>(box.numel(), 1)));
     read_tensor(name, box, buffer.data());
     const std::uint64_t computed = allreduce_sum(dataset_checksum(shape, box, buffer.data()), r.comm.get());

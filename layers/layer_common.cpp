@@ -136,35 +136,51 @@ void he_uniform_init(Parameter& parameter, std::uint64_t seed, int layer_id, int
 
 Parameter whole_parameter(const Layer& layer, const std::string& what, const std::vector<std::int64_t>& dims,
                           bool decay) {
+  Parameter p{layer.name() + "." + what, Tensor(), Tensor(), decay};
+  if (layer.defers_parameters()) {
+    p.deferred_shape = dims;
+    return p;
+  }
   double wanted = 1;  // exact far beyond the limit, and no overflow
   for (auto d : dims) wanted *= static_cast<double>(d);
   if (wanted > static_cast<double>(kLargestLayerWeights))
-    fail_layer(layer, "its {} would have {:.4g} elements, more than the {} ({} MiB of fp32) a layer may have: every rank "
-               "builds a layer's whole weights and their gradient before a filter or channel split keeps its block, "
-               "so larger layers are not supported yet",
+    fail_layer(layer, "its {} would have {:.4g} elements, more than the {} ({} MiB of fp32) a layer built whole may "
+               "have (tessera train builds only each rank's block, and checks the plan against the rank's memory)",
                what, wanted, kLargestLayerWeights, (kLargestLayerWeights * 4) >> 20);
-  return {layer.name() + "." + what, Tensor(Shape(dims)), Tensor(Shape(dims)), decay};
+  p.value = Tensor(Shape(dims));
+  p.grad = Tensor(Shape(dims));
+  return p;
+}
+
+void Parameter::allocate() {
+  if (allocated()) return;
+  value = Tensor(Shape(deferred_shape));
+  grad = Tensor(Shape(deferred_shape));
+  deferred_shape.clear();
 }
 
 void shard_parameter(Parameter& parameter, const Box& box) {
   TESSERA_CHECK(!parameter.sharded(), "parameter '{}' is sharded twice", parameter.name);
-  const std::vector<std::int64_t> global = parameter.value.shape().dims();
+  const std::vector<std::int64_t> global = parameter.whole_shape();
   TESSERA_CHECK(box.begin.size() == global.size() && box.extent.size() == global.size(),
                 "parameter '{}': block of rank {} for a tensor of rank {}", parameter.name, box.begin.size(),
                 global.size());
   Tensor block{Shape(box.extent)};
-  const Tensor whole = parameter.value.is_contiguous() ? parameter.value : parameter.value.clone();
-  for (std::int64_t i = 0; i < block.numel(); ++i) block.data()[i] = whole.data()[global_index(global, box, i)];
+  if (parameter.allocated()) {
+    const Tensor whole = parameter.value.is_contiguous() ? parameter.value : parameter.value.clone();
+    for (std::int64_t i = 0; i < block.numel(); ++i) block.data()[i] = whole.data()[global_index(global, box, i)];
+  }
   parameter.value = std::move(block);
   parameter.grad = Tensor(Shape(box.extent));
   parameter.global_shape = global;
   parameter.box = box;
+  parameter.deferred_shape.clear();
 }
 
 Box Parameter::whole_box() const {
   if (sharded()) return box;
   Box b;
-  b.extent = value.shape().dims();
+  b.extent = whole_shape();
   b.begin.assign(b.extent.size(), 0);
   return b;
 }

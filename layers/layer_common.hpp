@@ -56,18 +56,20 @@ void he_uniform_init(Tensor& tensor, std::uint64_t seed, int layer_id, int param
 /// index in the whole tensor.
 void he_uniform_init(Parameter& parameter, std::uint64_t seed, int layer_id, int parameter_index, std::int64_t fan_in);
 
-/// The most elements one layer's whole weight tensor may have: 2^27 (512 MiB of fp32). Every rank
-/// builds a layer's whole weights and their gradient before a filter or channel split keeps its
-/// block; larger layers need weights built block by block, which is not built yet.
+/// The most elements one layer's whole weight tensor may have where it is allocated whole at setup
+/// (a layer that does not defer its parameters): 2^27 (512 MiB of fp32). A deferred layer's limit
+/// is the rank's memory, checked against the plan's estimate (tessera train).
 inline constexpr std::int64_t kLargestLayerWeights = std::int64_t{1} << 27;
 
-/// A whole parameter "<layer>.<what>" of extents `dims` (value and gradient zero), refused with
-/// an InputError naming the layer, before anything is allocated, beyond kLargestLayerWeights.
+/// A whole parameter "<layer>.<what>" of extents `dims`: value and gradient zero, or, where the
+/// layer defers its parameters, not allocated yet (Parameter::deferred_shape). Allocated at once,
+/// refused beyond kLargestLayerWeights with an InputError naming the layer.
 Parameter whole_parameter(const Layer& layer, const std::string& what, const std::vector<std::int64_t>& dims,
                           bool decay);
 
-/// Shrinks `parameter` to the block `box` of its current (whole) value: the value keeps the
-/// block's elements, the gradient becomes a zero tensor of the block's shape.
+/// Shrinks `parameter` to the block `box` of the whole tensor: an allocated value keeps the block's
+/// elements, a deferred one allocates only the block (zero); the gradient becomes a zero tensor of
+/// the block's shape.
 void shard_parameter(Parameter& parameter, const Box& box);
 
 /// Global flat (row-major) index in a tensor of `global` extents of element `local` of `box`.

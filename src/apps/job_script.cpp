@@ -209,7 +209,9 @@ ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd) {
     fail_input("--workdir '{}' is not an existing folder (the job runs there and writes its output there)", s.workdir);
 
   s.model = absolute(s.model, cwd);
-  const Model model = Model::load(s.model);  // InputError naming the file when it does not parse
+  ModelOptions shapes_only;  // the planner reads shapes: nothing of the weights is allocated here
+  shapes_only.allocate_parameters = false;
+  const Model model = Model::load(s.model, shapes_only);  // InputError naming the file when it does not parse
   s.data = absolute(s.data, cwd);
   if (!s.val_data.empty()) s.val_data = absolute(s.val_data, cwd);
   for (const auto& [what, path] : {std::pair{"--data", s.data}, std::pair{"--val-data", s.val_data}}) {

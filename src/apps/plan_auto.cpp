@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "tessera/core/error.hpp"
 
 namespace tessera {
@@ -41,6 +43,25 @@ Plan auto_plan(const Model& model, const std::string& machine_file, const Planne
                                          100 * kDefaultPlanMargin, 1e3 * result.optimum_seconds)) +
            result.plan.to_yaml();
   return result.plan;
+}
+
+void check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOptions& options, std::int64_t batch,
+                       double limit, const std::string& limit_source) {
+  Machine machine;  // memory needs no rates, only room for the job's ranks
+  machine.nodes = 1;
+  machine.ranks_per_node = options.ranks;
+  machine.memory_per_rank = limit;
+  const PlanEstimate e = CostModel(model.planner_graph(batch), machine, options).estimate(job_plan);
+  if (e.fits) return;
+  const auto largest = std::max_element(e.layers.begin(), e.layers.end(),
+                                        [](const LayerEstimate& a, const LayerEstimate& b) { return a.memory < b.memory; });
+  constexpr double kMiB = 1 << 20;
+  fail_input("this plan needs about {:.1f} MiB per rank (weights, gradients, optimizer state and activations, as "
+             "the planner estimates them), more than the {:.1f} MiB a rank has ({}); its largest layer, '{}' ({}), "
+             "holds {:.1f} MiB of it on a rank: split it by filter or channel over more ranks, or let --plan auto "
+             "--machine FILE choose",
+             e.memory_bytes / kMiB, limit / kMiB, limit_source, largest->name, largest->split.to_string(),
+             largest->memory / kMiB);
 }
 
 }  // namespace tessera

@@ -25,5 +25,11 @@ PlannerOptions job_planner_options(int ranks, const std::function<std::optional<
 /// bad or no plan fits.
 Plan auto_plan(const Model& model, const std::string& machine_file, const PlannerOptions& options, std::int64_t batch,
                std::string& report);
+/// Refuses, with an InputError naming the plan's largest layer and the bytes, a job plan whose
+/// estimated peak per rank (weights, gradients, optimizer state, activations: CostModel) exceeds
+/// `limit` bytes; `limit_source` says where the limit comes from. Reads only shapes, so it runs
+/// before anything is allocated.
+void check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOptions& options, std::int64_t batch,
+                       double limit, const std::string& limit_source);
 
 }  // namespace tessera

@@ -33,7 +33,9 @@ struct PlanArgs {
 void run_plan(Communicator& world, const PlanArgs& args) {
   std::string text;
   collectively(world, [&] {
-    const Model model = Model::load(args.model);
+    ModelOptions shapes_only;  // the planner reads shapes: nothing of the weights is allocated here
+    shapes_only.allocate_parameters = false;
+    const Model model = Model::load(args.model, shapes_only);
     const Machine machine = Machine::load(args.machine);
     const PlannerGraph graph = model.planner_graph(args.batch);
     PlannerOptions options = planner_options(args.ranks, args.optimizer);

@@ -7,6 +7,9 @@
 #include <optional>
 #include <thread>
 
+#include <mpi.h>
+#include <unistd.h>
+
 #include "commands.hpp"
 #include "plan_auto.hpp"
 #include "signals.hpp"
@@ -14,6 +17,7 @@
 #include "tessera/core/log.hpp"
 #include "tessera/io/dataset.hpp"
 #include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/machine.hpp"
 #include "tessera/parallel/straggler.hpp"
 #include "tessera/parallel/sync.hpp"
 #include "tessera/parallel/watchdog.hpp"
@@ -33,6 +37,7 @@ struct TrainArgs {
   std::string comm_delay;  ///< --inject-comm-delay
   std::string straggler;   ///< --inject-straggler
   std::string staleness_range;  ///< --staleness-range
+  double memory_per_rank = 0;   ///< --memory-per-rank (0: the machine file's, else the node's share)
   SyncOptions sync;       ///< the --sync options given (over the plan file's sync: section)
   TrainerOptions trainer;
   ExecutorOptions executor;
@@ -57,6 +62,34 @@ void parse_rank_step(const std::string& text, const char* flag, int& rank, std::
   rank = parsed_rank;
   if (in_setup) *setup = true;
   else step = parsed_step;
+}
+
+/// Refuses a plan whose estimated peak per rank exceeds the rank's memory, before any weight is
+/// allocated: --memory-per-rank, else the --machine file's memory_per_rank, else (on the host) the
+/// node's physical memory over the job's ranks on the node.
+void check_memory(const TrainArgs& args, const Model& model, const Plan& plan, Communicator& world) {
+  double limit = args.memory_per_rank;
+  std::string source = "--memory-per-rank";
+  if (limit <= 0 && !args.machine.empty()) {
+    limit = Machine::load(args.machine).memory_per_rank;
+    source = fmt::format("memory_per_rank of {}", args.machine);
+  }
+  if (limit <= 0 && args.device != "cuda") {
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_Comm_f2c(world.mpi_handle()), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int local = 1;
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+    const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    limit = physical / local;
+    source = fmt::format("the node's {:.1f} GiB over its {} ranks of this job; --memory-per-rank sets it",
+                         physical / (1 << 30), local);
+  }
+  if (limit <= 0) return;  // a GPU's memory is known from a machine file or --memory-per-rank only
+  PlannerOptions options = planner_options(world.size(), args.trainer.optimizer.type);
+  options.exact_bf16_convolutions = args.bf16_convolutions == "exact";
+  options.halo_overlap = args.executor.halo_overlap;
+  check_plan_memory(model, plan.for_job(world.size()), options, args.trainer.global_batch, limit, source);
 }
 
 void run_train(Communicator& world_ref, const TrainArgs& args_in) {
@@ -99,6 +132,7 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
                  "always give fp32 results)", args.bf16_convolutions);
     args.executor.halo_overlap = parse_halo_overlap(args.halo_overlap);  // the planner prices it too
     ModelOptions model_options;
+    model_options.allocate_parameters = false;  // the executor allocates each rank's blocks
     if (!args.precision.empty()) model_options.precision = parse_precision(args.precision, "--precision");
     model = std::make_unique<Model>(Model::load(args.model, model_options));
     if (args.plan.empty()) plan = std::make_unique<Plan>(Plan::sample_parallel(world->size()));
@@ -124,6 +158,7 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     args.trainer.straggler = parse_straggler(args.straggler);
     check_straggler(args.trainer.straggler, world->size() % plan->ranks() == 0 ? world->size() / plan->ranks() : 1);
     args.trainer.plan_text = plan->to_yaml();
+    check_memory(args, *model, *plan, *world);
     Hdf5DatasetOptions data_options{args.inputs, args.targets};
     train = open_hdf5_dataset(args.data, *world, data_options);
     if (!args.val_data.empty()) validation = open_hdf5_dataset(args.val_data, *world, data_options);
@@ -136,7 +171,7 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
   args.executor.gpu_comm = parse_gpu_comm(args.gpu_comm);
   if (!args.bf16_convolutions.empty())
     args.executor.cuda.bf16_convolutions = parse_bf16_convolutions(args.bf16_convolutions);
-  model->init_parameters(args.trainer.seed);
+  args.executor.init_seed = args.trainer.seed;  // each rank draws its blocks after the split
   phase("setup: making the executor (its communicators: NCCL's setup waits for every rank)");
   Executor executor(*model, *plan, world, args.executor);
   while (hang_in_setup) std::this_thread::sleep_for(std::chrono::hours(1));  // --inject-hang RANK:setup
@@ -186,6 +221,10 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a model under a plan on HDF5 data (run under mpirun or srun)");
   cmd->add_option("--model", args->model, "Model file (YAML)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--plan", args->plan, "Plan file (YAML), or auto: the planner's plan for this job on --machine; default: every layer split by sample over all ranks");
+  cmd->add_option("--memory-per-rank", args->memory_per_rank,
+                  "Bytes a rank may use: a plan whose estimated peak per rank is larger is refused before anything "
+                  "is allocated (default: the --machine file's memory_per_rank, else the node's memory over its ranks)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--machine", args->machine,
                   "Machine file for --plan auto (written by 'tessera calibrate', or one of machines/)");
   cmd->add_option("--data", args->data, "Training data (HDF5)")->required();

@@ -164,10 +164,13 @@ Executor::Executor(Model& model, const Plan& given_plan, std::shared_ptr<Communi
     }
   }
 
-  // Model-parallel layers keep only their blocks of the weights (sliced from the whole, already
-  // initialised tensors; init_parameters draws a block's values by global index).
+  // Model-parallel layers keep only their blocks of the weights: sliced from whole tensors already
+  // initialised, or (deferred) allocated as blocks and initialised here, each block's values drawn
+  // by global index, so both ways hold the 1-rank weights.
   collectively(*world_, [&] {
     for (std::size_t i = 0; i < n; ++i) nodes[i].layer->set_model_split(placement_[i].model);
+    model.allocate_parameters();
+    if (options.init_seed) model.init_parameters(*options.init_seed);
   });
   // Parameters, their gradients and buffers live where the layers run (before the reducer takes
   // the gradients into its buckets there).

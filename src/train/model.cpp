@@ -108,7 +108,7 @@ Model Model::parse_unchecked(const std::string& yaml_text, const std::string& so
   }
   Model model;
   model.source_ = source;
-  std::int64_t weights = 0;  // whole parameter elements of the layers so far
+  double weights = 0;  // whole parameter elements of the layers so far
   // `precision` and `activations`: fp32 or bf16 (`context` names the key in parse_precision's error).
   const auto precision_key = [&](const char* key, const std::string& context) {
     if (!root[key].IsScalar())
@@ -176,13 +176,21 @@ Model Model::parse_unchecked(const std::string& yaml_text, const std::string& so
     std::vector<Shape> shapes;
     for (int in : node.inputs)
       shapes.push_back(in == kModelInput ? with_batch(model.sample_shape_, 1) : model.nodes_[static_cast<std::size_t>(in)].output);
+    node.layer->defer_parameters(!model_options.allocate_parameters);
     node.output = node.layer->setup(shapes);
-    for (const Parameter* p : node.layer->parameters()) weights += p->value.numel();
-    if (weights > model_options.largest_weights)
-      fail_input("model file '{}': its layers up to '{}' have {} weight elements, more than the {} ({} MiB of fp32) a "
-                 "model may have: every rank builds every layer's whole weights and their gradients before the plan's "
-                 "filter and channel splits keep blocks of them, so larger models are not supported yet",
+    for (const Parameter* p : node.layer->parameters()) {
+      double elements = 1;  // exact far beyond any limit, and no overflow
+      for (auto d : p->whole_shape()) elements *= static_cast<double>(d);
+      weights += elements;
+    }
+    if (model_options.allocate_parameters && weights > static_cast<double>(model_options.largest_weights))
+      fail_input("model file '{}': its layers up to '{}' have {:.0f} weight elements, more than the {} ({} MiB of fp32) "
+                 "a model built whole may have (tessera train builds only each rank's blocks, and checks the plan "
+                 "against the rank's memory)",
                  source, name, weights, model_options.largest_weights, (model_options.largest_weights * 4) >> 20);
+    if (weights > 0x1p62)
+      fail_input("model file '{}': its layers up to '{}' have {:.4g} weight elements, more than Tessera can count",
+                 source, name, weights);
     for (int in : node.inputs)
       if (in != kModelInput) model.nodes_[static_cast<std::size_t>(in)].consumers.push_back(static_cast<int>(i));
     index_of[name] = static_cast<int>(i);
@@ -222,7 +230,12 @@ Model Model::parse_unchecked(const std::string& yaml_text, const std::string& so
 }
 
 void Model::init_parameters(std::uint64_t seed) {
+  allocate_parameters();
   for (auto& n : nodes_) n.layer->init_parameters(seed);
+}
+
+void Model::allocate_parameters() {
+  for (auto* p : parameters()) p->allocate();
 }
 
 std::vector<Parameter*> Model::parameters() {

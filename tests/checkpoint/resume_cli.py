@@ -7,6 +7,11 @@
 --case sigkill: a 4-rank run checkpointing every 5 steps has one rank killed with SIGKILL after
                 its second checkpoint; mpirun must end non-zero within 30 s, and `--resume auto`
                 continues from the newest checkpoint.
+--case across-plans: the checkpoint of a 4-rank sample x spatial plan (--plans-dir
+                fashion_spatial_np4.yaml), resumed for 6 steps on 1 rank, on 2 ranks by sample only
+                and on 3 ranks with filter and channel splits (fashion_model_np3.yaml): every rank
+                reads its own blocks of the global tensors, and the losses after the resume equal
+                the 1-rank resume's within rounding (1e-4 relative: sums over other splits).
 """
 import argparse
 import json
@@ -19,7 +24,8 @@ import sys
 import time
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--case", choices=["resume", "sigkill"], required=True)
+parser.add_argument("--case", choices=["resume", "sigkill", "across-plans"], required=True)
+parser.add_argument("--plans-dir", help="across-plans: the folder of fashion_spatial_np4.yaml and fashion_model_np3.yaml")
 parser.add_argument("--tessera", required=True)
 parser.add_argument("--mpirun", required=True)
 parser.add_argument("--model", required=True)
@@ -84,6 +90,30 @@ if args.case == "resume":
         if sa >= 20 and (sa != sb or la != lb):
             problems.append(f"step {sa}: loss {lb} after resume, {la} uninterrupted")
     print(f"compared the losses of steps 20..29: {sum(1 for s, _ in a if s >= 20)} steps")
+elif args.case == "across-plans":
+    run(4, "--plan", os.path.join(args.plans_dir, "fashion_spatial_np4.yaml"), "--steps", 10, "--checkpoint-dir", ckpt,
+        "--checkpoint-every", 10, "--metrics-dir", os.path.join(args.work, "first"))
+    saved = os.path.join(ckpt, "ckpt-00000010.h5")
+    resumed = {}
+    for name, ranks, plan in (("1 rank", 1, None), ("2 ranks by sample", 2, None),
+                              ("3 ranks by filter and channel", 3, "fashion_model_np3.yaml")):
+        folder = os.path.join(args.work, name.replace(" ", "_"))
+        extra = ["--plan", os.path.join(args.plans_dir, plan)] if plan else []
+        out = run(ranks, *extra, "--steps", 16, "--resume", saved, "--checkpoint-dir", os.path.join(folder, "ckpt"),
+                  "--metrics-dir", folder)
+        if "at step 10" not in out:
+            problems.append(f"{name}: did not resume at step 10")
+        resumed[name] = train_rows(folder)
+    reference = resumed.pop("1 rank")
+    if [s for s, _ in reference] != list(range(10, 16)):
+        problems.append(f"1 rank: metrics hold steps {[s for s, _ in reference]}, expected 10..15")
+    for name, rows in resumed.items():
+        if [s for s, _ in rows] != [s for s, _ in reference]:
+            problems.append(f"{name}: metrics hold steps {[s for s, _ in rows]}")
+        for (step, a), (_, b) in zip(reference, rows):
+            if abs(a - b) > 1e-4 * max(abs(a), 1e-30):
+                problems.append(f"{name}: step {step}: loss {b}, 1 rank {a}")
+    print(f"compared steps 10..15 of {', '.join(resumed)} with the 1-rank resume")
 else:
     metrics = os.path.join(args.work, "metrics")
     cmd = command(4, "--epochs", 100, "--checkpoint-dir", ckpt, "--checkpoint-every", 5, "--metrics-dir", metrics)

@@ -10,6 +10,7 @@
 // may keep its channel blocks. Also: weight and optimizer-state memory per rank shrinks with the
 // model split (from the allocation sizes); a sharded checkpoint holds global tensors and restores
 // at one rank and under the plan; impossible splits are refused on every rank with a clear message.
+#include <cstring>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -263,6 +264,46 @@ loss: softmax_cross_entropy
         whole += one.weights[i].numel();
       }
     EXPECT_EQ(world->allreduce_value(weights), whole);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blocks built alone: a model parsed without its whole weights (what tessera train does) allocates
+// and initialises only each rank's blocks after the split, equal to the blocks of the whole
+// initialisation
+
+TEST(ModelParallelBlocks, DeferredBlocksEqualTheWholeInitialisation) {
+  auto world = MpiCommunicator::world();
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {kMlp, plan_with({{"fc1", filter_all()}, {"fc2", channel_all()}, {"fc3", two_d()}})},
+      {kConvNet, plan_with({{"c1", filter_all()}, {"c2", channel_all()}, {"c3", two_d(false)}})}};
+  for (const auto& [model_text, plan_text] : cases) {
+    SCOPED_TRACE(plan_text);
+    const Plan plan = Plan::parse(plan_text, "p.yaml");
+    ExecutorOptions options;
+    options.global_batch = 8;
+    options.seed = 13;
+    Model whole = Model::parse(model_text, "m.yaml");
+    whole.init_parameters(7);
+    Executor split_after(whole, plan, world, options);
+    ModelOptions deferred;
+    deferred.allocate_parameters = false;
+    Model blocks = Model::parse(model_text, "m.yaml", deferred);
+    for (auto* p : blocks.parameters()) EXPECT_FALSE(p->allocated()) << p->name;  // nothing before the split
+    options.init_seed = 7;
+    Executor split_first(blocks, plan, world, options);
+    const auto a = whole.parameters(), b = blocks.parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      SCOPED_TRACE(a[i]->name);
+      ASSERT_TRUE(b[i]->allocated());
+      EXPECT_EQ(a[i]->sharded(), b[i]->sharded());
+      EXPECT_EQ(a[i]->whole_box().begin, b[i]->whole_box().begin);
+      EXPECT_EQ(a[i]->whole_box().extent, b[i]->whole_box().extent);
+      const Tensor x = a[i]->value.to(Device::host()), y = b[i]->value.to(Device::host());
+      ASSERT_EQ(x.numel(), y.numel());
+      EXPECT_EQ(std::memcmp(x.data(), y.data(), static_cast<std::size_t>(x.numel()) * sizeof(float)), 0);
+    }
   }
 }
 

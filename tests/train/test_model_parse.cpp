@@ -57,14 +57,15 @@ TEST(ModelParse, SizesBeyondWhatTesseraAcceptsAreInputErrors) {
 }
 
 // Found by fuzzing: a linear layer of 2^31 weights (the flatten of a 512^3 volume without its
-// pooling) allocated 8 GiB when its file was parsed. Every rank builds whole weights before a
-// split keeps its block, so a layer's and a model's weights have limits, refused before the
-// layer allocates anything.
+// pooling) allocated 8 GiB when its file was parsed. A model parsed with its weights built whole
+// has limits per layer and per model, refused before the layer allocates anything; one parsed
+// without them (what tessera train does) allocates nothing at parse, and its limit is the rank's
+// memory under the plan.
 TEST(ModelParse, WeightsBeyondWhatARankBuildsAreInputErrors) {
   expect_input_error("input: {shape: [16777216]}\nlayers:\n  - {name: fc, type: linear, out: 128}\n"
                      "loss: softmax_cross_entropy\n",
                      "layer 'fc' (linear): its weight would have 2.147e+09 elements, more than the 134217728 (512 MiB "
-                     "of fp32) a layer may have");
+                     "of fp32) a layer built whole may have");
   expect_input_error("input: {shape: [1, 8, 8, 8]}\nlayers:\n  - {name: c, type: conv, filters: 8388608, kernel: 3, "
                      "padding: 1, bias: false}\n  - {name: f, type: flatten}\n  - {name: l, type: linear, out: 1}\n"
                      "loss: mse\n",
@@ -84,6 +85,16 @@ TEST(ModelParse, WeightsBeyondWhatARankBuildsAreInputErrors) {
         << e.message();
   }
   EXPECT_EQ(Model::parse(text, "m.yaml").parameter_count(), 1260);
+  // Deferred: 2^31 + 2^24 weights parse without a byte of them allocated.
+  ModelOptions deferred;
+  deferred.allocate_parameters = false;
+  Model large = Model::parse("input: {shape: [16777216]}\nlayers:\n  - {name: fc, type: linear, out: 128}\n"
+                             "  - {name: out, type: linear, out: 131072}\nloss: mse\n", "large.yaml", deferred);
+  EXPECT_EQ(large.parameter_count(), (std::int64_t{1} << 31) + 128 + (std::int64_t{1} << 24) + 131072);
+  for (auto* p : large.parameters()) {
+    EXPECT_FALSE(p->allocated()) << p->name;
+    EXPECT_FALSE(p->value.defined()) << p->name;
+  }
 }
 
 /// Which layers of `text` (parsed with `options`) compute with bf16 operands: each layer is fed the

@@ -82,10 +82,18 @@ struct Parameter {
   /// The block is the same on every rank of the layer's channel group (the bias of a channel-split
   /// layer): its gradient is summed over the channel ranks too.
   bool replicated_over_channels = false;
+  /// The whole shape of a parameter whose value and gradient are not allocated yet (its layer
+  /// defers them: Layer::defer_parameters); empty once they are (by its split, or allocate()).
+  std::vector<std::int64_t> deferred_shape = {};
 
   bool sharded() const { return !global_shape.empty(); }
-  /// The whole tensor's shape (the value's own when not sharded).
-  std::vector<std::int64_t> whole_shape() const { return sharded() ? global_shape : value.shape().dims(); }
+  bool allocated() const { return deferred_shape.empty(); }
+  /// Allocates a deferred parameter whole (value and gradient zero); nothing when allocated.
+  void allocate();
+  /// The whole tensor's shape (the value's own when neither sharded nor deferred).
+  std::vector<std::int64_t> whole_shape() const {
+    return sharded() ? global_shape : !allocated() ? deferred_shape : value.shape().dims();
+  }
   /// This rank's box of the whole tensor (all of it when not sharded).
   Box whole_box() const;
 };
@@ -152,6 +160,10 @@ class Layer {
   /// device in forward, with a message that says so.
   void move_to(Device device);
   const ModelSplit& model_split() const { return model_split_; }
+  /// With `defer`, setup() leaves the whole weights unallocated (Parameter::deferred_shape): the
+  /// split allocates only this rank's block, and Model::allocate_parameters the rest.
+  void defer_parameters(bool defer) { defer_parameters_ = defer; }
+  bool defers_parameters() const { return defer_parameters_; }
 
   /// Non-trainable state that evaluation and checkpoints need (batch-norm running statistics).
   virtual std::vector<Tensor*> buffers() { return {}; }
@@ -199,6 +211,7 @@ class Layer {
  private:
   std::string name_;
   int id_;
+  bool defer_parameters_ = false;
 
  protected:
   ModelSplit model_split_;

@@ -29,6 +29,9 @@ namespace tessera {
 struct ExecutorOptions {
   std::int64_t global_batch = 64;
   std::uint64_t seed = 0;
+  /// Initialises the parameters with this seed after the split, on the host (Model::init_parameters:
+  /// each rank draws only its blocks): what a model parsed without allocating its weights needs.
+  std::optional<std::uint64_t> init_seed;
   GradReducerOptions reducer;
   /// Whether spatially split layers compute while their halos travel (see halo_overlap.hpp).
   HaloOverlap halo_overlap = HaloOverlap::Automatic;

@@ -40,10 +40,14 @@ struct ModelNode {
 struct ModelOptions {
   /// Replaces the file's model-wide `precision` (layers that name their own keep it).
   std::optional<Precision> precision;
-  /// The most parameter elements the whole model may have: 2^28 (1 GiB of fp32). Every rank
-  /// builds every layer's whole weights and their gradients before the plan's filter and channel
-  /// splits keep blocks of them (each layer at most 2^27 elements, layers/layer_common.hpp);
-  /// larger models need weights built block by block, which is not built yet.
+  /// Whether parsing allocates every layer's whole weights and gradients. Off, the weights stay
+  /// unallocated until the executor's split allocates each rank's block (Layer::defer_parameters)
+  /// and allocate_parameters() the rest: what tessera train does, so that a model larger than a
+  /// rank trains under a filter or channel split.
+  bool allocate_parameters = true;
+  /// With allocate_parameters, the most parameter elements the whole model may have: 2^28 (1 GiB
+  /// of fp32; each layer at most 2^27, layers/layer_common.hpp), so that parsing a model file
+  /// never allocates more.
   std::int64_t largest_weights = std::int64_t{1} << 28;
 };
 
@@ -77,8 +81,11 @@ class Model {
   int output_node() const { return output_; }
   Loss& loss() { return *loss_; }
 
-  /// Deterministic, rank-independent initial weights.
+  /// Deterministic, rank-independent initial weights (this rank's blocks of split layers, drawn by
+  /// global index); allocates deferred parameters first.
   void init_parameters(std::uint64_t seed);
+  /// Allocates every parameter still deferred, whole (the executor, after its split).
+  void allocate_parameters();
   std::vector<Parameter*> parameters();
   std::int64_t parameter_count();
   /// Layers with their global output shapes, for checking a plan.
