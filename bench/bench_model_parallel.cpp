@@ -8,13 +8,17 @@
 //               backward all-reduce of dX    2 (f-1)/f (B/s) d_in
 //   model (c):  all-reduce of partial Y      2 (c-1)/c (B/s) d_out   (the 2-D extension)
 // Measured: the executor's exchanges (halo/redistribution/reduce-scatter messages, exact) plus the
-// gradient all-reduces as a ring sends them (2 (g-1)/g of each replica group's buffer). Prints one
-// JSON line per plan and a table on rank 0. A benchmark, not a test.
+// gradient all-reduces as a ring sends them (2 (g-1)/g of each replica group's buffer). Memory: the
+// weights and optimizer state this rank holds, and its peak resident size (VmHWM, the process's
+// peak so far: bench/model_memory_bench.py runs one plan per process) against its share of the
+// whole state (weights, gradients and optimizer state over the ranks). Prints one JSON line per plan
+// and a table on rank 0. A benchmark, not a test.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -75,6 +79,14 @@ std::vector<PlanCase> plans_for(const tessera::Model& model, int p, const std::s
   return chosen;
 }
 
+/// This process's peak resident bytes so far (VmHWM of /proc/self/status; 0 where there is none).
+double peak_resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return 1024.0 * std::stod(line.substr(6));
+  return 0;
+}
+
 /// SPAA'18 analytic bytes per rank per step for the plan (linear layers only).
 double analytic_bytes(const tessera::Model& model, const tessera::Plan& plan, std::int64_t batch) {
   double words = 0;
@@ -112,6 +124,7 @@ int main(int argc, char** argv) {
     std::string wanted;
     std::int64_t batch = 32;
     int steps = 5, warmup = 2, threads = 1;
+    std::string optimizer_type = "sgd";
     app.add_option("--model", model_file);
     app.add_option("--plans", wanted, "Comma-separated plan names (default: all): batch, filter, filter+channel, 2-D, "
                                       "sample x filter");
@@ -119,6 +132,7 @@ int main(int argc, char** argv) {
     app.add_option("--steps", steps);
     app.add_option("--warmup", warmup);
     app.add_option("--threads", threads, "Threads per rank");
+    app.add_option("--optimizer", optimizer_type, "sgd (momentum 0.9) or adam");
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -130,7 +144,7 @@ int main(int argc, char** argv) {
     const int p = world->size();
     struct Row {
       std::string name;
-      double step_ms, exchange_mib, grad_mib, analytic_mib, state_mib;
+      double step_ms, exchange_mib, grad_mib, analytic_mib, state_mib, peak_mib, share_mib;
     };
     std::vector<Row> rows;
     // Shapes only: each rank allocates and initialises its blocks after the split, as tessera train does.
@@ -144,9 +158,10 @@ int main(int argc, char** argv) {
       options.global_batch = batch;
       const tessera::Plan plan = tessera::Plan::parse(c.yaml, c.name);
       tessera::Executor executor(model, plan, world, options);
-      tessera::OptimizerConfig sgd;
-      sgd.momentum = 0.9;
-      auto optimizer = tessera::create_optimizer(sgd);
+      tessera::OptimizerConfig config;
+      config.type = optimizer_type;
+      if (optimizer_type == "sgd") config.momentum = 0.9;
+      auto optimizer = tessera::create_optimizer(config);
       const auto params = model.parameters();
       const auto [begin, end] = executor.local_samples(batch);
       std::vector<std::int64_t> dims{end - begin};
@@ -168,14 +183,20 @@ int main(int argc, char** argv) {
       world->barrier();
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       // Gradient all-reduces as a ring sends them: 2 (g-1)/g of each buffer.
-      double grad_bytes = 0, state_bytes = static_cast<double>(optimizer->state_bytes());
+      double grad_bytes = 0, state_bytes = static_cast<double>(optimizer->state_bytes()), whole_weights = 0;
       auto& nodes = model.nodes();
       for (std::size_t k = 0; k < nodes.size(); ++k)
         for (auto* param : nodes[k].layer->parameters()) {
           const double g = executor.replica_group(k, *param).size();
           grad_bytes += 2.0 * (g - 1) / g * static_cast<double>(param->grad.numel()) * 4.0;
           state_bytes += static_cast<double>(param->value.allocated_bytes());
+          double n = 4.0;
+          for (auto d : param->whole_shape()) n *= static_cast<double>(d);
+          whole_weights += n;
         }
+      // The whole state: weights, gradients and the optimizer's state (momentum: 1 copy; adam: 2).
+      const double copies = 2.0 + (optimizer_type == "adam" ? 2.0 : 1.0);
+      const double share = copies * whole_weights / p;
       const double mib = 1 << 20;
       Row row{c.name,
               1e3 * seconds / steps,
@@ -183,22 +204,24 @@ int main(int argc, char** argv) {
                                      tessera::ReduceOp::Max) / mib,
               world->allreduce_value(grad_bytes, tessera::ReduceOp::Max) / mib,
               analytic_bytes(model, plan, batch) / mib,
-              world->allreduce_value(state_bytes, tessera::ReduceOp::Max) / mib};
+              world->allreduce_value(state_bytes, tessera::ReduceOp::Max) / mib,
+              world->allreduce_value(peak_resident_bytes(), tessera::ReduceOp::Max) / mib,
+              share / mib};
       if (world->rank() == 0)
         std::printf("{\"plan\": \"%s\", \"ranks\": %d, \"batch\": %lld, \"step_ms\": %.1f, \"exchange_mib\": %.2f, "
                     "\"grad_allreduce_mib\": %.2f, \"measured_mib\": %.2f, \"spaa18_mib\": %.2f, "
-                    "\"weights_and_state_mib\": %.1f}\n",
+                    "\"weights_and_state_mib\": %.1f, \"peak_rss_mib\": %.1f, \"state_share_mib\": %.1f}\n",
                     row.name.c_str(), p, static_cast<long long>(batch), row.step_ms, row.exchange_mib, row.grad_mib,
-                    row.exchange_mib + row.grad_mib, row.analytic_mib, row.state_mib);
+                    row.exchange_mib + row.grad_mib, row.analytic_mib, row.state_mib, row.peak_mib, row.share_mib);
       std::fflush(stdout);
       rows.push_back(row);
     }
     if (world->rank() == 0) {
-      std::printf("\n%-16s %10s %14s %14s %14s %14s %18s\n", "plan", "step ms", "exchange MiB", "grad-AR MiB",
-                  "measured MiB", "SPAA'18 MiB", "weights+state MiB");
+      std::printf("\n%-16s %10s %14s %14s %14s %14s %18s %14s\n", "plan", "step ms", "exchange MiB", "grad-AR MiB",
+                  "measured MiB", "SPAA'18 MiB", "weights+state MiB", "peak RSS MiB");
       for (const auto& r : rows)
-        std::printf("%-16s %10.1f %14.2f %14.2f %14.2f %14.2f %18.1f\n", r.name.c_str(), r.step_ms, r.exchange_mib,
-                    r.grad_mib, r.exchange_mib + r.grad_mib, r.analytic_mib, r.state_mib);
+        std::printf("%-16s %10.1f %14.2f %14.2f %14.2f %14.2f %18.1f %14.1f\n", r.name.c_str(), r.step_ms,
+                    r.exchange_mib, r.grad_mib, r.exchange_mib + r.grad_mib, r.analytic_mib, r.state_mib, r.peak_mib);
       std::printf("(per rank per training step; %d ranks, global batch %lld)\n", p, static_cast<long long>(batch));
     }
   } catch (const std::exception& e) {
