@@ -251,7 +251,9 @@ void check_and_start(Communicator& world, const CalibrateArgs& args, int cores, 
     }
     if (!args.model.empty()) {
       if (args.batch < 1) fail_input("--model needs --batch N (the global batch to plan for), got {}", args.batch);
-      model = std::make_unique<Model>(Model::load(args.model));
+      ModelOptions shapes_only;  // the kernels are timed on fresh layers: no weights of the model itself
+      shapes_only.allocate_parameters = false;
+      model = std::make_unique<Model>(Model::load(args.model, shapes_only));
       rank_counts = parse_rank_list(args.ranks.empty() ? std::to_string(size) : args.ranks);
       // The planner's own checks of each rank count (e.g. more ranks than the machine holds).
       const PlannerGraph graph = model->planner_graph(args.batch);

@@ -168,6 +168,7 @@ Bench workload_bench(const Model& model, const PlannerGraph& graph, const Worklo
   Bench bench;
   bench.layer = model.make_layer(node);
   Layer& layer = *bench.layer;
+  layer.defer_parameters(true);  // only the block that the workload's split holds is allocated
   // Global shapes of the inputs, with the local sample count.
   std::vector<Shape> shapes;
   for (int in : model_node.inputs)
@@ -185,6 +186,7 @@ Bench workload_bench(const Model& model, const PlannerGraph& graph, const Worklo
     fail("calibrate: workload {} splits layer '{}' spatially, which it cannot be", w.key(graph), info.name);
   const ModelSplit split{w.filter_parts, 0, w.channel_parts, 0};
   if (!split.none()) layer.set_model_split(split);
+  for (Parameter* p : layer.parameters()) p->allocate();
   layer.init_parameters(11);
   layer.move_to(device);
   bench.device = device;
