@@ -132,9 +132,15 @@ std::vector<Tensor*> Synchronizer::gradients() const {
 }
 
 Tensor Synchronizer::pack(const std::vector<Tensor*>& tensors) {
+  Tensor flat;
+  pack_into(tensors, flat);
+  return flat;
+}
+
+void Synchronizer::pack_into(const std::vector<Tensor*>& tensors, Tensor& flat) {
   std::int64_t total = 0;
   for (const Tensor* t : tensors) total += t->numel();
-  Tensor flat{Shape({total})};
+  if (!flat.defined() || flat.numel() != total) flat = Tensor(Shape({total}));
   std::int64_t at = 0;
   for (const Tensor* t : tensors) {
     const Tensor host = t->to(Device::host());
@@ -142,7 +148,6 @@ Tensor Synchronizer::pack(const std::vector<Tensor*>& tensors) {
     std::copy(contiguous.data(), contiguous.data() + contiguous.numel(), flat.data() + at);
     at += t->numel();
   }
-  return flat;
 }
 
 void Synchronizer::unpack(const Tensor& flat, const std::vector<Tensor*>& tensors) {
@@ -255,8 +260,7 @@ void Synchronizer::settle(std::size_t slot) {
     std::copy(sum + n, sum + n + groups_, intervals_.begin());
     intervals_step_ = p.step;
   }
-  p.own = Tensor();
-  p.settled = true;
+  p.settled = true;  // its own gradient's buffer stays for the slot's next step
 }
 
 int Synchronizer::choose_bound() {
@@ -286,10 +290,12 @@ void Synchronizer::ssp_step(std::int64_t step) {
   wait_at_last_step_ = stats_.wait_seconds;
   const auto slots = static_cast<std::int64_t>(pending_.size());
   const std::int64_t n = offsets_.back();
-  const Tensor summand = pack(gradients());  // 1/G of this group's own mean gradient
-  Tensor own = summand.clone();
-  for (std::int64_t k = 0; k < n; ++k) own.data()[k] *= static_cast<float>(groups_);
-  Tensor use = own.clone();
+  // Buffers reused from step to step: this step's share of the sum, and the gradient it uses.
+  pack_into(gradients(), summand_);  // 1/G of this group's own mean gradient
+  const Tensor& summand = summand_;
+  if (!use_.defined() || use_.numel() != n) use_ = Tensor(Shape({n}));
+  Tensor& use = use_;
+  for (std::int64_t k = 0; k < n; ++k) use.data()[k] = summand.data()[k] * static_cast<float>(groups_);
   const int bound = choose_bound();
   if (bound != stats_.bound && sync_.mode == "dssp" && group_ == 0 && step > 0)
     log_info("dssp: staleness bound {} from step {} (step intervals: this group {:.3g} s, slowest {:.3g} s)", bound,
@@ -318,7 +324,8 @@ void Synchronizer::ssp_step(std::int64_t step) {
   std::fill(sum + n, sum + slot_size(), 0.0f);
   sum[n + group_] = static_cast<float>(interval_);
   p.step = step;
-  p.own = std::move(own);
+  if (!p.own.defined() || p.own.numel() != n) p.own = Tensor(Shape({n}));
+  for (std::int64_t k = 0; k < n; ++k) p.own.data()[k] = summand.data()[k] * static_cast<float>(groups_);
   p.settled = false;
   p.folded = false;
   p.request = across_->iallreduce(sum, static_cast<std::size_t>(slot_size()), DType::F32, ReduceOp::Sum);

@@ -164,6 +164,8 @@ class Synchronizer {
   std::vector<Tensor*> gradients() const;
   /// `tensors` copied into one flat host buffer (one collective for all of them), and back.
   static Tensor pack(const std::vector<Tensor*>& tensors);
+  /// The same into `flat`, reallocated only when its size differs.
+  static void pack_into(const std::vector<Tensor*>& tensors, Tensor& flat);
   static void unpack(const Tensor& flat, const std::vector<Tensor*>& tensors);
   /// The mean over groups of a packed buffer (one allreduce; its bytes counted in stats() with `count`).
   Tensor mean_across(const Tensor& flat, bool count = true);
@@ -201,12 +203,14 @@ class Synchronizer {
   Tensor pending_sums_;
   struct Pending {
     std::int64_t step = -1;  ///< the step whose sum the slot holds (-1: none)
-    Tensor own;              ///< this group's own (scaled) gradient of that step, until settled
+    Tensor own;              ///< this group's own (scaled) gradient of that step (the buffer is reused)
     std::unique_ptr<CommRequest> request;
     bool settled = false;
     bool folded = false;  ///< its correction is in an update already
   };
   std::vector<Pending> pending_;
+  /// ssp, dssp: this step's packed share of the sum and the gradient its update uses (reused).
+  Tensor summand_, use_;
   /// eager: rank q of every group and this group's ranks (for the rounds' agent thread alone), the
   /// rounds (from the first step on), and for checkpoints the gradients handed and not summed yet,
   /// packed per slot (step mod staleness).
