@@ -106,6 +106,15 @@ void PartialAllreduce::lead() {
   };
   std::deque<Sent> sent;
   std::int64_t announced = next_round_ - 1, round = next_round_;
+  // On an error the notices still awaited are cancelled, so that their requests can go.
+  struct CancelOnError {
+    std::vector<std::unique_ptr<CommRequest>>& receives;
+    ~CancelOnError() {
+      if (std::uncaught_exceptions() == 0) return;
+      for (auto& receive : receives)
+        if (receive) receive->cancel();
+    }
+  } cancel_on_error{receives};
   for (;;) {
     for (int p = 0; p < groups; ++p) {
       auto& receive = receives[static_cast<std::size_t>(p)];

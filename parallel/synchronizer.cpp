@@ -184,7 +184,7 @@ void Synchronizer::reset_state() {
     intervals_.assign(static_cast<std::size_t>(groups_), 0.0f);
     return;
   }
-  if (sync_.mode == "eager" && lag() > 0) {
+  if (sync_.mode == "eager" && lag() > 0 && groups_ > 1) {
     held_ = Tensor(Shape({lag() * offsets_.back()}));
     held_.zero();
     for (int j = 0; j < lag(); ++j) views(held_, j * offsets_.back(), fmt::format("pending/{}", j));

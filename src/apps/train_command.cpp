@@ -74,7 +74,7 @@ void check_memory(const TrainArgs& args, const Model& model, const Plan& plan, C
     limit = Machine::load(args.machine).memory_per_rank;
     source = fmt::format("memory_per_rank of {}", args.machine);
   }
-  if (limit <= 0 && args.device != "cuda") {
+  if (limit <= 0 && args.device != "cuda" && world.mpi_handle() >= 0) {
     MPI_Comm node = MPI_COMM_NULL;
     MPI_Comm_split_type(MPI_Comm_f2c(world.mpi_handle()), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
     int local = 1;
@@ -85,6 +85,8 @@ void check_memory(const TrainArgs& args, const Model& model, const Plan& plan, C
     source = fmt::format("the node's {:.1f} GiB over its {} ranks of this job; --memory-per-rank sets it",
                          physical / (1 << 30), local);
   }
+  // One limit for every rank (nodes may differ), so that every rank gives the same verdict.
+  limit = world.allreduce_value(limit, ReduceOp::Min);
   if (limit <= 0) return;  // a GPU's memory is known from a machine file or --memory-per-rank only
   PlannerOptions options = planner_options(world.size(), args.trainer.optimizer.type);
   options.exact_bf16_convolutions = args.bf16_convolutions == "exact";

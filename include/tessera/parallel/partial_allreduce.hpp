@@ -39,8 +39,8 @@ class PartialAllreduce {
   /// handed before it and not summed yet (from a checkpoint). Starts the agent thread.
   PartialAllreduce(Communicator& across, Communicator& group, int quorum, int staleness, std::size_t count,
                    std::int64_t first, std::vector<PartialItem> pending = {});
-  /// Ends the rounds (after every rank took the result of the same last round), or leaves the agent
-  /// to the process's end when unwinding.
+  /// Ends the rounds; every rank must have taken the result of the same last round (a rank that
+  /// fails alone ends the job instead: Trainer::run aborts).
   ~PartialAllreduce();
   PartialAllreduce(const PartialAllreduce&) = delete;
   PartialAllreduce& operator=(const PartialAllreduce&) = delete;

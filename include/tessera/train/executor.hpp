@@ -31,6 +31,7 @@ struct ExecutorOptions {
   std::uint64_t seed = 0;
   /// Initialises the parameters with this seed after the split, on the host (Model::init_parameters:
   /// each rank draws only its blocks): what a model parsed without allocating its weights needs.
+  /// Every parameter is initialised again, also on a second executor over a trained model.
   std::optional<std::uint64_t> init_seed;
   GradReducerOptions reducer;
   /// Whether spatially split layers compute while their halos travel (see halo_overlap.hpp).
