@@ -114,6 +114,25 @@ void check_sync(const SyncOptions& s, int groups) {
                "job has {}", groups);
 }
 
+int sync_lag(const SyncOptions& sync) {
+  if (sync.mode == "ssp") return sync.staleness.value_or(2);
+  if (sync.mode == "dssp") return sync.staleness_high.value_or(8);
+  if (sync.mode == "eager") return sync.staleness.value_or(4);
+  return 0;
+}
+
+double sync_buffer_copies(const SyncOptions& sync, int groups) {
+  if (groups <= 1 || sync.mode == "bsp") return 0;
+  const double lag = sync_lag(sync);
+  // Each mode's buffers as synchronizer.cpp makes them (packed, this rank's blocks).
+  if (sync.mode == "ssp" || sync.mode == "dssp") return 2 * lag + 2;  // sums in flight, own, share, used
+  if (sync.mode == "eager") return 2 * lag + 5;  // held slots, items, share, payload, round, unpacked
+  if (sync.mode == "diloco" || sync.mode == "easgd") return 5;  // anchor or center (+ momentum), scratch
+  if (sync.mode == "gossip") return sync.topology.value_or("exponential") == "ring" ? 4 : 3;
+  if (sync.mode == "local_sgd") return sync.optimizer_state.value_or(false) ? 4 : 2;
+  return 1;  // adascale: the packed sum
+}
+
 int eager_quorum(const SyncOptions& sync, int groups) {
   return sync.quorum.value_or("majority") == "solo" ? 1 : groups / 2 + 1;
 }

@@ -85,12 +85,7 @@ bool Synchronizer::agree(std::int64_t step, bool flag) {
 
 bool Synchronizer::stale() const { return sync_.mode == "ssp" || sync_.mode == "dssp"; }
 
-int Synchronizer::lag() const {
-  if (sync_.mode == "ssp") return sync_.staleness.value_or(2);
-  if (sync_.mode == "dssp") return sync_.staleness_high.value_or(8);
-  if (sync_.mode == "eager") return sync_.staleness.value_or(4);
-  return 0;
-}
+int Synchronizer::lag() const { return sync_lag(sync_); }
 
 int Synchronizer::lowest_bound() const {
   return sync_.mode == "dssp" ? sync_.staleness_low.value_or(1) : lag();

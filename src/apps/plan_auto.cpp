@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "tessera/core/error.hpp"
 
@@ -45,23 +46,46 @@ Plan auto_plan(const Model& model, const std::string& machine_file, const Planne
   return result.plan;
 }
 
+double parameter_bytes_per_rank(const Model& model, const Plan& job_plan) {
+  double elements = 0;
+  for (const auto& node : model.nodes()) {
+    const LayerSplit& split = job_plan.split_for(node.layer->name());
+    for (const Parameter* p : const_cast<Layer&>(*node.layer).parameters()) {
+      const auto shape = p->whole_shape();
+      double n = 1;
+      for (auto d : shape) n *= static_cast<double>(d);
+      // Weights split by filter and channel, biases and per-channel parameters by filter (the
+      // largest block: blocks round up).
+      const double parts = split.filter * (shape.size() >= 2 ? split.channel : 1);
+      elements += std::ceil(n / parts);
+    }
+  }
+  return 4 * elements;
+}
+
 void check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOptions& options, std::int64_t batch,
-                       double limit, const std::string& limit_source) {
+                       double limit, const std::string& limit_source, const SyncOptions& sync, int groups) {
   Machine machine;  // memory needs no rates, only room for the job's ranks
   machine.nodes = 1;
   machine.ranks_per_node = options.ranks;
   machine.memory_per_rank = limit;
   const PlanEstimate e = CostModel(model.planner_graph(batch), machine, options).estimate(job_plan);
-  if (e.fits) return;
+  const double copies = sync_buffer_copies(sync, groups);
+  const double buffers = copies * parameter_bytes_per_rank(model, job_plan);
+  if (e.memory_bytes + buffers <= limit) return;
   const auto largest = std::max_element(e.layers.begin(), e.layers.end(),
                                         [](const LayerEstimate& a, const LayerEstimate& b) { return a.memory < b.memory; });
   constexpr double kMiB = 1 << 20;
+  const std::string synchronizer =
+      buffers > 0 ? fmt::format(", and {:.1f} MiB of --sync {}'s buffers ({:g} copies of the rank's parameters)",
+                                buffers / kMiB, sync.mode, copies)
+                  : std::string();
   fail_input("this plan needs about {:.1f} MiB per rank (weights, gradients, optimizer state and activations, as "
-             "the planner estimates them), more than the {:.1f} MiB a rank has ({}); its largest layer, '{}' ({}), "
+             "the planner estimates them{}), more than the {:.1f} MiB a rank has ({}); its largest layer, '{}' ({}), "
              "holds {:.1f} MiB of it on a rank: split it by filter or channel over more ranks, or let --plan auto "
              "--machine FILE choose",
-             e.memory_bytes / kMiB, limit / kMiB, limit_source, largest->name, largest->split.to_string(),
-             largest->memory / kMiB);
+             (e.memory_bytes + buffers) / kMiB, synchronizer, limit / kMiB, limit_source, largest->name,
+             largest->split.to_string(), largest->memory / kMiB);
 }
 
 }  // namespace tessera

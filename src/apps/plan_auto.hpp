@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tessera/parallel/planner.hpp"
+#include "tessera/parallel/sync.hpp"
 #include "tessera/train/model.hpp"
 
 namespace tessera {
@@ -26,10 +27,13 @@ PlannerOptions job_planner_options(int ranks, const std::function<std::optional<
 Plan auto_plan(const Model& model, const std::string& machine_file, const PlannerOptions& options, std::int64_t batch,
                std::string& report);
 /// Refuses, with an InputError naming the plan's largest layer and the bytes, a job plan whose
-/// estimated peak per rank (weights, gradients, optimizer state, activations: CostModel) exceeds
-/// `limit` bytes; `limit_source` says where the limit comes from. Reads only shapes, so it runs
-/// before anything is allocated.
+/// estimated peak per rank (weights, gradients, optimizer state, activations: CostModel; plus the
+/// synchronizer's buffers under `sync` over `groups` replica groups) exceeds `limit` bytes;
+/// `limit_source` says where the limit comes from. Reads only shapes, so it runs before anything
+/// is allocated.
 void check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOptions& options, std::int64_t batch,
-                       double limit, const std::string& limit_source);
+                       double limit, const std::string& limit_source, const SyncOptions& sync = {}, int groups = 1);
+/// Bytes of the largest block of parameters (fp32) that a rank of `job_plan` holds.
+double parameter_bytes_per_rank(const Model& model, const Plan& job_plan);
 
 }  // namespace tessera

@@ -91,7 +91,8 @@ void check_memory(const TrainArgs& args, const Model& model, const Plan& plan, C
   PlannerOptions options = planner_options(world.size(), args.trainer.optimizer.type);
   options.exact_bf16_convolutions = args.bf16_convolutions == "exact";
   options.halo_overlap = args.executor.halo_overlap;
-  check_plan_memory(model, plan.for_job(world.size()), options, args.trainer.global_batch, limit, source);
+  check_plan_memory(model, plan.for_job(world.size()), options, args.trainer.global_batch, limit, source,
+                    args.trainer.sync, world.size() % plan.ranks() == 0 ? world.size() / plan.ranks() : 1);
 }
 
 void run_train(Communicator& world_ref, const TrainArgs& args_in) {

@@ -8,7 +8,9 @@ tests/cli/models/wide_fashion.yaml holds 11.9 M weights: with their gradients an
   size at most 40 MB above a tiny model's refusal (building fc2's weights and gradient alone would
   add 75 MB: the refusal comes before anything is allocated);
 - 4 ranks under tests/cli/plans/wide_fashion_np4.yaml (fc1 by filter, fc2 by channel): 3 steps,
-  exit 0, every rank's peak resident size less than half the whole model's 143 MB above that baseline.
+  exit 0, every rank's peak resident size less than half the whole model's 143 MB above that baseline;
+- 2 replica groups of a 1-rank plan with 250 MB: bsp trains; --sync eager, whose buffers hold 13
+  more copies of the parameters, is refused with a message that counts them.
 
 Peak resident sizes are the largest process's of each mpirun (getrusage of the children, measured
 in a wrapper process per run).
@@ -76,6 +78,13 @@ check(code == 0 and "trained 3 steps" in text, f"4 ranks split by filter and cha
 check(peak <= baseline + 71.5 * MB, f"4 ranks: peak resident {peak / MB:.1f} MB per rank, more than the baseline + "
       "half the whole model's 143 MB")
 print(f"peak resident per rank: 4 ranks {peak / MB:.1f} MB (baseline {baseline / MB:.1f} MB)", flush=True)
+
+one_rank = f"{args.tests}/plans/one_rank.yaml"
+code, text, _ = run(2, wide, "--steps", "3", "--memory-per-rank", "250000000", "--plan", one_rank)
+check(code == 0, f"2 groups under bsp with 250 MB: exit {code}, expected 0")
+code, text, _ = run(2, wide, "--steps", "3", "--memory-per-rank", "250000000", "--plan", one_rank, "--sync", "eager")
+check(code == 2 and re.search(r"MiB of --sync eager's buffers \(13 copies of the rank's parameters\)", text) is not None,
+      f"2 groups under eager with 250 MB: exit {code}, expected 2 with the synchronizer's buffers counted")
 
 if problems:
     sys.exit("FAIL: " + "; ".join(problems))

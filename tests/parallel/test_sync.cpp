@@ -119,6 +119,15 @@ TEST(Stragglers, SpecsAndTheirRefusals) {
   EXPECT_EQ(eager_quorum(s, 4), 3);
   EXPECT_EQ(eager_quorum(s, 5), 3);
   EXPECT_EQ(eager_quorum(mode("eager"), 2), 2);  // majority by default
+  // The lag each mode allows, and the host copies of the parameters its buffers hold.
+  EXPECT_EQ(sync_lag(mode("ssp")), 2);
+  EXPECT_EQ(sync_lag(mode("dssp")), 8);
+  EXPECT_EQ(sync_lag(mode("eager")), 4);
+  EXPECT_EQ(sync_lag(mode("local_sgd")), 0);
+  EXPECT_EQ(sync_buffer_copies(mode("bsp"), 4), 0);
+  EXPECT_EQ(sync_buffer_copies(mode("eager"), 1), 0);  // one group: nothing crosses groups
+  EXPECT_EQ(sync_buffer_copies(mode("ssp"), 4), 6);
+  EXPECT_EQ(sync_buffer_copies(mode("eager"), 4), 13);
   s = mode("ssp");
   s.quorum = "solo";
   expect_input_error([&] { check_sync(s, 2); }, {"'quorum' (--quorum) is for --sync eager, not ssp"});

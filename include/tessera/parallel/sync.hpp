@@ -44,4 +44,13 @@ void check_sync(const SyncOptions& sync, int groups);
 /// How many groups an eager round waits for, of `groups`: solo 1, majority more than half.
 int eager_quorum(const SyncOptions& sync, int groups);
 
+/// How many steps a group may run ahead of the slowest: ssp's and eager's staleness (defaults 2
+/// and 4), dssp's highest bound (8); 0 for the other modes.
+int sync_lag(const SyncOptions& sync);
+
+/// How many copies of this rank's parameter blocks the synchronizer holds on the host at its peak
+/// under `sync` with `groups` groups (its state and its scratch; 0 for bsp or one group), for the
+/// memory check before training.
+double sync_buffer_copies(const SyncOptions& sync, int groups);
+
 }  // namespace tessera
