@@ -145,11 +145,13 @@ void Synchronizer::pack_into(const std::vector<Tensor*>& tensors, Tensor& flat) 
   }
 }
 
-void Synchronizer::unpack(const Tensor& flat, const std::vector<Tensor*>& tensors) {
+void Synchronizer::unpack(const Tensor& flat, const std::vector<Tensor*>& tensors) { unpack(flat.data(), tensors); }
+
+void Synchronizer::unpack(const float* flat, const std::vector<Tensor*>& tensors) {
   std::int64_t at = 0;
   for (Tensor* t : tensors) {
     OnHost v(*t);
-    std::copy(flat.data() + at, flat.data() + at + t->numel(), v.data());
+    std::copy(flat + at, flat + at + t->numel(), v.data());
     at += t->numel();
   }
 }
@@ -334,12 +336,10 @@ void Synchronizer::eager_step(std::int64_t step) {
   if (!partial_)
     partial_ = std::make_unique<PartialAllreduce>(*rounds_, *within_, eager_quorum(sync_, groups_), lag(), n, step,
                                                   std::move(restored_items_));
-  const Tensor summand = pack(gradients());  // 1/G of this group's own mean gradient
-  partial_->contribute(step, summand.data());
-  PartialRound round = partial_->result(step);
-  Tensor sum{Shape({static_cast<std::int64_t>(n)})};
-  std::copy(round.sum.begin(), round.sum.end(), sum.data());
-  unpack(sum, gradients());
+  pack_into(gradients(), summand_);  // 1/G of this group's own mean gradient (the buffer is reused)
+  partial_->contribute(step, summand_.data());
+  const PartialRound round = partial_->result(step);
+  unpack(round.sum.data(), gradients());
   stats_.staleness = round.staleness;
   stats_.contributors = round.contributors;
   stats_.wait_seconds += round.wait_seconds;

@@ -361,15 +361,22 @@ struct Trainee {
   }
 };
 
+/// A fresh folder under the temporary directory, named alike on every rank (rank 0's pid) and made
+/// by rank 0 before any rank goes on.
+std::string scratch_folder(Communicator& world, const char* what) {
+  std::int64_t pid = static_cast<std::int64_t>(::getpid());
+  world.broadcast(std::span<std::int64_t>(&pid, 1), 0);
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / fmt::format("tessera_mp_{}_{}_np{}", what, pid, world.size())).string();
+  if (world.rank() == 0) std::filesystem::create_directories(dir);
+  world.barrier();
+  return dir;
+}
+
 void expect_checkpoint_round_trip(const std::string& model_text, const Plan& plan) {
   auto world = MpiCommunicator::world();
   std::shared_ptr<Communicator> self = world->split(world->rank(), 0);
-  std::int64_t pid = static_cast<std::int64_t>(::getpid());
-  world->broadcast(std::span<std::int64_t>(&pid, 1), 0);
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           fmt::format("tessera_mp_ckpt_{}_np{}", pid, world->size())).string();
-  if (world->rank() == 0) std::filesystem::create_directories(dir);
-  world->barrier();
+  const std::string dir = scratch_folder(*world, "ckpt");
 
   Trainee sharded(model_text, plan, world, 13);
   sharded.train(0, 3);
@@ -413,10 +420,7 @@ TEST(ModelParallelCheckpoint, BlocksRoundTripBitForBitAcrossPlans) {
   // 2-rank filter plan that saves it again, restored at 1 rank once more: the same values to the bit.
   auto world = MpiCommunicator::world();
   std::shared_ptr<Communicator> self = world->split(world->rank(), 0);
-  std::int64_t pid = static_cast<std::int64_t>(::getpid());
-  world->broadcast(std::span<std::int64_t>(&pid, 1), 0);
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           fmt::format("tessera_mp_bits_{}_np{}", pid, world->size())).string();
+  const std::string dir = scratch_folder(*world, "bits");
   if (world->rank() == 0) std::filesystem::create_directories(dir + "/two");
   world->barrier();
   Trainee sharded(kMlp, Plan::parse(plan_with({{"fc1", two_d()}, {"fc2", two_d(false)}, {"fc3", filter_all()}}), "p"),

@@ -167,6 +167,7 @@ class Synchronizer {
   /// The same into `flat`, reallocated only when its size differs.
   static void pack_into(const std::vector<Tensor*>& tensors, Tensor& flat);
   static void unpack(const Tensor& flat, const std::vector<Tensor*>& tensors);
+  static void unpack(const float* flat, const std::vector<Tensor*>& tensors);
   /// The mean over groups of a packed buffer (one allreduce; its bytes counted in stats() with `count`).
   Tensor mean_across(const Tensor& flat, bool count = true);
   /// Sum over all ranks of the norm-weighted value of `term` per tensor.
@@ -209,7 +210,8 @@ class Synchronizer {
     bool folded = false;  ///< its correction is in an update already
   };
   std::vector<Pending> pending_;
-  /// ssp, dssp: this step's packed share of the sum and the gradient its update uses (reused).
+  /// ssp, dssp, eager: this step's packed share of the sum; ssp, dssp: the gradient its update
+  /// uses (both reused from step to step).
   Tensor summand_, use_;
   /// eager: rank q of every group and this group's ranks (for the rounds' agent thread alone), the
   /// rounds (from the first step on), and for checkpoints the gradients handed and not summed yet,
