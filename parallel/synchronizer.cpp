@@ -9,33 +9,13 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/log.hpp"
+#include "tessera/parallel/flat_pack.hpp"
 #include "tessera/parallel/plan.hpp"
 
 namespace tessera {
 namespace {
 
 constexpr std::size_t kFloat = sizeof(float);
-
-/// A tensor's values in host memory for the length of a scope: the tensor itself on the host,
-/// else a copy that is written back at the end.
-class OnHost {
- public:
-  explicit OnHost(Tensor& tensor) : tensor_(tensor), host_(tensor.to(Device::host())) {
-    if (!host_.is_contiguous()) fail("synchronizer: tensor of shape {} is not contiguous", host_.shape().to_string());
-  }
-  ~OnHost() {
-    if (!tensor_.device().is_host()) tensor_.copy_from(host_);
-  }
-  OnHost(const OnHost&) = delete;
-  OnHost& operator=(const OnHost&) = delete;
-  float* data() { return host_.data(); }
-  std::size_t size() const { return static_cast<std::size_t>(host_.numel()); }
-  Tensor& host() { return host_; }
-
- private:
-  Tensor& tensor_;
-  Tensor host_;
-};
 
 bool one_of(const std::string& mode, std::initializer_list<const char*> modes) {
   return std::any_of(modes.begin(), modes.end(), [&](const char* m) { return mode == m; });
@@ -126,36 +106,6 @@ std::vector<Tensor*> Synchronizer::gradients() const {
   return out;
 }
 
-Tensor Synchronizer::pack(const std::vector<Tensor*>& tensors) {
-  Tensor flat;
-  pack_into(tensors, flat);
-  return flat;
-}
-
-void Synchronizer::pack_into(const std::vector<Tensor*>& tensors, Tensor& flat) {
-  std::int64_t total = 0;
-  for (const Tensor* t : tensors) total += t->numel();
-  if (!flat.defined() || flat.numel() != total) flat = Tensor(Shape({total}));
-  std::int64_t at = 0;
-  for (const Tensor* t : tensors) {
-    const Tensor host = t->to(Device::host());
-    const Tensor contiguous = host.is_contiguous() ? host : host.clone();
-    std::copy(contiguous.data(), contiguous.data() + contiguous.numel(), flat.data() + at);
-    at += t->numel();
-  }
-}
-
-void Synchronizer::unpack(const Tensor& flat, const std::vector<Tensor*>& tensors) { unpack(flat.data(), tensors); }
-
-void Synchronizer::unpack(const float* flat, const std::vector<Tensor*>& tensors) {
-  std::int64_t at = 0;
-  for (Tensor* t : tensors) {
-    OnHost v(*t);
-    std::copy(flat + at, flat + at + t->numel(), v.data());
-    at += t->numel();
-  }
-}
-
 void Synchronizer::reset_state() {
   center_ = Tensor();
   outer_momentum_ = Tensor();
@@ -189,7 +139,7 @@ void Synchronizer::reset_state() {
   }
   if (sync_.mode != "easgd" && sync_.mode != "diloco") return;
   // One flat buffer each, so that an exchange is one collective; state() gives per-parameter views.
-  center_ = pack(values());
+  center_ = pack_flat(values());
   views(center_, 0, sync_.mode == "easgd" ? "center" : "anchor");
   if (sync_.mode == "diloco") {
     outer_momentum_ = Tensor(center_.shape());
@@ -288,7 +238,7 @@ void Synchronizer::ssp_step(std::int64_t step) {
   const auto slots = static_cast<std::int64_t>(pending_.size());
   const std::int64_t n = offsets_.back();
   // Buffers reused from step to step: this step's share of the sum, and the gradient it uses.
-  pack_into(gradients(), summand_);  // 1/G of this group's own mean gradient
+  pack_flat_into(gradients(), summand_);  // 1/G of this group's own mean gradient
   const Tensor& summand = summand_;
   if (!use_.defined() || use_.numel() != n) use_ = Tensor(Shape({n}));
   Tensor& use = use_;
@@ -328,7 +278,7 @@ void Synchronizer::ssp_step(std::int64_t step) {
   p.request = across_->iallreduce(sum, static_cast<std::size_t>(slot_size()), DType::F32, ReduceOp::Sum);
   stats_.bytes += static_cast<double>(slot_size()) * kFloat;
   ++stats_.syncs;
-  unpack(use, gradients());
+  unpack_flat(use, gradients());
 }
 
 void Synchronizer::eager_step(std::int64_t step) {
@@ -336,10 +286,10 @@ void Synchronizer::eager_step(std::int64_t step) {
   if (!partial_)
     partial_ = std::make_unique<PartialAllreduce>(*rounds_, *within_, eager_quorum(sync_, groups_), lag(), n, step,
                                                   std::move(restored_items_));
-  pack_into(gradients(), summand_);  // 1/G of this group's own mean gradient (the buffer is reused)
+  pack_flat_into(gradients(), summand_);  // 1/G of this group's own mean gradient (the buffer is reused)
   partial_->contribute(step, summand_.data());
   const PartialRound round = partial_->result(step);
-  unpack(round.sum.data(), gradients());
+  unpack_flat(round.sum.data(), gradients());
   stats_.staleness = round.staleness;
   stats_.contributors = round.contributors;
   stats_.wait_seconds += round.wait_seconds;
@@ -411,9 +361,9 @@ Tensor Synchronizer::mean_across(const Tensor& flat, bool count) {
 
 void Synchronizer::sum_gradients() {
   ++stats_.syncs;
-  Tensor flat = pack(gradients());
+  Tensor flat = pack_flat(gradients());
   allreduce_across(flat);
-  unpack(flat, gradients());
+  unpack_flat(flat, gradients());
 }
 
 void Synchronizer::scale_gradients(float factor) {
@@ -453,7 +403,7 @@ std::vector<Tensor> Synchronizer::consensus(bool record) {
   // easgd's consensus is its center; the mean over groups is needed for it only to measure.
   Tensor mean = sync_.mode == "easgd" ? center_.clone() : Tensor();
   if (record || !mean.defined()) {
-    const Tensor own = pack(values());
+    const Tensor own = pack_flat(values());
     // Not counted in stats().bytes: checkpoints call it too, and a resumed run must count what the
     // uninterrupted one does.
     Tensor average = groups_ > 1 ? mean_across(own, /*count=*/false) : own.clone();
@@ -467,15 +417,15 @@ std::vector<Tensor> Synchronizer::consensus(bool record) {
 }
 
 void Synchronizer::average(bool optimizer_state) {
-  const Tensor own = pack(values());
+  const Tensor own = pack_flat(values());
   const Tensor mean = mean_across(own);
   measure_consensus(own, mean);  // of the values before the average
-  unpack(mean, values());
+  unpack_flat(mean, values());
   if (!optimizer_state) return;
   std::vector<Tensor*> state;
   for (const auto& t : tensors_) state.insert(state.end(), t.optimizer_state.begin(), t.optimizer_state.end());
   if (state.empty()) return;
-  unpack(mean_across(pack(state)), state);
+  unpack_flat(mean_across(pack_flat(state)), state);
 }
 
 void Synchronizer::diloco_step() {
@@ -483,7 +433,7 @@ void Synchronizer::diloco_step() {
   const double lr = sync_.outer_lr.value_or(0.7);
   const bool nesterov = sync_.outer_optimizer.value_or("nesterov") == "nesterov";
   const double mu = sync_.outer_momentum.value_or(nesterov ? 0.9 : 0.0);
-  const Tensor own = pack(values());
+  const Tensor own = pack_flat(values());
   Tensor delta = center_.clone();
   float* d = delta.data();
   for (std::int64_t k = 0; k < delta.numel(); ++k) d[k] -= own.data()[k];
@@ -505,14 +455,14 @@ void Synchronizer::diloco_step() {
     }
     anchor[k] -= static_cast<float>(lr) * step;
   }
-  unpack(center_, values());
+  unpack_flat(center_, values());
 }
 
 void Synchronizer::easgd_step() {
   // Synchronous EASGD: x_g ← x_g − α (x_g − c), c ← c + α Σ_g (x_g − c), from the same old values,
   // so Σ_g x_g + c is unchanged.
   const auto alpha = static_cast<float>(sync_.easgd_alpha.value_or(0.9 / groups_));
-  Tensor own = pack(values());
+  Tensor own = pack_flat(values());
   Tensor diff = own.clone();
   float* d = diff.data();
   const float* c = center_.data();
@@ -530,7 +480,7 @@ void Synchronizer::easgd_step() {
     x[k] -= alpha * d[k];
     centre[k] += alpha * all[k];
   }
-  unpack(own, values());
+  unpack_flat(own, values());
 }
 
 void Synchronizer::gossip(std::int64_t round) {
@@ -550,7 +500,7 @@ void Synchronizer::gossip(std::int64_t round) {
     from.push_back((g - offset % n + n) % n);
     to.push_back((g + offset) % n);
   }
-  Tensor mine = pack(values());
+  Tensor mine = pack_flat(values());
   const auto total = static_cast<std::size_t>(mine.numel());
   std::vector<Tensor> theirs;
   std::vector<Message> sends, receives;
@@ -568,7 +518,7 @@ void Synchronizer::gossip(std::int64_t round) {
     for (const auto& t : theirs) sum += t.data()[k];
     m[k] = sum * weight;
   }
-  unpack(mine, values());
+  unpack_flat(mine, values());
 }
 
 double Synchronizer::squared_norm(bool gradients) {

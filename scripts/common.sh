@@ -7,7 +7,7 @@ JOBS="${TESSERA_JOBS:-$(nproc)}"
 PACKAGES=(g++ cmake make pkg-config ccache
   libopenmpi-dev openmpi-bin libhdf5-openmpi-dev hdf5-tools zlib1g-dev
   libtrilinos-kokkos-dev libdnnl-dev ocl-icd-opencl-dev libfftw3-dev
-  libgtest-dev libbenchmark-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
+  libgloo-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   python3 python3-numpy python3-h5py-mpi python3-yaml python3-matplotlib dataset-fashion-mnist
   slurm-wlm munge iproute2
   clang libclang-rt-14-dev libomp-dev)  # the sanitizer stage: libFuzzer, ASan/UBSan runtimes, clang's OpenMP

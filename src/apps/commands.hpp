@@ -13,6 +13,8 @@ std::function<void(Communicator&)> add_generate_command(CLI::App& app);
 std::function<void(Communicator&)> add_plan_command(CLI::App& app);
 std::function<void(Communicator&)> add_calibrate_command(CLI::App& app);
 
+/// `tessera launch ARGS`: the supervisor of fault-tolerant replica groups (before MPI starts).
+int run_launch(int argc, char** argv);
 /// The exit code a command asks for when it ends without an error (0 unless set; every rank sets
 /// the same). `tessera train` sets kExitStopped (signals.hpp) when it stopped on a signal.
 int& command_exit_code();

@@ -70,6 +70,7 @@ int run_scale_driver(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "scale") return run_scale_driver(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == "launch") return tessera::run_launch(argc, argv);
   tessera::record_launch(argc, argv);
   int provided = 0;
   // The MPI library's threads inherit this mask: the stop signals never reach them (`tessera
@@ -105,7 +106,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   fmnist->add_option("--output", output, "Output folder")->capture_default_str();
 
-  // Listed for --help; `main` hands `tessera scale` to the study driver before MPI starts.
+  // Listed for --help; `main` runs these before MPI starts.
+  app.add_subcommand("launch", "Run fault-tolerant replica groups, each its own MPI job, restarting any that fails "
+                               "(--help for its options)")
+      ->fallthrough(false)
+      ->allow_extras();
   app.add_subcommand("scale", "Run a strong- or weak-scaling study under Slurm (jobs/scale.py; --help for its options)")
       ->fallthrough(false)
       ->allow_extras();

@@ -3,8 +3,11 @@
 
 #include <charconv>
 #include <chrono>
+#include <cstdlib>
+#include <functional>
 #include <csignal>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include <mpi.h>
@@ -17,10 +20,12 @@
 #include "tessera/core/log.hpp"
 #include "tessera/io/dataset.hpp"
 #include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/fault_tolerance.hpp"
 #include "tessera/parallel/machine.hpp"
 #include "tessera/parallel/straggler.hpp"
 #include "tessera/parallel/sync.hpp"
 #include "tessera/parallel/watchdog.hpp"
+#include "tessera/train/checkpoint.hpp"
 #include "tessera/train/trainer.hpp"
 
 namespace tessera {
@@ -38,6 +43,7 @@ struct TrainArgs {
   std::string straggler;   ///< --inject-straggler
   std::string staleness_range;  ///< --staleness-range
   double memory_per_rank = 0;   ///< --memory-per-rank (0: the machine file's, else the node's share)
+  std::string inject_kill;      ///< --inject-kill STEP or STEP:sync
   SyncOptions sync;       ///< the --sync options given (over the plan file's sync: section)
   TrainerOptions trainer;
   ExecutorOptions executor;
@@ -93,6 +99,56 @@ void check_memory(const TrainArgs& args, const Model& model, const Plan& plan, C
   options.halo_overlap = args.executor.halo_overlap;
   check_plan_memory(model, plan.for_job(world.size()), options, args.trainer.global_batch, limit, source,
                     args.trainer.sync, world.size() % plan.ranks() == 0 ? world.size() / plan.ranks() : 1);
+}
+
+/// Fault-tolerant replica groups (--replica-store): this job is one group; --batch is every
+/// group's together; checkpoints and metrics go to a folder per group; what every group must agree
+/// on is named for the rendezvous.
+void join_replica_groups(TrainArgs& args, const Model& model, const Plan& plan, Communicator& world) {
+  FaultToleranceOptions& ft = args.trainer.fault_tolerance;
+  check_fault_tolerance(ft);
+  if (world.size() != plan.ranks())
+    fail_input("with --replica-store each replica group is its own job of the plan's {} ranks; this job has {}",
+               plan.ranks(), world.size());
+  if (args.trainer.sync.mode != "bsp")
+    fail_input("fault-tolerant replica groups average gradients every step (bsp); --sync {} is not built for them",
+               args.trainer.sync.mode);
+  const std::int64_t batch = args.trainer.global_batch;
+  if (batch % ft.groups != 0)
+    fail_input("--batch {} does not split evenly over the {} replica groups", batch, ft.groups);
+  args.trainer.global_batch = batch / ft.groups;
+  const auto digest = [](const std::string& text) { return fmt::format("{:016x}", std::hash<std::string>{}(text)); };
+  const OptimizerConfig& o = args.trainer.optimizer;
+  ft.identity = {{"model", fmt::format("{} (layers {})", args.model, digest(model_fingerprint(model)))},
+                 {"plan", fmt::format("{} (text {})", args.plan.empty() ? "sample-parallel" : args.plan,
+                                      digest(plan.to_yaml()))},
+                 {"seed", std::to_string(args.trainer.seed)},
+                 {"batch", std::to_string(batch)},
+                 {"groups", std::to_string(ft.groups)},
+                 {"optimizer", fmt::format("{} lr {}", o.type, args.trainer.schedule.base_lr)},
+                 {"data", args.data}};
+  for (std::string* dir : {&args.trainer.checkpoint_dir, &args.trainer.metrics_dir})
+    if (!dir->empty()) *dir += fmt::format("/group{}", ft.group);
+  // --inject-kill acts in a group's first incarnation only (`tessera launch` numbers restarts).
+  const char* incarnation = std::getenv("TESSERA_INCARNATION");
+  if (!args.inject_kill.empty()) {
+    // GROUP:STEP or GROUP:STEP:sync
+    std::vector<std::string> parts;
+    std::stringstream in(args.inject_kill);
+    for (std::string part; std::getline(in, part, ':');) parts.push_back(part);
+    std::int64_t group = -1, step = -1;
+    const auto whole = [](const std::string& text, std::int64_t& value) {
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+      return error == std::errc() && end == text.data() + text.size() && !text.empty() && value >= 0;
+    };
+    if (parts.size() < 2 || parts.size() > 3 || !whole(parts[0], group) || !whole(parts[1], step) ||
+        (parts.size() == 3 && parts[2] != "sync"))
+      fail_input("--inject-kill expects GROUP:STEP or GROUP:STEP:sync, got '{}'", args.inject_kill);
+    if (group == ft.group && (incarnation == nullptr || std::string(incarnation) == "0")) {
+      args.trainer.kill_step = step;
+      args.trainer.kill_in_sync = parts.size() == 3;
+    }
+  }
 }
 
 void run_train(Communicator& world_ref, const TrainArgs& args_in) {
@@ -161,6 +217,7 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     args.trainer.straggler = parse_straggler(args.straggler);
     check_straggler(args.trainer.straggler, world->size() % plan->ranks() == 0 ? world->size() / plan->ranks() : 1);
     args.trainer.plan_text = plan->to_yaml();
+    if (!args.trainer.fault_tolerance.store.empty()) join_replica_groups(args, *model, *plan, *world);
     check_memory(args, *model, *plan, *world);
     Hdf5DatasetOptions data_options{args.inputs, args.targets};
     train = open_hdf5_dataset(args.data, *world, data_options);
@@ -202,7 +259,9 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     command_exit_code() = kExitStopped;
     return;
   }
-  if (world->rank() == 0 && summary.steps == summary.start_step) {
+  if (world->rank() == 0 && summary.finished_elsewhere) {
+    fmt::print("the other replica groups had finished training: nothing left for this group\n");
+  } else if (world->rank() == 0 && summary.steps == summary.start_step) {
     fmt::print("nothing to train: the checkpoint is at step {}, which is where this run ends\n", summary.steps);
   } else if (world->rank() == 0) {
     fmt::print("trained {} steps{} in {:.1f} s ({:.0f} samples/s); final training loss {:.4f}\n",
@@ -213,6 +272,12 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     if (!summary.last_checkpoint.empty()) fmt::print("checkpoint: {}\n", summary.last_checkpoint);
     if (summary.val_loss) fmt::print("validation loss: {:.4f}\n", *summary.val_loss);
     if (summary.val_accuracy) fmt::print("test accuracy: {:.2f}%\n", 100.0 * *summary.val_accuracy);
+    if (summary.replicas)
+      fmt::print("replica group {}: {} failed exchanges, {} quorums, healed {} times ({:.1f} MB, {:.2f} s); "
+                 "effective training time {:.3f}\n",
+                 args.trainer.fault_tolerance.group, summary.replicas->failures, summary.replicas->quorums,
+                 summary.replicas->heals, summary.replicas->heal_bytes * world->size() / 1e6,
+                 summary.replicas->heal_seconds, summary.seconds > 0 ? summary.committed_seconds / summary.seconds : 0.0);
     std::fflush(stdout);
   }
 }
@@ -338,6 +403,37 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
                   "that backward reads kept in bf16 unless the model file says 'activations: fp32'). Default: the "
                   "model file's 'precision' (fp32 without one)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  FaultToleranceOptions& ft = t.fault_tolerance;
+  cmd->add_option("--replica-store", ft.store,
+                  "Fault-tolerant replica groups: the folder every group reaches (a shared file system); this job is "
+                  "one group (normally started by 'tessera launch' or the Slurm script of 'tessera job'; "
+                  "docs/fault_tolerance.md)");
+  cmd->add_option("--replica-group", ft.group, "Fault-tolerant replica groups: this job's group (0-based)");
+  cmd->add_option("--replica-groups", ft.groups, "Fault-tolerant replica groups: how many the job has")
+      ->capture_default_str();
+  cmd->add_option("--min-groups", ft.min_groups, "Fault-tolerant replica groups: no step commits with fewer live groups")
+      ->capture_default_str();
+  cmd->add_option("--join-window", ft.join_window,
+                  "Fault-tolerant replica groups: seconds a quorum forming after a failure waits for the last "
+                  "quorum's groups")
+      ->capture_default_str();
+  cmd->add_option("--start-window", ft.start_window,
+                  "Fault-tolerant replica groups: seconds the first quorum waits for every group")
+      ->capture_default_str();
+  cmd->add_option("--peer-timeout", ft.peer_timeout,
+                  "Fault-tolerant replica groups: seconds an exchange waits for a silent peer group before it counts "
+                  "as failed")
+      ->capture_default_str();
+  cmd->add_option("--quorum-timeout", ft.quorum_timeout,
+                  "Fault-tolerant replica groups: seconds a group waits for a quorum of --min-groups before it gives up")
+      ->capture_default_str();
+  cmd->add_option("--on-shrink", t.on_shrink,
+                  "Fault-tolerant replica groups, with fewer live groups than started: keep-lr (each group keeps its "
+                  "batch and the learning rate stays) or scale-lr (the learning rate scales by live / started groups)")
+      ->capture_default_str();
+  cmd->add_option("--inject-kill", args->inject_kill,
+                  "Testing aid (fault-tolerant replica groups): GROUP:STEP makes rank 0 of that group send itself "
+                  "SIGKILL at that step, GROUP:STEP:sync as its exchange across groups begins (first incarnation only)");
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");
   cmd->add_option("--inject-comm-delay", args->comm_delay,
                   "Testing aid: every collective across replica groups takes this much longer: LATENCY or "

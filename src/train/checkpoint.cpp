@@ -179,6 +179,13 @@ bool same_sync(CheckpointReader& reader, const Synchronizer& sync) {
 
 }  // namespace
 
+std::vector<Tensor*> training_state(Model& model, Executor& executor, Optimizer& optimizer) {
+  optimizer.prepare(model.parameters());
+  std::vector<Tensor*> out;
+  for (const StateTensor& t : state_tensors(model, executor, optimizer, nullptr)) out.push_back(t.tensor);
+  return out;
+}
+
 std::string model_fingerprint(const Model& model) {
   std::string out;
   for (const auto& node : model.nodes())

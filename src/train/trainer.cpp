@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -110,6 +111,16 @@ struct Trainer::Metrics {
                        loss, accuracy, lr, rate, elapsed, sync.syncs, sync.bytes, sync.gain, consensus, sync.staleness,
                        sync.wait_seconds, sync.contributors);
   }
+  /// Fault-tolerant replica groups: what the group saw (empty otherwise).
+  static std::string replica_fields(const TrainSummary& s) {
+    if (!s.replicas) return {};
+    const ReplicaStats& r = *s.replicas;
+    return fmt::format(
+        R"(,"failures":{},"quorums":{},"heals":{},"heal_s":{:.6g},"heal_bytes":{:.0f},"served_bytes":{:.0f},)"
+        R"("quorum_s":{:.6g},"committed_s":{:.6g},"effective_time":{:.6g},"finished_elsewhere":{})",
+        r.failures, r.quorums, r.heals, r.heal_seconds, r.heal_bytes, r.served_bytes, r.quorum_seconds,
+        s.committed_seconds, s.seconds > 0 ? s.committed_seconds / s.seconds : 0.0, s.finished_elsewhere);
+  }
   void summary(const TrainSummary& s, int ranks, std::int64_t global_batch) {
     std::ofstream out(dir + "/summary.json");
     const auto opt = [](const std::optional<double>& v) { return v ? fmt::format("{:.9g}", *v) : std::string("null"); };
@@ -118,11 +129,11 @@ struct Trainer::Metrics {
                R"({{"ranks":{},"steps":{},"global_batch":{},"seconds":{:.6g},"samples_per_s":{:.6g},"step_s":{:.6g},)"
                R"("comm_wait_s":{:.6g},"comm_share":{:.6g},"final_loss":{:.9g},"val_loss":{},"val_accuracy":{},)"
                R"("syncs":{},"cross_group_bytes":{:.0f},"gain":{:.6g},"consensus":{},"staleness_bound":{},)"
-               R"("sync_wait_s":{:.6g},"sync_wait_s_per_group":[{:.6g}]}})",
+               R"("sync_wait_s":{:.6g},"sync_wait_s_per_group":[{:.6g}]{}}})",
                ranks, s.steps, global_batch, s.seconds, s.samples_per_second, s.seconds / steps,
                s.comm_wait_seconds / steps, s.seconds > 0 ? s.comm_wait_seconds / s.seconds : 0.0, s.final_loss,
                opt(s.val_loss), opt(s.val_accuracy), s.sync.syncs, s.sync.bytes, s.sync.gain, opt(s.sync.consensus),
-               s.sync.bound, s.sync.wait_seconds, fmt::join(s.group_wait_seconds, ","))
+               s.sync.bound, s.sync.wait_seconds, fmt::join(s.group_wait_seconds, ","), replica_fields(s))
         << '\n';
   }
   void eval_row(std::int64_t step, std::int64_t epoch, double loss, std::optional<double> accuracy, double elapsed) {
@@ -155,6 +166,12 @@ Trainer::Trainer(Model& model, Executor& executor, std::shared_ptr<Dataset> trai
   if (options_.keep_checkpoints < 0) fail_input("--keep-checkpoints must be >= 0, got {}", options_.keep_checkpoints);
   if (options_.resume == "auto" && options_.checkpoint_dir.empty())
     fail_input("--resume auto needs --checkpoint-dir (the folder to look for checkpoints in)");
+  if (!options_.fault_tolerance.store.empty()) {
+    if (groups > 1) fail_input("fault-tolerant replica groups run one group per job: this job holds {} groups", groups);
+    if (options_.on_shrink != "keep-lr" && options_.on_shrink != "scale-lr")
+      fail_input("--on-shrink must be keep-lr or scale-lr, got '{}'", options_.on_shrink);
+    replicas_ = std::make_unique<ReplicaSet>(options_.fault_tolerance, executor_.world());
+  }
   if (!options_.metrics_dir.empty() && executor_.world().rank() == 0)
     metrics_ = std::make_unique<Metrics>(options_.metrics_dir, !options_.resume.empty());
 }
@@ -323,6 +340,8 @@ bool Trainer::train_step(Run& state, std::int64_t step) {
     const WatchdogScope scope(watch, "an injected hang (--inject-hang)");
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
+  const bool kill_here = state.rank == 0 && step == options_.kill_step;
+  if (kill_here && !options_.kill_in_sync) std::raise(SIGKILL);
   const auto compute_start = Clock::now();
   const BatchResult r = executor_.train_step(batch.inputs, batch.targets, options_.global_batch, step);
   if (options_.straggler.any()) {
@@ -334,15 +353,36 @@ bool Trainer::train_step(Run& state, std::int64_t step) {
     std::this_thread::sleep_for(std::chrono::duration<double>(delay));
   }
   double lr = 0;
+  bool regroup = false;
+  if (replicas_) {
+    if (kill_here && options_.kill_in_sync) std::raise(SIGKILL);
+    ReplicaSet::Outcome outcome;
+    {
+      const WatchdogScope scope(watch, "averaging gradients across fault-tolerant replica groups");
+      outcome = replicas_->average(replica_gradients_);
+    }
+    if (!outcome.committed)
+      return !rejoin(state, TrainingPosition{step, optimizer_->steps_taken()}, step + 1);
+    regroup = outcome.regroup;
+    SyncStats stats = sync_->stats();
+    stats.contributors = replicas_->members();
+    sync_->set_stats(stats);
+  }
   {
     const WatchdogScope scope(watch, "synchronizing replica groups (before the update)");
     lr = sync_->before_update(step, [&](std::int64_t s) { return state.schedule.lr(s); });
   }
+  if (replicas_ && options_.on_shrink == "scale-lr")
+    lr *= static_cast<double>(replicas_->members()) / options_.fault_tolerance.groups;
   optimizer_->step(state.params, lr);
   {
     const WatchdogScope scope(watch, "synchronizing replica groups (after the update)");
     sync_->after_update(step);
   }
+  if (replicas_) state.summary.committed_seconds += seconds_since(compute_start);
+  if (regroup && !rejoin(state, TrainingPosition{step + 1, optimizer_->steps_taken()}, step + 1))
+    return true;
+  const bool moved = regroup && state.reached != step + 1;
   if (watch) watch->heartbeat();
   state.summary.final_loss = r.mean_loss();
   state.summary.comm_wait_seconds += r.comm_wait_seconds;
@@ -356,8 +396,33 @@ bool Trainer::train_step(Run& state, std::int64_t step) {
     validate(state, step + 1, epoch);
   if (step == state.start_step && state.start_step > 0)
     log_info("first step after resuming done {:.2f} s after training began", seconds_since(state.start));
+  if (moved) return false;  // healed past this step (it had been behind): nothing of it to save
   state.reached = step + 1;
   return checkpoint_or_stop(state, last);
+}
+
+bool Trainer::rejoin(Run& state, TrainingPosition position, std::int64_t prefetched) {
+  const std::int64_t from = position.step;
+  bool joined = false;
+  {
+    const WatchdogScope scope(state.watch, "forming a quorum of fault-tolerant replica groups");
+    joined = replicas_->join(position, replica_state_);
+  }
+  if (state.watch) state.watch->heartbeat();
+  if (!joined) {
+    log_info("the other replica groups finished training while this one was at step {}", from);
+    state.summary.finished_elsewhere = true;
+    state.reached = from;
+    return false;
+  }
+  optimizer_->set_steps_taken(position.optimizer_steps);
+  // The batch of step `prefetched` is being read (if there is such a step); the next one must be the position's.
+  if (position.step != prefetched) {
+    if (prefetched < state.total_steps) state.prefetcher.take();
+    if (position.step < state.total_steps) state.prefetcher.submit(state.request_for(position.step));
+  }
+  state.reached = position.step;
+  return true;
 }
 
 void Trainer::report_step(Run& state, std::int64_t step, const BatchResult& r, double lr) {
@@ -406,14 +471,17 @@ bool Trainer::checkpoint_or_stop(Run& state, bool last) {
 TrainSummary Trainer::run() {
   check();
   const DatasetInfo& info = train_->info();
-  EpochSampler sampler(
-      SamplerOptions{info.size, options_.global_batch, options_.seed, options_.shuffle, /*drop_last=*/true});
+  // Fault-tolerant replica groups: the batch of a step is every group's; group g reads block g.
+  const int shares = replicas_ ? options_.fault_tolerance.groups : 1;
+  const std::int64_t first_sample = replicas_ ? options_.fault_tolerance.group * options_.global_batch : 0;
+  EpochSampler sampler(SamplerOptions{info.size, options_.global_batch * shares, options_.seed, options_.shuffle,
+                                      /*drop_last=*/true});
   const std::int64_t per_epoch = sampler.batches_per_epoch();
   std::int64_t total_steps = per_epoch * options_.epochs;
   if (options_.max_steps > 0) total_steps = std::min(total_steps, options_.max_steps);
   ScheduleConfig schedule_config = options_.schedule;
   if (schedule_config.total_steps == 0) schedule_config.total_steps = total_steps;
-  const LrSchedule schedule(schedule_config, options_.global_batch);
+  const LrSchedule schedule(schedule_config, options_.global_batch * shares);
   const Box box = executor_.input_sample_box();
   const auto params = model_.parameters();
   const int rank = executor_.world().rank();
@@ -421,7 +489,8 @@ TrainSummary Trainer::run() {
   auto request_for = [&](std::int64_t step) {
     const auto batch = sampler.batch(step / per_epoch, step % per_epoch);
     const auto [begin, end] = executor_.local_samples(options_.global_batch);
-    return ReadRequest{std::vector<std::int64_t>(batch.begin() + begin, batch.begin() + end), box};
+    return ReadRequest{
+        std::vector<std::int64_t>(batch.begin() + first_sample + begin, batch.begin() + first_sample + end), box};
   };
 
   const std::string where = executor_.device().is_host() ? std::string()
@@ -439,6 +508,22 @@ TrainSummary Trainer::run() {
   // Resume: the step restores everything else (see train/checkpoint.hpp).
   std::int64_t start_step = 0;
   if (!options_.resume.empty()) start_step = resume_from_checkpoint(start);
+  if (replicas_) {
+    replica_state_ = training_state(model_, executor_, *optimizer_);
+    replica_gradients_.clear();
+    for (Parameter* p : params) replica_gradients_.push_back(&p->grad);
+    TrainingPosition position{start_step, optimizer_->steps_taken()};
+    Watchdog joining(options_.watchdog_seconds, rank, Watchdog::print_and_abort(executor_.world()));
+    const WatchdogScope scope(joining.enabled() ? &joining : nullptr, "forming the first quorum of replica groups");
+    if (replicas_->join(position, replica_state_)) {
+      start_step = position.step;
+      optimizer_->set_steps_taken(position.optimizer_steps);
+    } else {
+      log_info("the other replica groups have finished training: nothing to do");
+      summary.finished_elsewhere = true;
+      total_steps = start_step;
+    }
+  }
   summary.start_step = start_step;
   Prefetcher prefetcher(train_);
   if (start_step < total_steps) prefetcher.submit(request_for(start_step));
@@ -454,8 +539,15 @@ TrainSummary Trainer::run() {
   Run state{per_epoch, total_steps, schedule, params, rank, request_for, prefetcher, watch, start, start_step, summary,
             /*window_start=*/start, /*window_steps=*/0, /*reached=*/start_step};
   try {
-    for (std::int64_t step = start_step; step < total_steps; ++step)
+    for (std::int64_t step = start_step; step < total_steps; step = state.reached)
       if (train_step(state, step)) break;
+    if (replicas_ && !summary.finished_elsewhere && !summary.stopped) {
+      // A group healed at the very end trained no step of its own: it saves the final state too.
+      if (!options_.checkpoint_dir.empty() && std::filesystem::path(summary.last_checkpoint).filename() !=
+                                                   checkpoint_name(state.reached) + ".h5")
+        save(state, state.reached);
+      replicas_->finish(state.reached);
+    }
   } catch (const AgreedFailure&) {
     throw;  // every rank is throwing it at the same point
   } catch (const std::exception& e) {
@@ -480,6 +572,7 @@ TrainSummary Trainer::run() {
     auto& wait = summary.group_wait_seconds[static_cast<std::size_t>(g)];
     wait = std::max(wait, waits[r]);
   }
+  if (replicas_) summary.replicas = replicas_->stats();
   if (metrics_) metrics_->summary(summary, executor_.world().size(), options_.global_batch);
   return summary;
 }

@@ -162,12 +162,6 @@ class Synchronizer {
   /// The values or gradients of every tensor, in order.
   std::vector<Tensor*> values() const;
   std::vector<Tensor*> gradients() const;
-  /// `tensors` copied into one flat host buffer (one collective for all of them), and back.
-  static Tensor pack(const std::vector<Tensor*>& tensors);
-  /// The same into `flat`, reallocated only when its size differs.
-  static void pack_into(const std::vector<Tensor*>& tensors, Tensor& flat);
-  static void unpack(const Tensor& flat, const std::vector<Tensor*>& tensors);
-  static void unpack(const float* flat, const std::vector<Tensor*>& tensors);
   /// The mean over groups of a packed buffer (one allreduce; its bytes counted in stats() with `count`).
   Tensor mean_across(const Tensor& flat, bool count = true);
   /// Sum over all ranks of the norm-weighted value of `term` per tensor.

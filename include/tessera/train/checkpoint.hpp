@@ -11,6 +11,7 @@
 // a resumed run on the same ranks is bit-identical to an uninterrupted one.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tessera/train/executor.hpp"
 #include "tessera/train/model.hpp"
@@ -39,6 +40,9 @@ std::string model_fingerprint(const Model& model);
 std::string save_checkpoint(const std::string& dir, Model& model, Executor& executor, Optimizer& optimizer,
                             const CheckpointMeta& meta, int keep = 3, Synchronizer* sync = nullptr);
 
+/// This rank's tensors of the training state, in the order checkpoints list them: parameters,
+/// optimizer state, layers' buffers (what healing a fault-tolerant replica group copies).
+std::vector<Tensor*> training_state(Model& model, Executor& executor, Optimizer& optimizer);
 /// Restores the state from `path` (collective): verifies the file, then checks it against the model
 /// (fingerprint: InputError naming the file and the first differing layer) and `expected`'s global
 /// batch and seed (InputError saying what differs). Nothing is changed unless every check passes.

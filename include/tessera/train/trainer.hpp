@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tessera/core/clock.hpp"
+#include "tessera/parallel/fault_tolerance.hpp"
 #include "tessera/parallel/straggler.hpp"
 #include "tessera/parallel/synchronizer.hpp"
 #include "tessera/train/executor.hpp"
@@ -51,6 +52,17 @@ struct TrainerOptions {
   /// How replica groups synchronize (synchronizer.hpp); the executor must have been made with
   /// ExecutorOptions::within_groups = sums_within_groups(sync).
   SyncOptions sync;
+  /// Fault-tolerant replica groups (store empty: off): this job is group fault_tolerance.group of
+  /// fault_tolerance.groups, each its own MPI job, exchanging over Gloo; global_batch is then one
+  /// group's batch, and group g reads block g of each batch of groups x global_batch samples.
+  FaultToleranceOptions fault_tolerance;
+  /// With fewer live groups than started: "keep-lr" keeps the learning rate (each group keeps its
+  /// batch, so the step's batch shrinks), "scale-lr" scales it by live / started groups.
+  std::string on_shrink = "keep-lr";
+  /// Testing aid: rank 0 sends itself SIGKILL at step `kill_step` (-1: never): before the step's
+  /// compute, or with kill_in_sync as the step's exchange across groups begins.
+  std::int64_t kill_step = -1;
+  bool kill_in_sync = false;
   /// A testing aid: every collective across replica groups takes this much longer.
   CommDelay comm_delay;
   /// A testing aid: replica groups that sleep after a step's compute (straggler.hpp).
@@ -92,6 +104,12 @@ struct TrainSummary {
   SyncStats sync;
   /// Per replica group: the seconds it waited for the others (its slowest rank's sync wait).
   std::vector<double> group_wait_seconds;
+  /// Fault-tolerant replica groups: what this group saw, and the seconds of its steps that were
+  /// committed (effective training time = committed_seconds / seconds).
+  std::optional<ReplicaStats> replicas;
+  double committed_seconds = 0;
+  /// Fault-tolerant replica groups: the other groups had finished training before this one joined.
+  bool finished_elsewhere = false;
 };
 
 /// Every parameter block of the model with its gradient, its optimizer state (prepared here) and
@@ -128,6 +146,10 @@ class Trainer {
   bool checkpoint_or_stop(Run& state, bool last);
   /// Writes a checkpoint before step `next`.
   void save(Run& state, std::int64_t next);
+  /// Fault-tolerant replica groups: joins the next quorum at `position` (after a failed exchange, or
+  /// for a group waiting to join) and continues from where it puts this group (the batch of step
+  /// `prefetched` is being read); returns false when the other groups had finished training.
+  bool rejoin(Run& state, TrainingPosition position, std::int64_t prefetched);
   Model& model_;
   Executor& executor_;
   std::shared_ptr<Dataset> train_;
@@ -136,6 +158,10 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Synchronizer> sync_;
   std::unique_ptr<Metrics> metrics_;
+  /// Fault-tolerant replica groups (null: off), this rank's state tensors that healing copies and
+  /// the gradients they average.
+  std::unique_ptr<ReplicaSet> replicas_;
+  std::vector<Tensor*> replica_state_, replica_gradients_;
   /// Evaluates `data` with the consensus model where replica groups differ (their own values
   /// restored after).
   BatchResult evaluate_consensus(Dataset& data);
