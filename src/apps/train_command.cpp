@@ -43,7 +43,7 @@ struct TrainArgs {
   std::string straggler;   ///< --inject-straggler
   std::string staleness_range;  ///< --staleness-range
   double memory_per_rank = 0;   ///< --memory-per-rank (0: the machine file's, else the node's share)
-  std::string inject_kill;      ///< --inject-kill STEP or STEP:sync
+  std::vector<std::string> inject_kill;  ///< --inject-kill GROUP:STEP or GROUP:STEP:sync
   SyncOptions sync;       ///< the --sync options given (over the plan file's sync: section)
   TrainerOptions trainer;
   ExecutorOptions executor;
@@ -131,10 +131,11 @@ void join_replica_groups(TrainArgs& args, const Model& model, const Plan& plan, 
     if (!dir->empty()) *dir += fmt::format("/group{}", ft.group);
   // --inject-kill acts in a group's first incarnation only (`tessera launch` numbers restarts).
   const char* incarnation = std::getenv("TESSERA_INCARNATION");
-  if (!args.inject_kill.empty()) {
+  args.trainer.append_metrics = incarnation != nullptr && std::string(incarnation) != "0";
+  for (const std::string& kill : args.inject_kill) {
     // GROUP:STEP or GROUP:STEP:sync
     std::vector<std::string> parts;
-    std::stringstream in(args.inject_kill);
+    std::stringstream in(kill);
     for (std::string part; std::getline(in, part, ':');) parts.push_back(part);
     std::int64_t group = -1, step = -1;
     const auto whole = [](const std::string& text, std::int64_t& value) {
@@ -143,7 +144,7 @@ void join_replica_groups(TrainArgs& args, const Model& model, const Plan& plan, 
     };
     if (parts.size() < 2 || parts.size() > 3 || !whole(parts[0], group) || !whole(parts[1], step) ||
         (parts.size() == 3 && parts[2] != "sync"))
-      fail_input("--inject-kill expects GROUP:STEP or GROUP:STEP:sync, got '{}'", args.inject_kill);
+      fail_input("--inject-kill expects GROUP:STEP or GROUP:STEP:sync, got '{}'", kill);
     if (group == ft.group && (incarnation == nullptr || std::string(incarnation) == "0")) {
       args.trainer.kill_step = step;
       args.trainer.kill_in_sync = parts.size() == 3;
@@ -433,7 +434,8 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--inject-kill", args->inject_kill,
                   "Testing aid (fault-tolerant replica groups): GROUP:STEP makes rank 0 of that group send itself "
-                  "SIGKILL at that step, GROUP:STEP:sync as its exchange across groups begins (first incarnation only)");
+                  "SIGKILL at that step, GROUP:STEP:sync as its exchange across groups begins (first incarnation only; "
+                  "repeatable)");
   cmd->add_option("--inject-failure", args->inject_failure, "Testing aid: RANK:STEP makes that rank throw then");
   cmd->add_option("--inject-comm-delay", args->comm_delay,
                   "Testing aid: every collective across replica groups takes this much longer: LATENCY or "

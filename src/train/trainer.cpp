@@ -173,7 +173,7 @@ Trainer::Trainer(Model& model, Executor& executor, std::shared_ptr<Dataset> trai
     replicas_ = std::make_unique<ReplicaSet>(options_.fault_tolerance, executor_.world());
   }
   if (!options_.metrics_dir.empty() && executor_.world().rank() == 0)
-    metrics_ = std::make_unique<Metrics>(options_.metrics_dir, !options_.resume.empty());
+    metrics_ = std::make_unique<Metrics>(options_.metrics_dir, !options_.resume.empty() || options_.append_metrics);
 }
 
 Trainer::~Trainer() = default;
@@ -364,13 +364,15 @@ bool Trainer::train_step(Run& state, std::int64_t step) {
     if (!outcome.committed)
       return !rejoin(state, TrainingPosition{step, optimizer_->steps_taken()}, step + 1);
     regroup = outcome.regroup;
-    SyncStats stats = sync_->stats();
-    stats.contributors = replicas_->members();
-    sync_->set_stats(stats);
   }
   {
     const WatchdogScope scope(watch, "synchronizing replica groups (before the update)");
     lr = sync_->before_update(step, [&](std::int64_t s) { return state.schedule.lr(s); });
+  }
+  if (replicas_) {
+    SyncStats stats = sync_->stats();
+    stats.contributors = replicas_->members();  // the groups whose gradients this update averages
+    sync_->set_stats(stats);
   }
   if (replicas_ && options_.on_shrink == "scale-lr")
     lr *= static_cast<double>(replicas_->members()) / options_.fault_tolerance.groups;
@@ -497,8 +499,11 @@ TrainSummary Trainer::run() {
                             : executor_.uses_nccl()    ? " (GPUs; messages over NCCL)"
                                                        : " (GPUs; messages through host memory over MPI)";
   const int groups = executor_.replica_groups();
-  const std::string as_groups =
+  std::string as_groups =
       groups > 1 ? fmt::format(" as {} replica groups of a {}-rank plan", groups, executor_.world().size() / groups) : "";
+  if (replicas_)
+    as_groups = fmt::format(" as replica group {} of {} (its share of the global batch of {})",
+                            options_.fault_tolerance.group, shares, options_.global_batch * shares);
   log_info("training '{}' ({} parameters, {}) on {} ranks{}{}: {} steps ({} per epoch), global batch {}", model_.name(),
            model_.parameter_count(), precision_name(model_.precision()), executor_.world().size(), as_groups, where,
            total_steps, per_epoch, options_.global_batch);
@@ -524,6 +529,7 @@ TrainSummary Trainer::run() {
       total_steps = start_step;
     }
   }
+  if (metrics_ && options_.append_metrics && options_.resume.empty()) metrics_->resume_from(start_step);
   summary.start_step = start_step;
   Prefetcher prefetcher(train_);
   if (start_step < total_steps) prefetcher.submit(request_for(start_step));

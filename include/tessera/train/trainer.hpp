@@ -63,6 +63,9 @@ struct TrainerOptions {
   /// compute, or with kill_in_sync as the step's exchange across groups begins.
   std::int64_t kill_step = -1;
   bool kill_in_sync = false;
+  /// Keep the metrics files' rows of the steps before this run's first step (a restarted replica
+  /// group; resuming from a checkpoint does so too).
+  bool append_metrics = false;
   /// A testing aid: every collective across replica groups takes this much longer.
   CommDelay comm_delay;
   /// A testing aid: replica groups that sleep after a step's compute (straggler.hpp).
