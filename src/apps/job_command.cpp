@@ -210,6 +210,12 @@ std::function<void(Communicator&)> add_job_command(CLI::App& app) {
                 "Requeue the job when the ranks stopped on a signal; it resumes from the checkpoint (default: on)");
   cmd->add_option("--output", s.output, "The batch script to write (default: <job-name>.sbatch)");
   cmd->add_option("--mpi", s.mpi, "srun's MPI plugin (Debian's Open MPI needs pmix)")->capture_default_str();
+  cmd->add_option("--replica-groups", s.replica_groups,
+                  "Fault-tolerant replica groups: the job's ranks run as this many groups, each its own job step "
+                  "under 'tessera launch', which restarts a failed step (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--min-groups", s.min_groups, "With --replica-groups: no step commits with fewer live groups")
+      ->capture_default_str();
   cmd->add_flag("--submit", args->submit, "Submit the script with sbatch and print its job id");
   cmd->add_option("train-args", s.train_args, "Arguments for 'tessera train' (after --)");
   return [args, cmd](Communicator& world) {

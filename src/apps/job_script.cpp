@@ -146,6 +146,15 @@ std::optional<long> parse_slurm_time(const std::string& text) {
 
 void check_job_request(const JobSpec& spec, bool gpu_training_built) {
   if (spec.nodes < 1) fail_input("--nodes must be at least 1 (got {})", spec.nodes);
+  if (spec.replica_groups < 0) fail_input("--replica-groups must be 0 (off) or more (got {})", spec.replica_groups);
+  if (spec.replica_groups > 0) {
+    if (spec.nodes * spec.tasks_per_node % spec.replica_groups != 0)
+      fail_input("--replica-groups {} does not divide the job's {} ranks", spec.replica_groups,
+                 spec.nodes * spec.tasks_per_node);
+    if (spec.min_groups < 1 || spec.min_groups > spec.replica_groups)
+      fail_input("--min-groups {} must be between 1 and the {} groups", spec.min_groups, spec.replica_groups);
+    if (spec.plan == "auto") fail_input("--replica-groups takes a plan file (or none): --plan auto is not built for it");
+  }
   if (spec.tasks_per_node < 1) fail_input("--tasks-per-node must be at least 1 (got {})", spec.tasks_per_node);
   if (spec.cpus_per_task < 1) fail_input("--cpus-per-task must be at least 1 (got {})", spec.cpus_per_task);
   if (spec.gpus_per_task < 0) fail_input("--gpus-per-task must be 0 or more (got {})", spec.gpus_per_task);
@@ -244,6 +253,9 @@ ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd) {
   if (!s.plan.empty() && s.plan != "auto") {
     s.plan = absolute(s.plan, cwd);
     const Plan plan = Plan::load(s.plan);
+    if (s.replica_groups > 0 && plan.ranks() * s.replica_groups != s.ranks())
+      fail_input("plan '{}' is for {} ranks, but each of the {} replica groups has {} ranks", s.plan, plan.ranks(),
+                 s.replica_groups, s.ranks() / s.replica_groups);
     if (s.ranks() < plan.ranks() || s.ranks() % plan.ranks() != 0)
       fail_input("plan '{}' is for {} ranks, but the job has {} ranks (--nodes {} x --tasks-per-node {}; a multiple "
                  "of the plan's ranks runs it as replica groups)", s.plan, plan.ranks(), s.ranks(), s.nodes,
@@ -309,8 +321,17 @@ std::string render_job_script(const ResolvedJob& job, const std::string& tessera
   out +=
       "trap 'echo \"tessera job: SIGUSR1: the ranks checkpoint and stop\"; "
       "if [ -n \"$srun_pid\" ]; then kill -USR1 \"$srun_pid\" || true; fi' USR1\n";
-  out += fmt::format("srun --mpi={} --cpus-per-task={} --kill-on-bad-exit=1 {} train \\\n", s.mpi, s.cpus_per_task,
-                     shell_quote(tessera_binary));
+  if (s.replica_groups > 0)
+    // One job step per group; the launcher restarts a failed one, and passes SIGUSR1 on to every group.
+    out += fmt::format("{} launch --launcher srun --launcher-args {} --groups {} --ranks-per-group {} --min-groups {} "
+                       "--store {} -- \\\n",
+                       shell_quote(tessera_binary),
+                       shell_quote(fmt::format("--mpi={} --cpus-per-task={}", s.mpi, s.cpus_per_task)),
+                       s.replica_groups, s.ranks() / s.replica_groups, s.min_groups,
+                       quote_with_job_id(s.workdir + "/tessera-store-%j"));
+  else
+    out += fmt::format("srun --mpi={} --cpus-per-task={} --kill-on-bad-exit=1 {} train \\\n", s.mpi,
+                       s.cpus_per_task, shell_quote(tessera_binary));
   std::vector<std::string> lines;
   lines.push_back(fmt::format("--model {}", shell_quote(s.model)));
   lines.push_back(fmt::format("--data {}", shell_quote(s.data)));

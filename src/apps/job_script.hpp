@@ -39,6 +39,10 @@ struct JobSpec {
   /// On kExitStopped the script requeues the job (scontrol requeue; #SBATCH --requeue), which
   /// resumes from the checkpoint; otherwise the job ends with exit code kExitStopped.
   bool requeue = true;
+  /// Fault-tolerant replica groups (0: off): the job's ranks run as this many groups, each its own
+  /// job step under `tessera launch`, which restarts a failed step (docs/fault_tolerance.md).
+  int replica_groups = 0;
+  int min_groups = 1;
 
   int ranks() const { return nodes * tasks_per_node; }
 };
@@ -67,7 +71,8 @@ void check_job_request(const JobSpec& spec, bool gpu_training_built);
 /// exists. Throws InputError.
 ResolvedJob resolve_job(const JobSpec& spec, const std::string& cwd);
 
-/// The batch script: #SBATCH header, environment, and one `srun` of `tessera_binary train`, run in
+/// The batch script: #SBATCH header, environment, and one `srun` of `tessera_binary train` (with
+/// replica_groups: `tessera_binary launch`, one job step per group), run in
 /// the background so that the shell can pass SIGUSR1 on to it (srun passes it to every rank);
 /// when the ranks stop with kExitStopped (signals.hpp) the script requeues the job (spec.requeue).
 /// `command_line` (may be empty) is recorded in a comment.

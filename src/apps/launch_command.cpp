@@ -172,7 +172,7 @@ int tessera::run_launch(int argc, char** argv) {
       // Every group stops at its next step boundary and checkpoints (signals.hpp); none restarts.
       say(fmt::format("signal {}: asking every group to stop", static_cast<int>(stop_signal_received)));
       for (const Group& group : state)
-        if (group.pid > 0) kill(group.pid, launcher == "srun" ? SIGTERM : SIGUSR1);
+        if (group.pid > 0) kill(group.pid, SIGUSR1);  // mpirun and srun pass it on to every rank
       forwarded = true;
     }
     int status = 0;
