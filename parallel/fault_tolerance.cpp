@@ -392,7 +392,26 @@ ReplicaSet::Outcome ReplicaSet::average(const std::vector<Tensor*>& tensors) {
   return outcome;
 }
 
+bool ReplicaSet::sum(std::span<double> values) {
+  Impl& s = *impl_;
+  bool ok = true;
+  if (s.members.size() > 1) {
+    try {
+      gloo::AllreduceOptions sum(s.context);
+      sum.setOutput(values.data(), values.size());
+      sum.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<double>));
+      gloo::allreduce(sum);
+    } catch (const std::exception& e) {
+      log_warn("group {}: a peer group failed during a sum of quorum {}: {}", s.o.group, s.quorum, e.what());
+      ok = false;
+    }
+  }
+  return s.agree(ok);
+}
+
 int ReplicaSet::members() const { return static_cast<int>(impl_->members.size()); }
+
+int ReplicaSet::place() const { return impl_->index; }
 
 void ReplicaSet::finish(std::int64_t step) {
   if (impl_->voice) create_once(impl_->root / "done", fmt::format("{}\n", step));

@@ -1,5 +1,6 @@
 #include "tessera/train/trainer.hpp"
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -107,6 +108,7 @@ struct Trainer::Metrics {
                consensus.empty() ? std::string("null") : consensus, sync.staleness, sync.wait_seconds,
                sync.contributors)
         << '\n';
+    jsonl.flush();  // a row per committed step, readable as training goes (and kept when a rank is killed)
     csv << fmt::format("train,{},{},{:.9g},{:.6g},{:.9g},{:.6g},{:.6g},{},{:.0f},{:.6g},{},{},{:.6g},{}\n", step, epoch,
                        loss, accuracy, lr, rate, elapsed, sync.syncs, sync.bytes, sync.gain, consensus, sync.staleness,
                        sync.wait_seconds, sync.contributors);
@@ -188,7 +190,10 @@ BatchResult Trainer::evaluate(Dataset& data) {
   std::vector<std::int64_t> indices;
   Tensor inputs, targets;
   const std::int64_t chunk = options_.eval_batch > 0 ? options_.eval_batch : options_.global_batch;
-  for (std::int64_t first = 0; first < n; first += chunk) {
+  // Fault-tolerant replica groups split the chunks among the quorum's groups and sum the results.
+  const bool split = replicas_ && replicas_->members() > 1 && !evaluate_alone_;
+  const std::int64_t parts = split ? replicas_->members() : 1, part = split ? replicas_->place() : 0;
+  for (std::int64_t first = chunk * part; first < n; first += chunk * parts) {
     const std::int64_t size = std::min(chunk, n - first);
     const auto [begin, end] = executor_.local_samples(size);
     indices.clear();
@@ -202,6 +207,19 @@ BatchResult Trainer::evaluate(Dataset& data) {
     loss_sum += r.loss_sum;
     correct += r.correct;
     samples += r.samples;
+  }
+  if (split) {
+    std::array<double, 3> sums{loss_sum, static_cast<double>(correct), static_cast<double>(samples)};
+    if (!replicas_->sum(sums)) {
+      // A group failed meanwhile: this group validates on its own (the next step regroups).
+      evaluate_alone_ = true;
+      const BatchResult alone = evaluate(data);
+      evaluate_alone_ = false;
+      return alone;
+    }
+    loss_sum = sums[0];
+    correct = sums[1] < 0 ? -1 : static_cast<std::int64_t>(sums[1]);
+    samples = static_cast<std::int64_t>(sums[2]);
   }
   total.loss_sum = loss_sum;
   total.correct = correct;

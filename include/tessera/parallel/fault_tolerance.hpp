@@ -6,6 +6,7 @@
 // from a live peer. The protocol, its timeouts and what it guarantees: docs/fault_tolerance.md.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,8 +83,13 @@ class ReplicaSet {
   /// Replaces `tensors` by their mean over the quorum's groups (collective over the group).
   Outcome average(const std::vector<Tensor*>& tensors);
 
-  /// Groups in the current quorum.
+  /// Sums `values` over the quorum's groups in place (collective over the group): whether every
+  /// rank of the group did; on false the values are void, and the next average() fails too.
+  bool sum(std::span<double> values);
+
+  /// Groups in the current quorum, and this group's place among them.
   int members() const;
+  int place() const;
   /// After the last step: groups that join later learn that training has finished.
   void finish(std::int64_t step);
   const ReplicaStats& stats() const;

@@ -165,6 +165,8 @@ class Trainer {
   /// the gradients they average.
   std::unique_ptr<ReplicaSet> replicas_;
   std::vector<Tensor*> replica_state_, replica_gradients_;
+  /// Validation falls back to this group alone after a failed sum across groups.
+  bool evaluate_alone_ = false;
   /// Evaluates `data` with the consensus model where replica groups differ (their own values
   /// restored after).
   BatchResult evaluate_consensus(Dataset& data);
