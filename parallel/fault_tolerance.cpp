@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -51,10 +52,18 @@ std::string read_text(const fs::path& path) {
   return text.str();
 }
 
-/// A name for a temporary file beside `path`, unique to this process.
+/// A name for a temporary file beside `path`, unique to this process on this host.
 fs::path temporary_beside(const fs::path& path) {
   static int counter = 0;
-  return fs::path(fmt::format("{}.tmp.{}.{}", path.string(), getpid(), counter++));
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return fs::path(fmt::format("{}.tmp.{}.{}.{}", path.string(), host, getpid(), counter++));
+}
+
+/// Whether `path` exists; an error reading the folder (a shared file system's hiccup) counts as no.
+bool present(const fs::path& path) {
+  std::error_code ec;
+  return fs::exists(path, ec);
 }
 
 void write_whole(const fs::path& path, const std::string& text) {
@@ -145,6 +154,9 @@ struct ReplicaSet::Impl {
   std::vector<int> members;  ///< its groups, in order (empty: none yet)
   int index = 0;             ///< this group's place among them
   bool after_failure = false;
+  /// Where this rank's state comes from: the quorum that committed its last step (-1: the seeded
+  /// initial state, the same in every group; below: a checkpoint of this group's).
+  std::int64_t lineage = -1;
   ReplicaStats stats;
   std::vector<float> buffer;
 
@@ -175,13 +187,17 @@ struct ReplicaSet::Impl {
     const auto begin = SteadyClock::now();
     const bool fresh = members.empty();
     for (;; ++target) {
+      // Never a quorum older than the newest decided one (a stale folder listing, or one removed).
+      target = std::max(target, newest_decided() + 1);
       const fs::path q = folder(target);
       fs::create_directories(q / "joins");
       fs::create_directories(q / "gloo");
       replace_whole(q / "joins" / std::to_string(o.group), fmt::format("{}\n", position.step));
       const auto joined_at = SteadyClock::now();
+      auto checked_newer = joined_at;
       for (;;) {
-        if (fs::exists(root / "done")) return {-1};
+        if (present(root / "done")) return {-1};
+        if (o.stop_request != nullptr && o.stop_request->load()) return {-3};
         const std::string decided = read_text(q / "decided");
         if (!decided.empty()) {
           std::vector<int> chosen = parse_ints(decided);
@@ -197,19 +213,24 @@ struct ReplicaSet::Impl {
         }
         std::sort(joined.begin(), joined.end());
         const bool everyone = static_cast<int>(joined.size()) == o.groups;
-        // After a regroup for a joining group nobody failed: every member of the last quorum comes.
-        const bool all_members = !fresh && !after_failure &&
+        // A regroup after a commit is for a group that waits to join, and nobody failed: every
+        // member of the last quorum comes, and the newcomer is there already.
+        const bool all_members = !fresh && !after_failure && joined.size() > members.size() &&
                                  std::all_of(members.begin(), members.end(), [&](int g) { return contains(joined, g); });
         const bool waited = seconds_from(joined_at) >= (fresh ? o.start_window : o.join_window);
         if (static_cast<int>(joined.size()) >= o.min_groups && (everyone || all_members || waited)) {
           create_once(q / "decided", fmt::format("{}\n", fmt::join(joined, " ")));
           continue;  // read whichever decision was made first
         }
+        if (seconds_from(checked_newer) > 0.5) {
+          checked_newer = SteadyClock::now();
+          if (newest_decided() > target) break;  // the others are past this one: join the newest
+        }
         if (seconds_from(begin) > o.quorum_timeout)
           fail("group {}: no quorum of at least {} groups (--min-groups) formed within {:.0f} s (--quorum-timeout); "
                "the groups seen last: [{}]",
                o.group, o.min_groups, o.quorum_timeout, fmt::join(joined, ", "));
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
   }
@@ -234,28 +255,36 @@ struct ReplicaSet::Impl {
     return agree(ok);
   }
 
-  /// Brings every member to the newest position among them (collective over the group; Gloo
-  /// across groups): whether every rank of the group took part without an error.
+  /// Brings every member to the state of the member furthest ahead (collective over the group;
+  /// Gloo across groups): whether every rank of the group took part without an error. Members
+  /// at the same step whose last commits came from the same quorum hold the same state; any
+  /// other member receives the source's.
   bool heal(TrainingPosition& position, const std::vector<Tensor*>& state) {
     const std::size_t n = members.size();
     if (n == 1) return true;
-    std::vector<std::int64_t> positions(2 * n, 0);
-    positions[2 * index] = position.step;
-    positions[2 * index + 1] = position.optimizer_steps;
+    constexpr std::size_t kFields = 3;  // step, optimizer steps, lineage
+    std::vector<std::int64_t> positions(kFields * n, 0);
+    positions[kFields * index] = position.step;
+    positions[kFields * index + 1] = position.optimizer_steps;
+    positions[kFields * index + 2] = lineage;
     std::size_t source = 0;
-    bool behind = false, any_behind = false, ok = true;
+    bool receive = false, anyone = false, ok = true;
     std::vector<float> received;
     const auto begin = SteadyClock::now();
+    const auto differs = [&](std::size_t i) {
+      return positions[kFields * i] != positions[kFields * source] ||
+             positions[kFields * i + 2] != positions[kFields * source + 2];
+    };
     try {
       gloo::AllreduceOptions sum(context);
       sum.setOutput(positions.data(), positions.size());
       sum.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<std::int64_t>));
       gloo::allreduce(sum);
       for (std::size_t i = 1; i < n; ++i)
-        if (positions[2 * i] > positions[2 * source]) source = i;
-      for (std::size_t i = 0; i < n; ++i) any_behind = any_behind || positions[2 * i] < positions[2 * source];
-      behind = position.step < positions[2 * source];
-      if (any_behind) {
+        if (positions[kFields * i] > positions[kFields * source]) source = i;
+      for (std::size_t i = 0; i < n; ++i) anyone = anyone || differs(i);
+      receive = differs(static_cast<std::size_t>(index));
+      if (anyone) {
         received.resize(static_cast<std::size_t>(total_elements(state)));
         if (static_cast<std::size_t>(index) == source) pack_flat_into(state, received.data());
         gloo::BroadcastOptions copy(context);
@@ -269,17 +298,18 @@ struct ReplicaSet::Impl {
     }
     if (!agree(ok)) return false;
     const double bytes = static_cast<double>(received.size() * sizeof(float));
-    if (behind) {
+    if (receive) {
       unpack_flat(received.data(), state);
       const std::int64_t from = position.step;
-      position.step = positions[2 * source];
-      position.optimizer_steps = positions[2 * source + 1];
+      position.step = positions[kFields * source];
+      position.optimizer_steps = positions[kFields * source + 1];
+      lineage = positions[kFields * source + 2];
       ++stats.heals;
       stats.heal_bytes += bytes;
       stats.heal_seconds += seconds_from(begin);
       log_info("group {}: healed from group {}: step {} -> {}, {:.1f} MB in {:.3f} s", o.group, members[source], from,
                position.step, bytes * group.size() / 1e6, seconds_from(begin));
-    } else if (any_behind && static_cast<std::size_t>(index) == source) {
+    } else if (anyone && static_cast<std::size_t>(index) == source) {
       stats.served_bytes += bytes;
     }
     return true;
@@ -316,12 +346,15 @@ ReplicaSet::ReplicaSet(FaultToleranceOptions options, Communicator& group)
                    s.o.group, what, s.o.store, value, other);
     }
   });
+  // A write to a peer that died must fail with EPIPE (an exception in the exchange), not end this
+  // process with SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   s.device = make_device();
 }
 
 ReplicaSet::~ReplicaSet() = default;
 
-bool ReplicaSet::join(TrainingPosition& position, const std::vector<Tensor*>& state) {
+ReplicaSet::Joined ReplicaSet::join(TrainingPosition& position, const std::vector<Tensor*>& state) {
   Impl& s = *impl_;
   const auto begin = SteadyClock::now();
   for (;;) {
@@ -333,7 +366,8 @@ bool ReplicaSet::join(TrainingPosition& position, const std::vector<Tensor*>& st
       std::copy(formed.begin(), formed.end(), chosen.begin());
     });
     s.group.broadcast(std::span<int>(chosen), 0);
-    if (chosen[0] == -1) return false;
+    if (chosen[0] == -1) return Joined::Finished;
+    if (chosen[0] == -3) return Joined::Stopped;
     s.quorum = chosen[0];
     s.members.clear();
     for (std::size_t i = 1; i < chosen.size() && chosen[i] >= 0; ++i) s.members.push_back(chosen[i]);
@@ -350,11 +384,12 @@ bool ReplicaSet::join(TrainingPosition& position, const std::vector<Tensor*>& st
     log_info("group {}: quorum {} of groups [{}] at step {} ({:.3f} s)", s.o.group, s.quorum,
              fmt::join(s.members, ", "), position.step, took);
     if (s.voice && s.index == 0) {
-      // Every member of this quorum has left the older ones: their files go.
+      // Every member of this quorum has left the older ones: their files go (the last two stay for
+      // groups that read the folder a little late).
       std::error_code ec;
-      for (int q = s.quorum - 2; q >= 0 && fs::exists(s.folder(q), ec); --q) fs::remove_all(s.folder(q), ec);
+      for (int q = s.quorum - 3; q >= 0 && fs::exists(s.folder(q), ec); --q) fs::remove_all(s.folder(q), ec);
     }
-    return true;
+    return Joined::Member;
   }
 }
 
@@ -364,7 +399,7 @@ ReplicaSet::Outcome ReplicaSet::average(const std::vector<Tensor*>& tensors) {
   s.buffer.resize(total + 1);
   pack_flat_into(tensors, s.buffer.data());
   // The last element counts the groups' voices that see a group waiting to join.
-  s.buffer[total] = s.voice && fs::exists(s.folder(s.quorum + 1)) ? 1.0F : 0.0F;
+  s.buffer[total] = s.voice && present(s.folder(s.quorum + 1)) ? 1.0F : 0.0F;
   bool ok = true;
   if (s.members.size() > 1) {
     try {
@@ -386,6 +421,7 @@ ReplicaSet::Outcome ReplicaSet::average(const std::vector<Tensor*>& tensors) {
     s.context.reset();
     return outcome;
   }
+  s.lineage = s.quorum;
   const float n = static_cast<float>(s.members.size());
   for (std::size_t i = 0; i < total; ++i) s.buffer[i] /= n;
   unpack_flat(s.buffer.data(), tensors);
@@ -413,8 +449,15 @@ int ReplicaSet::members() const { return static_cast<int>(impl_->members.size())
 
 int ReplicaSet::place() const { return impl_->index; }
 
+void ReplicaSet::restored_from_checkpoint() { impl_->lineage = -2 - impl_->o.group; }
+
 void ReplicaSet::finish(std::int64_t step) {
-  if (impl_->voice) create_once(impl_->root / "done", fmt::format("{}\n", step));
+  if (!impl_->voice) return;
+  try {
+    create_once(impl_->root / "done", fmt::format("{}\n", step));
+  } catch (const std::exception& e) {
+    log_warn("group {}: cannot mark training as finished in the store: {}", impl_->o.group, e.what());
+  }
 }
 
 const ReplicaStats& ReplicaSet::stats() const { return impl_->stats; }

@@ -136,9 +136,11 @@ int tessera::run_launch(int argc, char** argv) {
                                             "--replica-groups", std::to_string(groups), "--min-groups",
                                             std::to_string(min_groups)})
       command.push_back(a);
+    const pid_t launcher_pid = getpid();
     const pid_t pid = fork();
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);  // a launcher that dies takes its groups with it
+      if (getppid() != launcher_pid) _exit(1);  // it died before prctl
       setpgid(0, 0);
       setenv("TESSERA_INCARNATION", std::to_string(group.incarnation).c_str(), 1);
       if (!log_dir.empty()) {
@@ -153,6 +155,7 @@ int tessera::run_launch(int argc, char** argv) {
       std::fprintf(stderr, "tessera launch: cannot run %s: %s\n", raw[0], std::strerror(errno));
       _exit(127);
     }
+    setpgid(pid, pid);  // also here: the group exists whichever runs first
     group.pid = pid;
     group.started = SteadyClock::now();
     say(fmt::format("group {} started (incarnation {}, pid {})", g, group.incarnation, pid));
@@ -167,7 +170,29 @@ int tessera::run_launch(int argc, char** argv) {
 
   int code = 0;
   bool forwarded = false;
-  for (;;) {
+  const auto alive = [&] {
+    return std::any_of(state.begin(), state.end(), [](const Group& group) { return group.pid > 0; });
+  };
+  // Ends every group still running: SIGTERM (mpirun and srun end their ranks), SIGKILL after 10 s.
+  const auto end_all = [&] {
+    for (const Group& group : state)
+      if (group.pid > 0) kill(-group.pid, SIGTERM);
+    const auto deadline = SteadyClock::now() + std::chrono::seconds(10);
+    while (alive() && SteadyClock::now() < deadline) {
+      int status = 0;
+      const pid_t pid = waitpid(-1, &status, WNOHANG);
+      for (Group& group : state)
+        if (pid > 0 && group.pid == pid) group.pid = -1;
+      if (pid <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    for (Group& group : state)
+      if (group.pid > 0) {
+        kill(-group.pid, SIGKILL);
+        waitpid(group.pid, nullptr, 0);
+        group.pid = -1;
+      }
+  };
+  while (alive()) {
     if (stop_signal_received && !forwarded) {
       // Every group stops at its next step boundary and checkpoints (signals.hpp); none restarts.
       say(fmt::format("signal {}: asking every group to stop", static_cast<int>(stop_signal_received)));
@@ -176,32 +201,35 @@ int tessera::run_launch(int argc, char** argv) {
       forwarded = true;
     }
     int status = 0;
-    const pid_t pid = waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
-      break;  // no children left
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid == 0 || (pid < 0 && errno == EINTR)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
     }
+    if (pid < 0) break;
     int g = 0;
     while (g < groups && state[static_cast<std::size_t>(g)].pid != pid) ++g;
     if (g == groups) continue;
     Group& group = state[static_cast<std::size_t>(g)];
     group.pid = -1;
     const double ran = std::chrono::duration<double>(SteadyClock::now() - group.started).count();
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    const int exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (exit_code == 0) {
       group.done = true;
       say(fmt::format("group {} finished after {:.1f} s", g, ran));
       continue;
     }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 2) {
+    if (exit_code == 2) {
       // Bad input fails every group alike: end them all.
       say(fmt::format("group {} refused its input (exit code 2): stopping every group", g));
-      for (const Group& other : state)
-        if (other.pid > 0) kill(-other.pid, SIGKILL);
       code = 2;
-      continue;
+      end_all();
+      break;
     }
-    if (forwarded || code == 2) {
-      if (code == 0) code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (forwarded || exit_code == tessera::kExitStopped) {
+      // Stopped on a signal (from here, or sent to the group itself): checkpointed, not restarted.
+      say(fmt::format("group {} stopped ({})", g, describe(status)));
+      if (code == 0) code = exit_code;
       continue;
     }
     if (group.incarnation >= max_restarts) {
@@ -215,6 +243,7 @@ int tessera::run_launch(int argc, char** argv) {
     say(fmt::format("group {} failed ({}) after {:.1f} s: restarting it (incarnation {})", g, describe(status), ran,
                     group.incarnation));
     std::this_thread::sleep_for(std::chrono::duration<double>(restart_delay));
+    if (stop_signal_received) continue;  // asked to stop meanwhile: it stays down
     start_group(g);
   }
   const bool all_done = std::all_of(state.begin(), state.end(), [](const Group& group) { return group.done; });

@@ -119,13 +119,21 @@ void join_replica_groups(TrainArgs& args, const Model& model, const Plan& plan, 
   args.trainer.global_batch = batch / ft.groups;
   const auto digest = [](const std::string& text) { return fmt::format("{:016x}", std::hash<std::string>{}(text)); };
   const OptimizerConfig& o = args.trainer.optimizer;
+  const ScheduleConfig& sc = args.trainer.schedule;
   ft.identity = {{"model", fmt::format("{} (layers {})", args.model, digest(model_fingerprint(model)))},
                  {"plan", fmt::format("{} (text {})", args.plan.empty() ? "sample-parallel" : args.plan,
                                       digest(plan.to_yaml()))},
                  {"seed", std::to_string(args.trainer.seed)},
                  {"batch", std::to_string(batch)},
                  {"groups", std::to_string(ft.groups)},
-                 {"optimizer", fmt::format("{} lr {}", o.type, args.trainer.schedule.base_lr)},
+                 {"optimizer", fmt::format("{} momentum {} nesterov {} weight decay {} betas {} {}", o.type,
+                                           o.momentum, o.nesterov, o.weight_decay, o.beta1, o.beta2)},
+                 {"schedule", fmt::format("{} lr {} warm-up {} step size {} gamma {} min lr {} reference batch {}",
+                                          sc.type, sc.base_lr, sc.warmup_steps, sc.step_size, sc.gamma, sc.min_lr,
+                                          sc.reference_batch)},
+                 {"length", fmt::format("epochs {} steps {}", args.trainer.epochs, args.trainer.max_steps)},
+                 {"precision", args.precision.empty() ? std::string("the model file's") : args.precision},
+                 {"on-shrink", args.trainer.on_shrink},
                  {"data", args.data}};
   for (std::string* dir : {&args.trainer.checkpoint_dir, &args.trainer.metrics_dir})
     if (!dir->empty()) *dir += fmt::format("/group{}", ft.group);

@@ -108,10 +108,10 @@ struct Trainer::Metrics {
                consensus.empty() ? std::string("null") : consensus, sync.staleness, sync.wait_seconds,
                sync.contributors)
         << '\n';
-    jsonl.flush();  // a row per committed step, readable as training goes (and kept when a rank is killed)
     csv << fmt::format("train,{},{},{:.9g},{:.6g},{:.9g},{:.6g},{:.6g},{},{:.0f},{:.6g},{},{},{:.6g},{}\n", step, epoch,
                        loss, accuracy, lr, rate, elapsed, sync.syncs, sync.bytes, sync.gain, consensus, sync.staleness,
                        sync.wait_seconds, sync.contributors);
+    flush();  // a row per committed step, readable as training goes (and kept when a rank is killed)
   }
   /// Fault-tolerant replica groups: what the group saw (empty otherwise).
   static std::string replica_fields(const TrainSummary& s) {
@@ -172,7 +172,9 @@ Trainer::Trainer(Model& model, Executor& executor, std::shared_ptr<Dataset> trai
     if (groups > 1) fail_input("fault-tolerant replica groups run one group per job: this job holds {} groups", groups);
     if (options_.on_shrink != "keep-lr" && options_.on_shrink != "scale-lr")
       fail_input("--on-shrink must be keep-lr or scale-lr, got '{}'", options_.on_shrink);
-    replicas_ = std::make_unique<ReplicaSet>(options_.fault_tolerance, executor_.world());
+    FaultToleranceOptions fault_tolerance = options_.fault_tolerance;
+    fault_tolerance.stop_request = options_.stop_request;
+    replicas_ = std::make_unique<ReplicaSet>(fault_tolerance, executor_.world());
   }
   if (!options_.metrics_dir.empty() && executor_.world().rank() == 0)
     metrics_ = std::make_unique<Metrics>(options_.metrics_dir, !options_.resume.empty() || options_.append_metrics);
@@ -400,9 +402,6 @@ bool Trainer::train_step(Run& state, std::int64_t step) {
     sync_->after_update(step);
   }
   if (replicas_) state.summary.committed_seconds += seconds_since(compute_start);
-  if (regroup && !rejoin(state, TrainingPosition{step + 1, optimizer_->steps_taken()}, step + 1))
-    return true;
-  const bool moved = regroup && state.reached != step + 1;
   if (watch) watch->heartbeat();
   state.summary.final_loss = r.mean_loss();
   state.summary.comm_wait_seconds += r.comm_wait_seconds;
@@ -416,23 +415,34 @@ bool Trainer::train_step(Run& state, std::int64_t step) {
     validate(state, step + 1, epoch);
   if (step == state.start_step && state.start_step > 0)
     log_info("first step after resuming done {:.2f} s after training began", seconds_since(state.start));
-  if (moved) return false;  // healed past this step (it had been behind): nothing of it to save
   state.reached = step + 1;
-  return checkpoint_or_stop(state, last);
+  const bool stop = checkpoint_or_stop(state, last);
+  // A group waits to join: every member regroups once this step is validated and saved, so that
+  // the quorum's groups run the same exchanges (validation sums over the quorum too).
+  if (regroup && !stop) return !rejoin(state, TrainingPosition{step + 1, optimizer_->steps_taken()}, step + 1);
+  return stop;
 }
 
 bool Trainer::rejoin(Run& state, TrainingPosition position, std::int64_t prefetched) {
   const std::int64_t from = position.step;
-  bool joined = false;
+  ReplicaSet::Joined joined = ReplicaSet::Joined::Member;
   {
     const WatchdogScope scope(state.watch, "forming a quorum of fault-tolerant replica groups");
     joined = replicas_->join(position, replica_state_);
   }
   if (state.watch) state.watch->heartbeat();
-  if (!joined) {
+  if (joined == ReplicaSet::Joined::Finished) {
     log_info("the other replica groups finished training while this one was at step {}", from);
     state.summary.finished_elsewhere = true;
     state.reached = from;
+    return false;
+  }
+  if (joined == ReplicaSet::Joined::Stopped) {
+    // Asked to stop while waiting for a quorum: the state is this group's own, before step `from`.
+    state.reached = from;
+    if (!options_.checkpoint_dir.empty()) save(state, from);
+    log_info("stop requested: stopping before step {} (while forming a quorum)", from);
+    state.summary.stopped = true;
     return false;
   }
   optimizer_->set_steps_taken(position.optimizer_steps);
@@ -535,19 +545,23 @@ TrainSummary Trainer::run() {
     replica_state_ = training_state(model_, executor_, *optimizer_);
     replica_gradients_.clear();
     for (Parameter* p : params) replica_gradients_.push_back(&p->grad);
+    if (start_step > 0) replicas_->restored_from_checkpoint();
     TrainingPosition position{start_step, optimizer_->steps_taken()};
     Watchdog joining(options_.watchdog_seconds, rank, Watchdog::print_and_abort(executor_.world()));
     const WatchdogScope scope(joining.enabled() ? &joining : nullptr, "forming the first quorum of replica groups");
-    if (replicas_->join(position, replica_state_)) {
+    const ReplicaSet::Joined joined = replicas_->join(position, replica_state_);
+    if (joined == ReplicaSet::Joined::Member) {
       start_step = position.step;
       optimizer_->set_steps_taken(position.optimizer_steps);
+      if (metrics_ && options_.append_metrics && options_.resume.empty()) metrics_->resume_from(start_step);
     } else {
-      log_info("the other replica groups have finished training: nothing to do");
-      summary.finished_elsewhere = true;
+      if (joined == ReplicaSet::Joined::Finished) log_info("the other replica groups have finished training: nothing to do");
+      else log_info("stop requested while forming the first quorum: nothing trained");
+      summary.finished_elsewhere = joined == ReplicaSet::Joined::Finished;
+      summary.stopped = joined == ReplicaSet::Joined::Stopped;
       total_steps = start_step;
     }
   }
-  if (metrics_ && options_.append_metrics && options_.resume.empty()) metrics_->resume_from(start_step);
   summary.start_step = start_step;
   Prefetcher prefetcher(train_);
   if (start_step < total_steps) prefetcher.submit(request_for(start_step));

@@ -11,6 +11,9 @@ Cases (each under a hard timeout; every check prints FAIL and the test exits 1 a
                 then ends the rest of group 0).
   min-groups    2 groups x 1 rank with --min-groups 2: group 1 is killed; group 0 commits no step
                 without it.
+  stop-resume   SIGTERM to `tessera launch`: every group checkpoints and stops, the launcher exits
+                75 and leaves no process; the same command with --resume auto finishes (the groups
+                may have stopped at different steps: the one behind is healed).
   bad-input     an unusable store, groups started with different seeds, --min-groups above the
                 groups, a batch that does not split: exit 2 with one clear message.
 
@@ -44,9 +47,10 @@ parser.add_argument("--model", required=True)
 parser.add_argument("--data", required=True)
 parser.add_argument("--plans", required=True, help="the tests' plan folder")
 parser.add_argument("--work", required=True)
-parser.add_argument("--case", action="append", choices=["three-groups", "spatial", "min-groups", "bad-input"])
+CASES = ["three-groups", "spatial", "min-groups", "stop-resume", "bad-input"]
+parser.add_argument("--case", action="append", choices=CASES)
 args = parser.parse_args()
-cases = args.case or ["three-groups", "spatial", "min-groups", "bad-input"]
+cases = args.case or CASES
 
 JOIN_WINDOW_S = 1.0
 BOUND_S = JOIN_WINDOW_S + 4.0  # documented: the join window plus reconnecting (seconds on this machine)
@@ -163,6 +167,9 @@ def check_run(work, groups, steps, killed, min_groups=1, first_step_kill=()):
     """The checks every run with failures must pass."""
     with open(f"{work}/launch.log") as f:
         launch_log = f.read()
+    failed = sorted(int(g) for g in re.findall(r"group (\d+) failed", launch_log))
+    check(failed == sorted(killed), f"{work}: the groups that failed were {failed}, the groups killed {sorted(killed)} "
+                                    f"(a survivor must not die of a peer's death)")
     for g in killed:
         check(re.search(rf"group {g} failed .* restarting it", launch_log), f"{work}: group {g} was not restarted")
         with open(f"{work}/logs/group{g}.log") as f:
@@ -248,6 +255,28 @@ if "min-groups" in cases:
     code = finish(work, process, deadline)
     if check(code == 0, f"{work}: the launcher exited {code}"):
         check_run(work, 2, steps, killed=[1], min_groups=2)
+
+
+if "stop-resume" in cases:
+    steps, stop_at = 600, 100
+    work = f"{args.work}/stop_resume"
+    deadline = time.time() + RUN_TIMEOUT_S
+    process = launch(work, 2, 1, steps)
+    if check(wait_for_step(work, 0, stop_at, deadline), f"{work}: group 0 never reached step {stop_at}"):
+        os.kill(process.pid, signal.SIGTERM)
+    code = finish(work, process, deadline)
+    check(code == 75, f"{work}: the stopped launcher exited {code}, expected 75")
+    for g in range(2):
+        check(glob.glob(f"{work}/ckpt/group{g}/ckpt-*.h5"), f"{work}: group {g} wrote no checkpoint when stopped")
+    check(not [p for g in range(2) for p in rank_processes(work, g).values()], f"{work}: processes left after the stop")
+    os.rename(f"{work}/launch.log", f"{work}/launch_stopped.log")
+    process = launch(work, 2, 1, steps, ["--resume", "auto"])
+    code = finish(work, process, time.time() + RUN_TIMEOUT_S)
+    if check(code == 0, f"{work}: the resumed launcher exited {code}"):
+        check_run(work, 2, steps, killed=[])
+        for g in range(2):
+            with open(f"{work}/logs/group{g}.log") as f:
+                check("resumed from" in f.read(), f"{work}: group {g} did not resume from its checkpoint")
 
 
 def expect_exit_2(command, message, name, timeout=60):

@@ -172,6 +172,39 @@ TEST(JobScript, WritesTheScript) {
   EXPECT_LT(text.rfind("#SBATCH"), text.find("set -euo pipefail"));
 }
 
+TEST(JobScript, ReplicaGroupsRunUnderTheLauncher) {
+  Scratch s;
+  JobSpec spec = good_spec(s);
+  spec.nodes = 2;
+  spec.tasks_per_node = 2;
+  spec.replica_groups = 2;
+  spec.min_groups = 1;
+  spec.plan = kSource + "/plans/fashion_2ranks.yaml";
+  EXPECT_EQ(refusal(spec), "");
+  const std::string text = render_job_script(resolve_job(spec, s.dir.string()), "/opt/tessera/bin/tessera", "");
+  for (const std::string& line :
+       {std::string("/opt/tessera/bin/tessera launch --launcher srun --launcher-args '--mpi=pmix --cpus-per-task=1' "
+                    "--groups 2 --ranks-per-group 2 --min-groups 1 --store ") + s.dir.string() +
+            "/tessera-store-\"${SLURM_JOB_ID}\" -- \\\n",
+        std::string("--resume auto")})
+    EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line << "\nin:\n" << text;
+  EXPECT_EQ(text.find("srun --mpi"), std::string::npos) << text;
+
+  auto with = [&](auto change) {
+    JobSpec changed = spec;
+    change(changed);
+    return refusal(changed);
+  };
+  EXPECT_NE(with([](JobSpec& j) { j.replica_groups = 3; }).find("--replica-groups 3 does not divide the job's 4 ranks"),
+            std::string::npos);
+  EXPECT_NE(with([](JobSpec& j) { j.min_groups = 3; }).find("--min-groups 3 must be between 1 and the 2 groups"),
+            std::string::npos);
+  EXPECT_NE(with([](JobSpec& j) { j.plan = kSource + "/plans/fashion_4ranks.yaml"; })
+                .find("each of the 2 replica groups has 2 ranks"),
+            std::string::npos);
+  EXPECT_NE(with([](JobSpec& j) { j.plan = "auto"; }).find("--plan auto is not built for it"), std::string::npos);
+}
+
 TEST(JobScript, DefaultMetricsFolderIsInTheWorkdir) {
   Scratch s;
   JobSpec spec = good_spec(s);

@@ -4,6 +4,7 @@
 // a store folder that every group reaches (a shared file system). A quorum of live groups commits
 // each step; a group that fails is dropped; a restarted one joins the next quorum and is healed
 // from a live peer. The protocol, its timeouts and what it guarantees: docs/fault_tolerance.md.
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -34,6 +35,8 @@ struct FaultToleranceOptions {
   double quorum_timeout = 600;
   /// What every group must agree on, as (what, value): the model, the plan, the seed, the batch.
   std::vector<std::pair<std::string, std::string>> identity;
+  /// Set (by a signal handler) to stop waiting for a quorum (may be null).
+  const std::atomic<bool>* stop_request = nullptr;
 };
 
 /// Refuses bad options (InputError): groups < 1, min_groups outside [1, groups], a group index
@@ -67,11 +70,13 @@ class ReplicaSet {
   ReplicaSet& operator=(const ReplicaSet&) = delete;
 
   /// Forms a quorum that includes this group (collective over the group) and brings every member
-  /// to the newest state among them: where a member is behind (a restarted group, or one that
-  /// missed a commit), `state` (this rank's tensors; rank q of every group holds the same list)
-  /// and `position` become the newest member's. Returns false, changing nothing, when training has
-  /// finished already (finish()).
-  bool join(TrainingPosition& position, const std::vector<Tensor*>& state);
+  /// to the state of the member furthest ahead: where a member's differs (a restarted group, one
+  /// that missed a commit, or one that committed in another quorum), `state` (this rank's tensors;
+  /// rank q of every group holds the same list) and `position` become that member's. Returns
+  /// Finished, changing nothing, when training has finished already (finish()), and Stopped when
+  /// a stop was requested (FaultToleranceOptions::stop_request) while waiting for the quorum.
+  enum class Joined { Member, Finished, Stopped };
+  Joined join(TrainingPosition& position, const std::vector<Tensor*>& state);
 
   struct Outcome {
     /// Every rank of this group averaged with every member: the mean is in the tensors. Else a
@@ -83,6 +88,9 @@ class ReplicaSet {
   /// Replaces `tensors` by their mean over the quorum's groups (collective over the group).
   Outcome average(const std::vector<Tensor*>& tensors);
 
+  /// The state was restored from this group's own checkpoint: the next join() takes it as
+  /// different from every other group's, unless it is the one furthest ahead.
+  void restored_from_checkpoint();
   /// Sums `values` over the quorum's groups in place (collective over the group): whether every
   /// rank of the group did; on false the values are void, and the next average() fails too.
   bool sum(std::span<double> values);
