@@ -3,6 +3,10 @@
 
 Cases (each under a hard timeout; every check prints FAIL and the test exits 1 at the end):
 
+  invariant     without failures, 3 groups x 1 rank and 2 groups x 2 ranks (spatial plan) compute
+                what the 1-rank run computes: each step's loss (the mean of the groups' losses) and
+                the final parameters within 1e-5 relative.
+
   three-groups  3 groups x 1 rank, Adam. Group 1 is killed (kill -9 from here) once it has done
                 some steps; group 2 sends itself SIGKILL as the exchange of a later step begins
                 (--inject-kill 2:STEP:sync, while the others wait in it).
@@ -47,7 +51,7 @@ parser.add_argument("--model", required=True)
 parser.add_argument("--data", required=True)
 parser.add_argument("--plans", required=True, help="the tests' plan folder")
 parser.add_argument("--work", required=True)
-CASES = ["three-groups", "spatial", "min-groups", "stop-resume", "bad-input"]
+CASES = ["invariant", "three-groups", "spatial", "min-groups", "stop-resume", "bad-input"]
 parser.add_argument("--case", action="append", choices=CASES)
 args = parser.parse_args()
 cases = args.case or CASES
@@ -221,6 +225,38 @@ def compare_prefix(work, reference, before):
     check(len(same) == before, f"{work}: {before - len(same)} of the {before} steps before the first failure differ "
                                f"from the failure-free run")
     print(f"{work}: the {len(same)} steps before the first failure equal the failure-free run bit for bit", flush=True)
+
+
+def final_params(path):
+    with h5py.File(path, "r") as f:
+        out = {}
+        f["param"].visititems(lambda n, item: out.__setitem__(n, item[()]) if isinstance(item, h5py.Dataset) else None)
+        return out
+
+
+if "invariant" in cases:
+    steps = 8
+    one = f"{args.work}/invariant_1rank"
+    os.makedirs(one)
+    single = subprocess.run(["mpirun", "-n", "1", *shlex.split(args.mpi_flags), args.tessera, "train",
+                             *train_args(one, steps)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    check(single.returncode == 0, f"{one}: exited {single.returncode}\n{single.stderr}")
+    with open(f"{one}/metrics/metrics.jsonl") as f:
+        reference = {r["step"]: r["loss"] for r in map(json.loads, f) if r["kind"] == "train"}
+    expected = final_params(f"{one}/ckpt/ckpt-{steps:08d}.h5")
+    for groups, ranks, extra in [(3, 1, []), (2, 2, ["--plan", f"{args.plans}/fashion_spatial_np2.yaml"])]:
+        work = f"{args.work}/invariant_{groups}x{ranks}"
+        code = finish(work, launch(work, groups, ranks, steps, extra), time.time() + RUN_TIMEOUT_S)
+        if not check(code == 0, f"{work}: the launcher exited {code}"):
+            continue
+        losses = [{r["step"]: r["loss"] for r in rows(work, g)} for g in range(groups)]
+        worst = max(abs(sum(l[s] for l in losses) / groups - reference[s]) / abs(reference[s]) for s in range(steps))
+        check(worst <= 1e-5, f"{work}: a step's loss differs from the 1-rank run's by {worst:.2e} relative")
+        params = final_params(f"{work}/ckpt/group0/ckpt-{steps:08d}.h5")
+        scale = max(float(np.abs(v).max()) for v in expected.values())
+        diff = max(float(np.abs(params[k] - expected[k]).max()) for k in expected) / scale
+        check(diff <= 1e-5, f"{work}: the final parameters differ from the 1-rank run's by {diff:.2e} (of the largest)")
+        print(f"{work}: losses within {worst:.1e}, parameters within {diff:.1e} of the 1-rank run", flush=True)
 
 
 if "three-groups" in cases:
