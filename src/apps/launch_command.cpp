@@ -51,7 +51,6 @@ struct Group {
   pid_t pid = -1;
   int incarnation = 0;
   bool done = false;
-  bool gave_up = false;
   SteadyClock::time_point started;
 };
 
@@ -235,7 +234,6 @@ int tessera::run_launch(int argc, char** argv) {
     if (group.incarnation >= max_restarts) {
       say(fmt::format("group {} failed ({}) after {:.1f} s and was restarted {} times (--max-restarts): not again",
                       g, describe(status), ran, group.incarnation));
-      group.gave_up = true;
       code = 1;
       continue;
     }
