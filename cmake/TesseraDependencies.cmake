@@ -47,6 +47,11 @@ find_package(spdlog QUIET)
 tessera_require(spdlog_FOUND "spdlog" "libspdlog-dev")
 find_package(nlohmann_json QUIET)
 tessera_require(nlohmann_json_FOUND "nlohmann-json" "nlohmann-json3-dev")
+# ONNX's protobuf classes: `tessera import onnx` and `tessera export onnx`.
+find_package(Protobuf QUIET)
+tessera_require(Protobuf_FOUND "Protocol Buffers" "libprotobuf-dev")
+find_package(ONNX QUIET)
+tessera_require(ONNX_FOUND "ONNX" "libonnx-dev")
 
 if(TESSERA_BUILD_TESTS)
   find_package(GTest QUIET)

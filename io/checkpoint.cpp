@@ -286,6 +286,9 @@ std::string CheckpointWriter::finish(int keep) {
     fs::rename(w.tmp_path, w.final_path, ec);
     if (ec) fail("cannot rename '{}' to '{}': {}", w.tmp_path, w.final_path, ec.message());
     fsync_path(w.dir);
+    // Only checkpoints (ckpt-<step>) are "latest" and pruned; other files (weights) are left alone.
+    const auto current = checkpoint_step(w.name + ".h5");
+    if (!current) return;
     const std::string latest = (fs::path(w.dir) / "latest").string();
     {
       std::ofstream out(latest + ".tmp", std::ios::trunc);
@@ -298,7 +301,6 @@ std::string CheckpointWriter::finish(int keep) {
     if (ec) fail("cannot rename '{}.tmp' to '{}': {}", latest, latest, ec.message());
     fsync_path(w.dir);
     // Keep the newest `keep` checkpoints; drop .tmp files older than this one (left by kills).
-    const auto current = checkpoint_step(w.name + ".h5");
     std::vector<std::pair<std::int64_t, fs::path>> found;
     for (const auto& entry : fs::directory_iterator(w.dir, ec)) {
       const std::string file = entry.path().filename().string();

@@ -7,8 +7,9 @@ JOBS="${TESSERA_JOBS:-$(nproc)}"
 PACKAGES=(g++ cmake make pkg-config ccache
   libopenmpi-dev openmpi-bin libhdf5-openmpi-dev hdf5-tools zlib1g-dev
   libtrilinos-kokkos-dev libdnnl-dev ocl-icd-opencl-dev libfftw3-dev
-  libgloo-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
+  libgloo-dev libonnx-dev libprotobuf-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   python3 python3-numpy python3-h5py-mpi python3-yaml python3-matplotlib dataset-fashion-mnist
+  python3-torch python3-onnx  # the ONNX tests' numerical oracle (PyTorch 1.13)
   slurm-wlm munge iproute2
   clang libclang-rt-14-dev libomp-dev)  # the sanitizer stage: libFuzzer, ASan/UBSan runtimes, clang's OpenMP
 

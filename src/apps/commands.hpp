@@ -12,6 +12,8 @@ std::function<void(Communicator&)> add_job_command(CLI::App& app);
 std::function<void(Communicator&)> add_generate_command(CLI::App& app);
 std::function<void(Communicator&)> add_plan_command(CLI::App& app);
 std::function<void(Communicator&)> add_calibrate_command(CLI::App& app);
+/// `tessera import onnx` and `tessera export onnx`.
+std::function<void(Communicator&)> add_onnx_commands(CLI::App& app);
 
 /// `tessera launch ARGS`: the supervisor of fault-tolerant replica groups (before MPI starts).
 int run_launch(int argc, char** argv);

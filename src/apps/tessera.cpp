@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
   auto generate = tessera::add_generate_command(app);
   auto plan = tessera::add_plan_command(app);
   auto calibrate = tessera::add_calibrate_command(app);
+  auto onnx = tessera::add_onnx_commands(app);
 
   auto* convert = app.add_subcommand("convert", "Convert a dataset to Tessera's HDF5 layout");
   convert->require_subcommand(1);
@@ -134,6 +135,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("generate")) command = generate;
     else if (app.got_subcommand("plan")) command = plan;
     else if (app.got_subcommand("calibrate")) command = calibrate;
+    else if (app.got_subcommand("import") || app.got_subcommand("export")) command = onnx;
     else if (fmnist->parsed())
       command = [&](tessera::Communicator& comm) { tessera::convert_fashion_mnist(source, output, comm); };
   }

@@ -364,6 +364,11 @@ std::function<void(Communicator&)> add_train_command(CLI::App& app) {
   cmd->add_option("--resume", t.resume,
                   "auto: continue from the newest valid checkpoint in --checkpoint-dir (from scratch if none); "
                   "or the path of a checkpoint file");
+  cmd->add_option("--init", t.init,
+                  "Start from these weights (a weights file of 'tessera import onnx', or a checkpoint of the same "
+                  "model: parameters and batch-norm statistics; the optimizer and the step start afresh); a run "
+                  "that --resume restores ignores it")
+      ->check(CLI::ExistingFile);
   auto& o = t.optimizer;
   cmd->add_option("--optimizer", o.type, "sgd, adam or adamw")->capture_default_str();
   cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();

@@ -75,6 +75,9 @@ Placement block_of(const Parameter& param, Communicator& replica_group) {
 
 Placement per_group(const Placement& p, int group, int groups);
 
+/// Is the file's model this one? Compares layer by layer and names the first that differs.
+void check_same_model(const CheckpointReader& reader, const Model& model);
+
 /// With replica groups, parameters and optimizer state are written by group 0 (each group's
 /// copies of them are the same, or the consensus is written: see save_checkpoint).
 bool in_first_group(Executor& executor) { return executor.replica_group_index() == 0; }
@@ -177,6 +180,19 @@ bool same_sync(CheckpointReader& reader, const Synchronizer& sync) {
          reader.int_attribute("sync_groups") == sync.groups();
 }
 
+void check_same_model(const CheckpointReader& reader, const Model& model) {
+  const auto saved = lines(reader.string_attribute("model_fingerprint"));
+  const auto mine = lines(model_fingerprint(model));
+  for (std::size_t i = 0; i < std::max(saved.size(), mine.size()); ++i) {
+    if (i < saved.size() && i < mine.size() && saved[i] == mine[i]) continue;
+    fail_input("{}: the file is of another model ('{}'): layer {} is '{}' there but '{}' in model '{}'",
+               reader.path(), reader.string_attribute("model_name"), i + 1, i < saved.size() ? saved[i] : "(none)",
+               i < mine.size() ? mine[i] : "(none)", model.source());
+  }
+}
+
+bool is_weight(const std::string& name) { return name.rfind("param/", 0) == 0 || name.rfind("buffer/", 0) == 0; }
+
 }  // namespace
 
 std::vector<Tensor*> training_state(Model& model, Executor& executor, Optimizer& optimizer) {
@@ -254,15 +270,7 @@ CheckpointMeta restore_checkpoint(const std::string& path, Model& model, Executo
                                   const CheckpointMeta& expected, Synchronizer* sync) {
   CheckpointReader reader(path, executor.world());
   reader.verify();
-  // Is it this model? Compare layer by layer and name the first that differs.
-  const auto saved = lines(reader.string_attribute("model_fingerprint"));
-  const auto mine = lines(model_fingerprint(model));
-  for (std::size_t i = 0; i < std::max(saved.size(), mine.size()); ++i) {
-    if (i < saved.size() && i < mine.size() && saved[i] == mine[i]) continue;
-    fail_input("{}: the checkpoint is of another model ('{}'): layer {} is '{}' there but '{}' in model '{}'", path,
-               reader.string_attribute("model_name"), i + 1, i < saved.size() ? saved[i] : "(none)",
-               i < mine.size() ? mine[i] : "(none)", model.source());
-  }
+  check_same_model(reader, model);
   const std::int64_t batch = reader.int_attribute("global_batch");
   if (batch != expected.global_batch)
     fail_input("{}: the checkpoint was trained with global batch {}, this run asks for {}; resume with --batch {}",
@@ -325,6 +333,68 @@ CheckpointMeta restore_checkpoint(const std::string& path, Model& model, Executo
   meta.seed = seed;
   meta.plan_text = reader.string_attribute("plan_text");
   return meta;
+}
+
+void load_weights(const std::string& path, Model& model, Executor& executor, Optimizer& optimizer) {
+  CheckpointReader reader(path, executor.world());
+  reader.verify();
+  check_same_model(reader, model);
+  optimizer.prepare(model.parameters());
+  std::vector<StateTensor> weights;
+  for (auto& t : state_tensors(model, executor, optimizer, nullptr))
+    if (is_weight(t.name)) weights.push_back(t);
+  for (const auto& t : weights) {  // every check before any change
+    if (!reader.has_tensor(t.name)) fail_input("{}: the file holds no tensor '{}'", path, t.name);
+    if (reader.tensor_shape(t.name) != t.placement.global_shape)
+      fail_input("{}: tensor '{}' has shape [{}] in the file, but the model's is [{}]", path, t.name,
+                 fmt::join(reader.tensor_shape(t.name), ", "), fmt::join(t.placement.global_shape, ", "));
+    if (!t.tensor->is_contiguous()) fail("{}: tensor '{}' is not contiguous", path, t.name);
+  }
+  for (const auto& t : weights) {
+    if (t.tensor->device().is_host()) {
+      reader.read_tensor(t.name, t.placement.box, t.tensor->data());
+    } else {  // read on the host, then copied to the GPU
+      Tensor staging(t.tensor->shape());
+      reader.read_tensor(t.name, t.placement.box, staging.data());
+      t.tensor->copy_from(staging);
+    }
+  }
+}
+
+std::string save_weights(const std::string& dir, const std::string& name, const Model& model,
+                         const std::string& model_text, const std::vector<NamedTensor>& tensors, const Communicator& comm) {
+  CheckpointWriter writer(dir, name, comm);
+  writer.set_attribute("model_name", model.name());
+  writer.set_attribute("model_text", model_text);
+  writer.set_attribute("model_fingerprint", model_fingerprint(model));
+  for (const auto& [tensor_name, value] : tensors) {
+    const Tensor whole = value.is_contiguous() ? value : value.clone();
+    const auto dims = whole.shape().dims();
+    Box box;
+    box.begin.assign(dims.size(), 0);
+    box.extent = dims;
+    writer.write_tensor(tensor_name, dims, box, whole.data(), comm.rank() == 0);
+  }
+  return writer.finish(0);
+}
+
+WeightsFile read_weights(const std::string& path, const Communicator& comm) {
+  CheckpointReader reader(path, comm);
+  reader.verify();
+  WeightsFile out;
+  out.model_text = reader.has_attribute("model_text") ? reader.string_attribute("model_text") : std::string();
+  if (out.model_text.empty()) fail_input("{}: the file holds no model text (it was not written by Tessera's training or import)", path);
+  for (const auto& name : reader.tensor_names()) {
+    if (!is_weight(name)) continue;
+    const auto dims = reader.tensor_shape(name);
+    Tensor value{Shape(dims)};
+    Box box;
+    box.begin.assign(dims.size(), 0);
+    box.extent = dims;
+    reader.read_tensor(name, box, value.data());
+    out.tensors.push_back({name, std::move(value)});
+  }
+  return out;
 }
 
 }  // namespace tessera

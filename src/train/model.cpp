@@ -262,6 +262,11 @@ std::unique_ptr<Layer> Model::make_layer(std::size_t node) const {
   return create_layer(type, nodes_[node].layer->name(), static_cast<int>(node), options);
 }
 
+const LayerOptions& Model::layer_options(std::size_t node) const {
+  TESSERA_CHECK(node < layer_specs_.size(), "Model::layer_options: no node {}", node);
+  return layer_specs_[node].second;
+}
+
 Shape Model::input_shape(std::int64_t batch) const { return with_batch(sample_shape_, batch); }
 
 std::vector<PlanLayerInfo> Model::plan_info(std::int64_t global_batch) const {

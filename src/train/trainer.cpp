@@ -541,6 +541,10 @@ TrainSummary Trainer::run() {
   // Resume: the step restores everything else (see train/checkpoint.hpp).
   std::int64_t start_step = 0;
   if (!options_.resume.empty()) start_step = resume_from_checkpoint(start);
+  if (start_step == 0 && !options_.init.empty()) {
+    collectively(executor_.world(), [&] { load_weights(options_.init, model_, executor_, *optimizer_); });
+    log_info("starting from the weights of {}", options_.init);
+  }
   if (replicas_) {
     replica_state_ = training_state(model_, executor_, *optimizer_);
     replica_gradients_.clear();

@@ -15,6 +15,7 @@
 
 #include "tessera/train/executor.hpp"
 #include "tessera/train/model.hpp"
+#include "tessera/train/onnx.hpp"
 #include "tessera/train/optimizer.hpp"
 
 namespace tessera {
@@ -52,5 +53,25 @@ std::vector<Tensor*> training_state(Model& model, Executor& executor, Optimizer&
 /// mode's state anew.
 CheckpointMeta restore_checkpoint(const std::string& path, Model& model, Executor& executor, Optimizer& optimizer,
                                   const CheckpointMeta& expected, Synchronizer* sync = nullptr);
+
+/// Starts training from the parameters and layer buffers (batch-norm running statistics) of a
+/// weights file (`tessera import onnx`) or a checkpoint of the same model (collective; each rank
+/// reads its blocks, so any plan loads any file). The optimizer and the step start afresh.
+/// InputError naming the file and the first differing layer for another model's file.
+void load_weights(const std::string& path, Model& model, Executor& executor, Optimizer& optimizer);
+
+/// Writes whole tensors named as checkpoints name them ("param/<parameter>", "buffer/<layer>.<i>")
+/// as `<dir>/<name>.h5`, with the model they belong to (its text and fingerprint): a file that
+/// load_weights() and read_weights() take. Collective over `comm` (rank 0 writes). Returns the path.
+std::string save_weights(const std::string& dir, const std::string& name, const Model& model,
+                         const std::string& model_text, const std::vector<NamedTensor>& tensors, const Communicator& comm);
+
+/// The model text and every parameter and buffer, whole, of a weights file or checkpoint (verified
+/// first; collective).
+struct WeightsFile {
+  std::string model_text;
+  std::vector<NamedTensor> tensors;
+};
+WeightsFile read_weights(const std::string& path, const Communicator& comm);
 
 }  // namespace tessera

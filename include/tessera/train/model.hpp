@@ -95,6 +95,8 @@ class Model {
   /// A fresh layer of node `node`'s type and options (same name and id), not set up: for
   /// timing it on other shapes (`tessera calibrate`).
   std::unique_ptr<Layer> make_layer(std::size_t node) const;
+  /// Node `node`'s layer options as the model file gave them (`tessera export onnx`).
+  const LayerOptions& layer_options(std::size_t node) const;
 
  private:
   /// parse() without its net for yaml-cpp's own exceptions.

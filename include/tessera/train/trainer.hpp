@@ -47,6 +47,9 @@ struct TrainerOptions {
   /// "": start from scratch; "auto": the newest valid checkpoint in checkpoint_dir (from scratch
   /// when there is none); else the path of a checkpoint file.
   std::string resume;
+  /// A weights file (`tessera import onnx`) or checkpoint whose parameters and layer buffers a run
+  /// that resumes nothing starts from (empty: the seed's initial weights).
+  std::string init;
   /// The plan's text, stored in checkpoints.
   std::string plan_text;
   /// How replica groups synchronize (synchronizer.hpp); the executor must have been made with
