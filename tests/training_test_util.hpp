@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tessera/core/rng.hpp"
+#include "tessera/tensor/box.hpp"
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera::testing {
@@ -35,6 +36,27 @@ inline double relative_error(const Tensor& a, const Tensor& b) {
     scale = std::max(scale, std::fabs(static_cast<double>(a.data()[i])));
   }
   return diff / scale;
+}
+
+/// The part of a global batch a rank reads: samples [begin, end) restricted to `box` (over C, (D), H, W).
+inline Tensor local_tile(const Tensor& global, std::int64_t begin, std::int64_t end, const Box& box) {
+  std::vector<std::int64_t> dims{end - begin};
+  dims.insert(dims.end(), box.extent.begin(), box.extent.end());
+  Tensor tile{Shape(dims)};
+  const int rank = global.rank();
+  std::vector<std::int64_t> index(static_cast<std::size_t>(rank), 0), source(static_cast<std::size_t>(rank));
+  for (std::int64_t i = 0; i < tile.numel(); ++i) {
+    std::int64_t rest = i;
+    for (int d = rank; d-- > 0;) {
+      index[static_cast<std::size_t>(d)] = rest % dims[static_cast<std::size_t>(d)];
+      rest /= dims[static_cast<std::size_t>(d)];
+    }
+    source[0] = begin + index[0];
+    for (int d = 1; d < rank; ++d)
+      source[static_cast<std::size_t>(d)] = box.begin[static_cast<std::size_t>(d - 1)] + index[static_cast<std::size_t>(d)];
+    tile.data()[i] = global.at(source);
+  }
+  return tile;
 }
 
 }  // namespace tessera::testing
