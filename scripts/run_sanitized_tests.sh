@@ -28,7 +28,7 @@ cmake -S "$ROOT" -B "$SAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_FUZ
 # Only the binaries of the tests that run here (not the command, not the header checks).
 mapfile -t targets < <(ctest --test-dir "$SAN_BUILD" -N -L '^(unit|mpi)$' -E '\.np[34]$' |
   sed -n 's/^ *Test *#[0-9]*: \([^ ]*\)$/\1/p' | sed 's/\.np[0-9]*$//' | sort -u)
-cmake --build "$SAN_BUILD" -j"$JOBS" --target "${targets[@]}" fuzz_model fuzz_plan
+cmake --build "$SAN_BUILD" -j"$JOBS" --target "${targets[@]}" fuzz_model fuzz_plan fuzz_onnx
 echo "tessera: sanitizer build took $((SECONDS - start)) s"
 
 if [[ " $STAGES " == *" tests "* ]]; then
@@ -41,10 +41,11 @@ fi
 if [[ " $STAGES " == *" fuzz "* ]]; then
   start=$SECONDS
   mkdir -p "$SAN_BUILD/findings"
-  for target in model plan; do
+  for target in model plan onnx; do
     corpus="$SAN_BUILD/corpus/$target"  # grows across runs in one build folder
     mkdir -p "$corpus"
-    cp "$ROOT"/models/*.yaml "$ROOT"/plans/*.yaml "$ROOT"/tests/cli/bad/*.yaml "$corpus/"
+    if [ "$target" = onnx ]; then cp "$ROOT"/tests/fuzz/onnx_seeds/*.onnx "$corpus/"
+    else cp "$ROOT"/models/*.yaml "$ROOT"/plans/*.yaml "$ROOT"/tests/cli/bad/*.yaml "$corpus/"; fi
     "$SAN_BUILD/bin/fuzz_$target" -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=4096 \
       -print_final_stats=1 -artifact_prefix="$SAN_BUILD/findings/$target-" "$corpus"
   done

@@ -17,7 +17,7 @@ namespace tessera {
 const char* const kOnnxImportedOperators =
     "Conv (groups 1, symmetric pads), MaxPool and AveragePool (floor rounding), BatchNormalization, Relu, "
     "LeakyRelu, Gemm, MatMul (+ Add of a bias), Flatten and Reshape to N x features, Add, Concat on channels, "
-    "Dropout, Identity; Constant, Unsqueeze, Squeeze, Concat and Cast of constants";
+    "Dropout, Identity, Pad of nothing; Constant, Unsqueeze, Squeeze, Concat and Cast of constants";
 
 namespace {
 
@@ -487,6 +487,18 @@ class Importer {
     layer.options.push_back({"rate", real_text(rate)});
   }
 
+  /// A Pad that pads nothing (PyTorch writes one before an AveragePool) passes its input on.
+  void pad(const onnx::NodeProto& node) {
+    const std::string in = data(node, 0);
+    std::vector<double> pads;
+    if (has_input(node, 1)) pads = constant(node, 1, "pads").values;
+    else for (auto v : ints_attribute(node, "pads", {})) pads.push_back(static_cast<double>(v));
+    if (std::any_of(pads.begin(), pads.end(), [](double v) { return v != 0; }))
+      refuse(node, fmt::format("pads [{}] are not supported; Tessera pads inside a convolution or pool (their own "
+                               "pads; an average pool with count_include_pad = 0)", fmt::join(pads, ", ")));
+    producer_[node.output(0)] = in;
+  }
+
   /// Folds a node whose inputs are all constants (shape arithmetic); false when it is not such a node.
   bool fold(const onnx::NodeProto& node) {
     if (node.op_type() == "Constant") {
@@ -564,6 +576,7 @@ class Importer {
     else if (op == "Concat") merge(node, false);
     else if (op == "Dropout") dropout(node);
     else if (op == "Identity") producer_[node.output(0)] = data(node, 0);
+    else if (op == "Pad") pad(node);
     else
       refuse(node, fmt::format("operator {} is not supported; Tessera imports {}", op, kOnnxImportedOperators));
   }
