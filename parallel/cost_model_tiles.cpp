@@ -23,6 +23,30 @@ using namespace cost_detail;
 double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int consumer,
                                 const LayerSplit& split) const {
   const auto& c = graph_.layers.at(static_cast<std::size_t>(consumer));
+  const bool from_data = producer < 0;
+  const Shape& shape = from_data ? c.input : graph_.layers.at(static_cast<std::size_t>(producer)).output;
+  std::vector<std::int64_t> key{from_data, c.model_splittable};
+  const auto add_split = [&key](const LayerSplit& s) {
+    key.insert(key.end(), {s.sample, s.channel, s.filter, static_cast<std::int64_t>(s.spatial.size())});
+    key.insert(key.end(), s.spatial.begin(), s.spatial.end());
+  };
+  add_split(split);
+  if (!from_data) add_split(held_split);
+  for (const Shape* t : {&shape, &c.output}) {
+    key.push_back(t->rank());
+    key.insert(key.end(), t->dims().begin(), t->dims().end());
+  }
+  for (const auto& w : c.windows) key.insert(key.end(), {w.kernel, w.stride, w.pad});
+  const auto cached = exchange_cache_.find(key);
+  if (cached != exchange_cache_.end()) return cached->second;
+  const double seconds = exchange_cost_uncached(producer, held_split, consumer, split);
+  exchange_cache_.emplace(std::move(key), seconds);
+  return seconds;
+}
+
+double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_split, int consumer,
+                                         const LayerSplit& split) const {
+  const auto& c = graph_.layers.at(static_cast<std::size_t>(consumer));
   const int P = options_.ranks;
   const bool from_data = producer < 0;
   // The model's input is read as the consumer's own tiles (its halos come by exchange).

@@ -155,6 +155,8 @@ struct PlanEstimate {
 
 class CostModel {
  public:
+  /// Keeps references to `graph` and `machine`, which must not change while it lives (it caches
+  /// exchange costs).
   CostModel(const PlannerGraph& graph, const Machine& machine, PlannerOptions options);
 
   /// The estimate of a whole plan (validated against the graph first: InputError when it does not fit).
@@ -212,6 +214,10 @@ class CostModel {
   /// overlap_region_bytes by (consumer, producer, split, held split): it looks at every rank,
   /// and the memory descents ask again and again.
   mutable std::map<std::vector<int>, double> overlap_cache_;
+  /// exchange_cost by what it depends on (the tensor's shape, both splits, the consumer's windows
+  /// and output): a network's repeated blocks ask the same question at every repetition.
+  mutable std::map<std::vector<std::int64_t>, double> exchange_cache_;
+  double exchange_cost_uncached(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
 };
 
 struct PlanResult {
