@@ -100,7 +100,7 @@ Tensor float_tensor(const Constant& c, std::vector<std::int64_t> dims = {}) {
 }
 
 /// The layer name a node gives: PyTorch's "/conv1/Conv" -> "conv1", "/layer1/0/relu/Relu" ->
-/// "layer1_0_relu", "/Relu_1" -> "Relu_1"; only letters, digits and '_'.
+/// "layer1_0_relu", "/Relu_1" -> "relu_1"; only letters, digits and '_'.
 std::string name_from_node(const onnx::NodeProto& node) {
   std::vector<std::string> parts;
   std::string part;
