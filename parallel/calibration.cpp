@@ -209,21 +209,21 @@ std::vector<CommPoint> alltoall_points(Communicator& comm, bool quick) {
   return points;
 }
 
-// Each rank alternates about 5 ms of work with a small exchange with its ring neighbours (as a
-// halo exchange between layers does); a round's time beyond the work (stretched by the node's
-// oversubscription) and two messages is the wait.
-double measure_sync_wait(Communicator& comm, const Machine& machine, int cores, int repeats) {
-  require_two_ranks(comm);
+namespace {
+
+// Each rank alternates `work` seconds of work with a small exchange with its ring neighbours (as
+// a halo exchange between layers does); a round's time beyond the work (stretched by the node's
+// oversubscription) and two messages is the wait. The median over `repeats`.
+double wait_after_work(Communicator& comm, const Machine& machine, int cores, int repeats, double work) {
   const int size = comm.size();
   std::int64_t iterations = 1 << 20;
   double solo = 0;
   on_rank0_alone(comm, [&] {
-    // About 5 ms of work on one core.
     const auto start = Clock::now();
     spin(iterations);
     const double t = seconds_since(start);
     iterations = std::max<std::int64_t>(
-        1000, static_cast<std::int64_t>(static_cast<double>(iterations) * 0.005 / std::max(t, 1e-6)));
+        1000, static_cast<std::int64_t>(static_cast<double>(iterations) * work / std::max(t, 1e-6)));
     const auto again = Clock::now();
     spin(iterations);
     solo = seconds_since(again);
@@ -233,24 +233,39 @@ double measure_sync_wait(Communicator& comm, const Machine& machine, int cores, 
   const int left = (comm.rank() + size - 1) % size, right = (comm.rank() + 1) % size;
   constexpr std::size_t kBytes = 64;
   std::uint8_t out[kBytes] = {}, in_left[kBytes], in_right[kBytes];
-  constexpr int kRounds = 40;
+  const int rounds = std::max(20, static_cast<int>(0.2 / std::max(solo, 1e-5)));  // about 0.2 s of work
   std::vector<double> waits;
   const double stretch = std::max(1.0, static_cast<double>(machine.ranks_on_node(size)) / cores);
   const double expected = solo * stretch + machine.intra.p2p.alpha + kBytes * machine.intra.p2p.beta;
   for (int repeat = 0; repeat < repeats; ++repeat) {
     comm.barrier();
     const auto start = Clock::now();
-    for (int round = 0; round < kRounds; ++round) {
+    for (int round = 0; round < rounds; ++round) {
       spin(iterations);
       std::unique_ptr<CommRequest> requests[4] = {
           comm.irecv(in_left, kBytes, DType::U8, left, 7), comm.irecv(in_right, kBytes, DType::U8, right, 8),
           comm.isend(out, kBytes, DType::U8, right, 7), comm.isend(out, kBytes, DType::U8, left, 8)};
       for (auto& request : requests) request->wait();
     }
-    const double per_round = comm.allreduce_value(seconds_since(start) / kRounds, ReduceOp::Max);
-    waits.push_back(std::max(0.0, per_round - expected));
+    const double per_round = comm.allreduce_value(seconds_since(start) / rounds, ReduceOp::Max);
+    waits.push_back(per_round - expected);
   }
   return median(waits);  // the same on every rank (from allreduced values)
+}
+
+}  // namespace
+
+SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int cores, int repeats) {
+  require_two_ranks(comm);
+  // Two amounts of work, as short and as long as layers' kernels are: the wait's fixed part and
+  // the part that grows with the work (a descheduled peer is late by a share of its work).
+  constexpr double kShort = 0.5e-3, kLong = 4e-3;
+  const double short_wait = wait_after_work(comm, machine, cores, repeats, kShort);
+  const double long_wait = wait_after_work(comm, machine, cores, repeats, kLong);
+  SyncWait w;
+  w.share = std::max(0.0, (long_wait - short_wait) / (kLong - kShort));
+  w.seconds = std::max(0.0, short_wait - w.share * kShort);
+  return w;
 }
 
 }  // namespace tessera

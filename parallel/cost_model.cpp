@@ -80,6 +80,10 @@ bool CostModel::exact_on_tf32(const PlannerLayer& l) const {
   return gpu_bf16_convolution(l) && options_.exact_bf16_convolutions;
 }
 
+double CostModel::exchange_wait(const LayerEstimate& layer) const {
+  return options_.ranks > 1 ? machine_.sync_wait_share_for(options_.ranks) * layer.compute : 0.0;
+}
+
 LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   const auto& l = graph_.layers.at(static_cast<std::size_t>(layer));
   const int P = options_.ranks;
@@ -206,7 +210,8 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     const int stride = std::max(1, split.spatial_product());
     const AlphaBeta& ab = stride * c > rpn ? machine_.inter.p2p : machine_.intra.p2p;
     e.model_comm += 2.0 * ((c - 1) * ab.alpha + (c - 1.0) / c * partial * ab.beta +
-                           2.0 * partial / machine_.rank_memory_bandwidth(P) + machine_.sync_wait_for(P));
+                           2.0 * partial / machine_.rank_memory_bandwidth(P) + machine_.sync_wait_for(P)) +
+                    exchange_wait(e);
   }
   // Batch-norm statistics: an allreduce of 2 x channels values forward and one backward over the
   // sample x spatial group.
@@ -214,7 +219,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     const int g = P / (split.filter * split.channel);
     const double bytes = kBytes * 2.0 * static_cast<double>(ceil_div(l.output[1], split.filter));
     const AlphaBeta& ab = P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce;
-    if (g > 1) e.model_comm += 2.0 * (allreduce_time(ab, g, bytes) + machine_.sync_wait_for(P));
+    if (g > 1) e.model_comm += 2.0 * (allreduce_time(ab, g, bytes) + machine_.sync_wait_for(P)) + exchange_wait(e);
   }
 
   // Gradient allreduce of the weight blocks over the ranks with the same filter and channel
@@ -304,7 +309,8 @@ PlanEstimate CostModel::estimate(const Plan& plan) const {
         const int dims = graph_.layers[static_cast<std::size_t>(input)].output.spatial_dims();
         held.spatial = held.spatial_product() > 1 ? spatial_parts(held, dims) : std::vector<int>{};
       }
-      le.exchange += exchange_cost(input, held, static_cast<int>(i), split);
+      const double moved = exchange_cost(input, held, static_cast<int>(i), split);
+      le.exchange += moved > 0 ? moved + exchange_wait(le) : 0.0;
     }
     e.layers.push_back(std::move(le));
   }

@@ -119,13 +119,16 @@ Machine Machine::parse(const std::string& yaml_text, const std::string& source_n
         if (m.grad_overlap > 1) fail_input("{}: a share between 0 and 1, got {}", where, m.grad_overlap);
       } else if (key == "intra") m.intra = parse_level(v, where), has_intra = true;
       else if (key == "inter") m.inter = parse_level(v, where), has_inter = true;
-      else if (key == "sync_wait") {
+      else if (key == "sync_wait" || key == "sync_wait_share") {
         if (v.IsNull()) continue;
-        if (!v.IsMap()) fail_input("{}: expected a mapping from ranks on a node to seconds, e.g. {{3: 0.01}}", where);
+        if (!v.IsMap())
+          fail_input("{}: expected a mapping from ranks on a node to {}, e.g. {{3: 0.01}}", where,
+                     key == "sync_wait" ? "seconds" : "a share of the work");
         for (const auto& k : v) {
           const std::string name = k.first.as<std::string>();
           const int ranks = parse_count(k.first, fmt::format("{} key '{}'", where, name));
-          m.sync_wait[ranks] = parse_number(k.second, fmt::format("{} '{}'", where, name), true);
+          (key == "sync_wait" ? m.sync_wait : m.sync_wait_share)[ranks] =
+              parse_number(k.second, fmt::format("{} '{}'", where, name), true);
         }
       } else if (key == "kernels") {
         if (v.IsNull()) continue;
@@ -136,7 +139,7 @@ Machine Machine::parse(const std::string& yaml_text, const std::string& source_n
       } else {
         fail_input("machine file '{}': unknown key '{}' (known: name, source, device, nodes, ranks_per_node, "
                    "cores_per_node, flops, bf16_flops, memory_bandwidth, memory_per_rank, kernel_overhead, grad_overlap, intra, "
-                   "inter, sync_wait, kernels)",
+                   "inter, sync_wait, sync_wait_share, kernels)",
                    source_name, key);
       }
     }
@@ -166,6 +169,10 @@ std::string Machine::to_yaml() const {
     s += "sync_wait:\n";
     for (const auto& [ranks, seconds] : sync_wait) s += fmt::format("  {}: {}\n", ranks, yaml_number(seconds));
   }
+  if (!sync_wait_share.empty()) {
+    s += "sync_wait_share:\n";
+    for (const auto& [ranks, share] : sync_wait_share) s += fmt::format("  {}: {}\n", ranks, yaml_number(share));
+  }
   if (!kernels.empty()) {
     s += "kernels:\n";
     for (const auto& [key, seconds] : kernels) s += fmt::format("  {}: {}\n", yaml_quoted(key), yaml_number(seconds));
@@ -192,6 +199,11 @@ double Machine::rank_memory_bandwidth(int ranks) const {
 double Machine::sync_wait_for(int ranks) const {
   const auto it = sync_wait.find(ranks_on_node(ranks));
   return it == sync_wait.end() ? 0.0 : it->second;
+}
+
+double Machine::sync_wait_share_for(int ranks) const {
+  const auto it = sync_wait_share.find(ranks_on_node(ranks));
+  return it == sync_wait_share.end() ? 0.0 : it->second;
 }
 
 double Machine::oversubscription(int ranks) const {

@@ -354,8 +354,9 @@ void time_kernels(Communicator& world, const CalibrateArgs& args, const Model& m
         (ranks == size ? together : alone).emplace_back(w, ranks);
       }
   }
-  // `repeats` rounds over the workloads (a fresh layer, a warm-up and one timed call each):
-  // the median per workload. `barrier`: the ranks start each workload together.
+  // `repeats` rounds over the workloads (a fresh layer, a warm-up and one timed call each; on all
+  // ranks at once, the mean of calls filling 0.1 s (--quick: 5 ms), what time-slicing shares out): the median
+  // per workload. `barrier`: the ranks start each workload together.
   auto median_in_rounds = [&](const std::vector<std::pair<Workload, int>>& list, bool barrier) {
     std::vector<std::vector<double>> times(list.size());
     for (int round = 0; round < repeats; ++round)
@@ -363,7 +364,7 @@ void time_kernels(Communicator& world, const CalibrateArgs& args, const Model& m
         set_backend_threads(list[k].first.threads);
         Bench bench = workload_bench(model, graph, list[k].first, device);
         if (barrier) world.barrier();
-        times[k].push_back(time_once(bench, *backend));
+        times[k].push_back(barrier ? time_sustained(bench, *backend, args.quick ? 0.005 : 0.1) : time_once(bench, *backend));
       }
     std::vector<double> medians;
     for (auto& t : times) medians.push_back(median(std::move(t)));
@@ -407,15 +408,17 @@ void time_kernels(Communicator& world, const CalibrateArgs& args, const Model& m
   });
 }
 
-/// Measures the waiting at synchronisation points at this job's rank count into `machine.sync_wait` (2 or more ranks).
+/// Measures the waiting at synchronisation points at this job's rank count into `machine.sync_wait`
+/// and `sync_wait_share` (2 or more ranks).
 void measure_sync(Communicator& world, int cores, int repeats, Machine& machine) {
   const int size = world.size();
-  double wait = 0;
+  SyncWait wait;
   collectively(world, [&] { wait = measure_sync_wait(world, machine, cores, repeats); });
-  machine.sync_wait[machine.ranks_on_node(size)] = wait;
+  machine.sync_wait[machine.ranks_on_node(size)] = wait.seconds;
+  machine.sync_wait_share[machine.ranks_on_node(size)] = wait.share;
   if (world.rank() == 0) {
-    fmt::print("  sync_wait        {:.3g} ms per blocking exchange with {} ranks on the node\n", wait * 1e3,
-               machine.ranks_on_node(size));
+    fmt::print("  sync_wait        {:.3g} ms + {:.3g} x the work before it, per blocking exchange with {} ranks on the "
+               "node\n", wait.seconds * 1e3, wait.share, machine.ranks_on_node(size));
     std::fflush(stdout);
   }
 }

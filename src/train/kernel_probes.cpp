@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -70,6 +71,14 @@ double Bench::run(DnnBackend& backend) {
 double time_once(Bench& bench, DnnBackend& backend) {
   bench.run(backend);  // warm-up: primitive creation, first touch
   return bench.run(backend);
+}
+
+double time_sustained(Bench& bench, DnnBackend& backend, double span) {
+  const double first = time_once(bench, backend);
+  const int calls = static_cast<int>(std::clamp(std::ceil(span / std::max(first, 1e-9)), 1.0, 200.0));
+  double total = 0;
+  for (int c = 0; c < calls; ++c) total += bench.run(backend);
+  return total / calls;
 }
 
 double time_bench(Bench& bench, DnnBackend& backend, int repeats) {

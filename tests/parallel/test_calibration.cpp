@@ -203,11 +203,13 @@ TEST(CalibrationProbes, SyncWaitIsFiniteAndTheSameOnEveryRank) {
     EXPECT_THROW((void)measure_sync_wait(*world, machine, 1, 1), Error);
     return;
   }
-  const double wait = measure_sync_wait(*world, machine, world->size(), 1);
-  EXPECT_TRUE(std::isfinite(wait));
-  EXPECT_GE(wait, 0);
-  const auto all = world->allgather_value(wait);
-  for (double w : all) EXPECT_EQ(w, wait);
+  const SyncWait wait = measure_sync_wait(*world, machine, world->size(), 1);
+  for (double part : {wait.seconds, wait.share}) {
+    EXPECT_TRUE(std::isfinite(part));
+    EXPECT_GE(part, 0);
+    const auto all = world->allgather_value(part);
+    for (double w : all) EXPECT_EQ(w, part);
+  }
 }
 
 TEST(OnRank0Alone, RunsTheWorkOnRank0Only) {

@@ -42,7 +42,12 @@ std::vector<CommPoint> allreduce_points(Communicator& comm, bool quick);
 /// Seconds of an alltoallv over every rank per total bytes each rank sends.
 std::vector<CommPoint> alltoall_points(Communicator& comm, bool quick);
 
-/// Seconds a blocking neighbour exchange waits beyond its alpha-beta cost with this job's ranks.
-double measure_sync_wait(Communicator& comm, const Machine& machine, int cores, int repeats);
+/// What a blocking neighbour exchange waits beyond its alpha-beta cost with this job's ranks:
+/// `seconds` + `share` x the work before it (fitted over two amounts of work, 0.5 and 4 ms).
+struct SyncWait {
+  double seconds = 0;
+  double share = 0;
+};
+SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int cores, int repeats);
 
 }  // namespace tessera

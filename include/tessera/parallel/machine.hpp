@@ -16,7 +16,8 @@
 //   grad_overlap: 0.8         # share of backward compute the gradient allreduce hides (0..1)
 //   intra: {p2p: {alpha: 5e-6, beta: 2e-11}, allreduce: {...}, alltoall: {...}}
 //   inter: {p2p: {alpha: 1.5e-6, beta: 4e-11}, ...}
-//   sync_wait: {3: 0.011}    # cpu, measured: waiting per blocking exchange with 3 ranks on the node
+//   sync_wait: {3: 0.0002}   # cpu, measured: waiting per blocking exchange with 3 ranks on the node
+//   sync_wait_share: {3: 0.45}  # cpu, measured: and this share of the work before the exchange
 //   kernels: {"cosmoflow/conv1|n4|c1x64x64x64|f1c1|t2": 0.123}   # measured seconds (tessera calibrate)
 #include <cstdint>
 #include <map>
@@ -75,8 +76,14 @@ struct Machine {
   /// ranks share a node (cpu nodes with more ranks than cores: a peer may be descheduled), by
   /// ranks on the node; measured by `tessera calibrate` at its own rank count. Absent: 0.
   std::map<int, double> sync_wait;
+  /// The wait's part that grows with the work between two exchanges (a descheduled peer is late by
+  /// a share of its work): the share of the work before a blocking exchange it adds, by ranks on
+  /// the node; measured by `tessera calibrate` with two amounts of work. Absent: 0.
+  std::map<int, double> sync_wait_share;
   /// sync_wait for a job of `ranks` ranks (0 when not measured).
   double sync_wait_for(int ranks) const;
+  /// sync_wait_share for a job of `ranks` ranks (0 when not measured).
+  double sync_wait_share_for(int ranks) const;
   /// Measured seconds of forward + backward of one layer on one local workload (see
   /// kernel_key in planner.hpp), written by `tessera calibrate`.
   std::map<std::string, double> kernels;

@@ -168,6 +168,9 @@ class CostModel {
   /// Seconds (forward + backward) to move the output of `producer` under `held` to what
   /// `consumer` reads under `split` (0 when nothing moves; the model's input: 0, read from the file).
   double exchange_cost(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
+  /// What blocking exchanges around `layer` (forward and backward) wait beyond exchange_cost's
+  /// fixed sync_wait: Machine::sync_wait_share of its work (the peers' work before them).
+  double exchange_wait(const LayerEstimate& layer) const;
   /// Bytes per rank of a plan's activations as the executor holds them: each tensor once (a
   /// layer's output, or its consumers' copies where every consumer copies it), every layer's
   /// output gradient, and the largest input copy's gradient in flight.

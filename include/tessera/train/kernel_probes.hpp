@@ -41,6 +41,11 @@ struct Bench {
 /// Seconds of one forward + backward after one warm-up call.
 double time_once(Bench& bench, DnnBackend& backend);
 
+/// Mean seconds of forward + backward over as many calls as fill `span` seconds (after a warm-up
+/// and a first call that sizes it): on an oversubscribed node a single call is either never or
+/// wholly preempted, while training sees the sustained rate.
+double time_sustained(Bench& bench, DnnBackend& backend, double span);
+
 /// Median seconds of forward + backward after one warm-up call.
 double time_bench(Bench& bench, DnnBackend& backend, int repeats);
 
