@@ -48,6 +48,7 @@ over a tensor (|a - b| / |b| for a loss), b PyTorch's float32 value in train mod
 import argparse
 import copy
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -928,6 +929,27 @@ def bad_input_case():
     expect_refused("sigmoid", sigmoid, "Sigmoid")
     expect_refused("grouped", grouped, "group")
     expect_refused("gemm-mismatch", mismatch, "chain")
+
+    # `tessera train --init` with the weights of another model: exit 2 on every rank, one message.
+    imported = os.path.join(work, "out_real")
+    with open(os.path.join(imported, "model.yaml")) as f:
+        text = f.read()
+    other = re.sub(r"filters: (\d+)", lambda m: f"filters: {int(m.group(1)) + 1}", text, count=1)
+    check(other != text, "bad input: found no conv to change in the imported model")
+    other_model = os.path.join(work, "other_model.yaml")
+    with open(other_model, "w") as f:
+        f.write(other)
+    data = os.path.join(work, "train.h5")
+    write_train_data(data, torch.rand(4, 1, 8, 8), np.arange(4), regression=False)
+    result = run(mpirun(2) + [args.tessera, "train", "--model", other_model, "--init",
+                              os.path.join(imported, "weights.h5"), "--data", data, "--batch", "4", "--steps", "1"],
+                 "bad input init-other-model", timeout=120)
+    if result is not None:
+        errors = [line for line in result.stderr.splitlines() if line.startswith("tessera: error")]
+        check(result.returncode == 2, f"bad input init-other-model: exit {result.returncode}, expected 2: {result.stderr!r}")
+        check(len(errors) == 1 and "another model" in errors[0],
+              f"bad input init-other-model: expected one message naming another model, got {result.stderr!r}")
+        print(f"bad input init-other-model: exit {result.returncode}: {errors[0] if errors else ''}", flush=True)
 
 
 if "fashion" in cases:
