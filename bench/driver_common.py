@@ -29,6 +29,29 @@ def mpirun(procs, *extra):
     return command
 
 
+# The PyTorch peers: Debian's (python3-torch) and a current one from PyPI in a virtual environment
+# that bench/setup_peer.sh makes. The drivers run every peer found, each in every configuration,
+# and compare with the fastest.
+PEER_VENV = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".peer-venv", "bin", "python3")
+
+
+def peer_pythons(requested=None):
+    """[(label, interpreter)] of the peers to run: --peer-python if given, else Debian's and the
+    venv's where they exist."""
+    candidates = requested or ["/usr/bin/python3", PEER_VENV]
+    found = []
+    for python in candidates:
+        if not os.path.exists(python):
+            continue
+        probe = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+        if probe.returncode == 0:
+            found.append((f"PyTorch {probe.stdout.strip()}", python))
+    if not found:
+        sys.exit("no PyTorch peer: apt-get install python3-torch, or bash bench/setup_peer.sh")
+    return found
+
+
 def require_torch():
     try:
         import torch  # noqa: F401

@@ -25,6 +25,10 @@ def train(rank, args, results, setup):
     total_steps = args.warmup + args.steps
     torch.manual_seed(args.seed)
     model, loss_fn, lr, batches = setup(rank, args, args.batch // procs, min(args.pool, total_steps))
+    if args.channels_last:  # NHWC (NDHWC for 3-D) activations: oneDNN's fast path on CPUs
+        fmt = torch.channels_last if batches[0][0].dim() == 4 else torch.channels_last_3d
+        model = model.to(memory_format=fmt)
+        batches = [(x.contiguous(memory_format=fmt), y) for x, y in batches]
     if procs > 1:
         model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -119,6 +123,7 @@ def summarize(args, results, model_name, extra=None):
         "data": args.data or "synthetic",
         "procs": args.procs,
         "threads": args.threads,
+        "channels_last": bool(args.channels_last),
         "global_batch": args.batch,
         "warmup_steps": args.warmup,
         "timed_steps": steps,
@@ -150,6 +155,8 @@ def add_common_arguments(parser, steps, warmup, batch, pool):
     parser.add_argument("--windows", type=int, default=5, help="timed windows (samples_per_s: their median)")
     parser.add_argument("--pool", type=int, default=pool, help="distinct batches pre-loaded per process")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--channels-last", action="store_true",
+                        help="channels-last memory format for the model and its inputs")
 
 
 def check_common_arguments(parser, args):
