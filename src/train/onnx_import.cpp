@@ -28,9 +28,12 @@ struct Constant {
   bool is_float = false;
 };
 
+/// Elements of a shape of non-negative dimensions (InputError when the count overflows).
 std::int64_t product(const std::vector<std::int64_t>& dims) {
   std::int64_t n = 1;
-  for (auto d : dims) n *= d;
+  for (auto d : dims)
+    if (__builtin_mul_overflow(n, d, &n))
+      fail_input("a tensor of shape [{}] has more elements than Tessera imports", fmt::join(dims, ", "));
   return n;
 }
 
