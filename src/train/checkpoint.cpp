@@ -191,6 +191,18 @@ void check_same_model(const CheckpointReader& reader, const Model& model) {
   }
 }
 
+/// Reads `box` of tensor `name` into `tensor`: straight into host memory, or through a host copy
+/// to a GPU.
+void read_into(CheckpointReader& reader, const std::string& name, const Box& box, Tensor& tensor) {
+  if (tensor.device().is_host()) {
+    reader.read_tensor(name, box, tensor.data());
+    return;
+  }
+  Tensor staging(tensor.shape());
+  reader.read_tensor(name, box, staging.data());
+  tensor.copy_from(staging);
+}
+
 bool is_weight(const std::string& name) { return name.rfind("param/", 0) == 0 || name.rfind("buffer/", 0) == 0; }
 
 }  // namespace
@@ -312,13 +324,7 @@ CheckpointMeta restore_checkpoint(const std::string& path, Model& model, Executo
   }
   for (const auto& t : tensors) {
     if (t.name.rfind("sync/", 0) == 0 && !resumes_sync) continue;
-    if (t.tensor->device().is_host()) {
-      reader.read_tensor(source(t), box(t), t.tensor->data());
-    } else {  // read on the host, then copied to the GPU
-      Tensor staging(t.tensor->shape());
-      reader.read_tensor(source(t), box(t), staging.data());
-      t.tensor->copy_from(staging);
-    }
+    read_into(reader, source(t), box(t), *t.tensor);
   }
   if (sync && resumes_sync) {
     sync->set_stats(read_sync_stats(reader));
@@ -351,13 +357,7 @@ void load_weights(const std::string& path, Model& model, Executor& executor, Opt
     if (!t.tensor->is_contiguous()) fail("{}: tensor '{}' is not contiguous", path, t.name);
   }
   for (const auto& t : weights) {
-    if (t.tensor->device().is_host()) {
-      reader.read_tensor(t.name, t.placement.box, t.tensor->data());
-    } else {  // read on the host, then copied to the GPU
-      Tensor staging(t.tensor->shape());
-      reader.read_tensor(t.name, t.placement.box, staging.data());
-      t.tensor->copy_from(staging);
-    }
+    read_into(reader, t.name, t.placement.box, *t.tensor);
   }
 }
 
