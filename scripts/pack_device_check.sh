@@ -33,6 +33,8 @@ while read -r lib; do
   real="$(readlink -f "$lib")"
   owner="$(dpkg -S "$real" 2>/dev/null || dpkg -S "${real/#\/lib\//\/usr\/lib\/}" 2>/dev/null || dpkg -S "${real/#\/usr\/lib\//\/lib\/}" 2>/dev/null || true)"
   [ -n "$owner" ] || { echo "pack: no Debian package owns $real" >&2; exit 1; }
+  # The C library's own packages stay behind: the GPU machine's newer glibc serves them.
+  case "${owner%%:*}" in libc6|libgcc-s1|libstdc++6) continue ;; esac
   packages["${owner%%:*}"]=1
 done < <(ldd "${binaries[@]}" "${ompi_plugins[@]}" 2>/dev/null | awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u)
 (cd "$PACK/debs" && apt-get download -qq "${!packages[@]}")
