@@ -85,6 +85,30 @@ inline void max_pool_row_2x2x2(const float* x, std::int32_t base, std::int32_t r
   }
 }
 
+/// One output row of 2x2 windows with stride 2 (a 2-D pool, or a 1x2x2 one): as
+/// max_pool_row_2x2x2 over the two input rows.
+inline void max_pool_row_2x2(const float* x, std::int32_t base, std::int32_t row, std::int64_t count, float* y,
+                             std::int32_t* where) {
+  const float* r0 = x;
+  const float* r1 = x + row;
+  for (std::int64_t ow = 0; ow < count; ++ow) {
+    const std::int64_t w = 2 * ow;
+    float best = -std::numeric_limits<float>::infinity();
+    std::int32_t offset = 0;
+    auto consider = [&](float value, std::int32_t at) {
+      const bool larger = value > best;
+      best = larger ? value : best;
+      offset = larger ? at : offset;
+    };
+    consider(r0[w], 0);
+    consider(r0[w + 1], 1);
+    consider(r1[w], row);
+    consider(r1[w + 1], row + 1);
+    y[ow] = best;
+    where[ow] = base + static_cast<std::int32_t>(w) + offset;
+  }
+}
+
 template <int K0, int K1, int K2>
 void max_pool_unclipped(const Box& b, const float* input, float* output, std::int32_t* argmax) {
   const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane(), rows = b.in[1] * b.in[2], row = b.in[2];
@@ -104,6 +128,14 @@ void max_pool_unclipped(const Box& b, const float* input, float* output, std::in
           if (b.stride[0] == 2 && b.stride[1] == 2 && b.stride[2] == 2) {
             max_pool_row_2x2x2(x + base, static_cast<std::int32_t>(base), static_cast<std::int32_t>(rows),
                                static_cast<std::int32_t>(row), b.out[2], y + o, where + o);
+            o += b.out[2];
+            continue;
+          }
+        }
+        if constexpr (K0 == 1 && K1 == 2 && K2 == 2) {
+          if (b.stride[1] == 2 && b.stride[2] == 2) {
+            max_pool_row_2x2(x + base, static_cast<std::int32_t>(base), static_cast<std::int32_t>(row), b.out[2],
+                             y + o, where + o);
             o += b.out[2];
             continue;
           }

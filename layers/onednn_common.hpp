@@ -25,6 +25,11 @@ struct Context {
   void record(const std::string& what, const std::string& implementation) {
     implementations.push_back(what + ": " + implementation);
   }
+  /// Whether oneDNN runs AVX-512 kernels here (its effective ISA includes avx512_core).
+  bool avx512() const {
+    const auto mask = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
+    return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & mask) == mask;
+  }
 };
 
 using Dims = dnnl::memory::dims;

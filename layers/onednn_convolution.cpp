@@ -328,10 +328,10 @@ class OneDnnConvolution final : public ConvolutionKernels {
 
     const bool bias = geometry.bias;
     // Backward-weights keeps the plain layout below 8 input channels also where forward is
-    // blocked (3-D, 27 taps): on a tile (no padding) oneDNN picks its blocked 3-D jit kernel for
-    // one input channel, which measured ~3x slower than the plain gemm decomposed into 2-D
-    // problems below (CosmoFlow's conv1 on half a 128^3 sample: 190 vs 61 ms).
-    const bool weights_blocked = plan.blocked && (layout_ == HostConvolutionLayout::Blocked || geometry.in_channels >= 8);
+    // blocked, except with AVX-512: oneDNN's blocked 3-D jit kernel for one input channel is
+    // the fastest there, and on AVX2 the slowest (docs/benchmarks.md, "3-D backward-weights").
+    const bool weights_blocked =
+        plan.blocked && (layout_ == HostConvolutionLayout::Blocked || geometry.in_channels >= 8 || context_.avx512());
     auto weights_descriptor = bias
         ? dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, chosen_or_any(plan.user_input, weights_blocked),
                                                    chosen_or_any(plan.user_weights, weights_blocked), plan.user_bias,

@@ -293,6 +293,44 @@ TEST(LayerForward, MaxPoolingSendsTiesToTheFirstMaximum) {
   }
 }
 
+TEST(LayerForward, TwoDimensionalMaxPoolingSendsTiesToTheFirstMaximum) {
+  // The 2-D 2x2 path (Fashion-MNIST's pools): the first maximum in height, width order, on an
+  // odd width (the last column belongs to no window).
+  auto backend = make_host_backend();
+  auto layer = make_layer("maxpool", {{"kernel", {"2"}}});
+  Tensor input(Shape::image(2, 3, {6, 9}));
+  for (std::int64_t i = 0; i < input.numel(); ++i)
+    input.data()[i] = static_cast<float>(random_u64(7, 6, static_cast<std::uint64_t>(i)) % 3);
+  const Shape out_shape = layer->setup({input.shape()});
+  ASSERT_EQ(out_shape[3], 4);
+  LayerContext context;
+  context.backend = backend.get();
+  Tensor output, grad_input;
+  const Tensor* inputs[] = {&input};
+  layer->forward(inputs, output, context);
+  Tensor grad_output(out_shape);
+  for (std::int64_t i = 0; i < grad_output.numel(); ++i) grad_output.data()[i] = static_cast<float>(i + 1);
+  Tensor* grads[] = {&grad_input};
+  layer->backward(inputs, output, grad_output, grads, context);
+  Tensor expected(input.shape());
+  for (std::int64_t n = 0; n < 2; ++n)
+    for (std::int64_t c = 0; c < 3; ++c)
+      for (std::int64_t oh = 0; oh < out_shape[2]; ++oh)
+        for (std::int64_t ow = 0; ow < out_shape[3]; ++ow) {
+          float best = -1;
+          std::vector<std::int64_t> at;
+          for (std::int64_t j = 0; j < 2; ++j)
+            for (std::int64_t l = 0; l < 2; ++l)
+              if (input.at({n, c, 2 * oh + j, 2 * ow + l}) > best) {
+                best = input.at({n, c, 2 * oh + j, 2 * ow + l});
+                at = {n, c, 2 * oh + j, 2 * ow + l};
+              }
+          EXPECT_EQ(output.at({n, c, oh, ow}), best);
+          expected.at(at) += grad_output.at({n, c, oh, ow});
+        }
+  EXPECT_EQ(max_relative_difference(grad_input, expected, 1.0), 0.0);
+}
+
 TEST(LayerForward, HeInitIsBoundedAndDeterministic) {
   auto a = make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}}, 7);
   auto b = make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}}, 7);
