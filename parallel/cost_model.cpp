@@ -188,8 +188,18 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     // and writes the input gradient.
     const double bytes = kBytes * (2.0 * in_local + 3.0 * out_local);
     // Exact bf16 convolutions on GPUs run on TF32 tensor cores: half the bf16 rate.
-    const double rate = machine_.rank_flops(P, l.precision) * (exact_on_tf32(l) ? 0.5 : 1.0);
-    e.compute = std::max(flops / rate, bytes / machine_.rank_memory_bandwidth(P)) + 2.0 * machine_.kernel_overhead;
+    const double tf32 = exact_on_tf32(l) ? 0.5 : 1.0;
+    // The machine file's efficiency of this kernel class, per pass, where it gives one: forward is
+    // a third of the work, backward (input and weight gradients) two thirds.
+    const std::string kernel_class = l.type == "linear" ? "gemm"
+                                     : l.type == "conv" ? fmt::format("conv{}d", l.output.spatial_dims())
+                                                        : std::string();
+    const double forward_rate = machine_.class_flops(P, kernel_class, false, l.precision) * tf32;
+    const double backward_rate = machine_.class_flops(P, kernel_class, true, l.precision) * tf32;
+    const double seconds = forward_rate > 0 && backward_rate > 0
+                               ? flops / 3.0 / forward_rate + 2.0 * flops / 3.0 / backward_rate
+                               : flops / (machine_.rank_flops(P, l.precision) * tf32);
+    e.compute = std::max(seconds, bytes / machine_.rank_memory_bandwidth(P)) + 2.0 * machine_.kernel_overhead;
     if (rounds) {
       // Passes of their own that round the operands (each element read and written): the input
       // twice (forward, weight gradient), the output gradient and the weights (forward, input
@@ -271,6 +281,7 @@ void CostModel::finish(PlanEstimate& estimate) const {
   // The loss allreduce and the wait for the last gradient bucket are blocking.
   const double waits = P > 1 ? machine_.sync_wait_for(P) * (estimate.grad_allreduce > 0 ? 2.0 : 1.0) : 0.0;
   estimate.other = allreduce_time(P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce, P, 16) + optimizer + waits;
+  estimate.other += machine_.step_overhead_seconds();
   estimate.step_seconds =
       estimate.compute + estimate.exchange + estimate.model_comm + estimate.grad_exposed + estimate.other;
   estimate.memory_bytes = memory_bytes(estimate, &estimate.scratch_bytes);

@@ -85,6 +85,36 @@ std::string level_yaml(const CommLevel& l) {
   return fmt::format("{{p2p: {}, allreduce: {}, alltoall: {}}}", ab(l.p2p), ab(l.allreduce), ab(l.alltoall));
 }
 
+// The efficiency classes a file may name: each class, optionally per pass, optionally bf16.
+bool known_efficiency(const std::string& key) {
+  if (key == "memory") return true;
+  for (const char* kernel_class : {"conv2d", "conv3d", "gemm"})
+    for (const char* pass : {"", "_forward", "_backward"})
+      for (const char* precision : {"", "_bf16"})
+        if (key == std::string(kernel_class) + pass + precision) return true;
+  return false;
+}
+
+// One number, or [low, typical, high] in order; each > 0 and, for shares, <= 1.
+Range parse_range(const YAML::Node& node, const std::string& where, bool share) {
+  Range r;
+  if (node.IsSequence()) {
+    if (node.size() != 3) fail_input("{}: expected one number or [low, typical, high]", where);
+    r = {parse_number(node[0], where, true), parse_number(node[1], where, true), parse_number(node[2], where, true)};
+    if (!(r.low <= r.typical && r.typical <= r.high))
+      fail_input("{}: expected low <= typical <= high, got [{}, {}, {}]", where, r.low, r.typical, r.high);
+  } else {
+    r.low = r.typical = r.high = parse_number(node, where, true);
+  }
+  if (share && (r.low <= 0 || r.high > 1)) fail_input("{}: a share of the peak, above 0 and at most 1", where);
+  return r;
+}
+
+std::string range_yaml(const Range& r) {
+  if (r.low == r.high) return yaml_number(r.typical);
+  return fmt::format("[{}, {}, {}]", yaml_number(r.low), yaml_number(r.typical), yaml_number(r.high));
+}
+
 }  // namespace
 
 Machine Machine::load(const std::string& path) {
@@ -130,6 +160,21 @@ Machine Machine::parse(const std::string& yaml_text, const std::string& source_n
           (key == "sync_wait" ? m.sync_wait : m.sync_wait_share)[ranks] =
               parse_number(k.second, fmt::format("{} '{}'", where, name), true);
         }
+      } else if (key == "peak_flops") m.peak_flops = parse_number(v, where, false);
+      else if (key == "bf16_peak_flops") m.bf16_peak_flops = parse_number(v, where, false);
+      else if (key == "peak_memory_bandwidth") m.peak_memory_bandwidth = parse_number(v, where, false);
+      else if (key == "step_overhead") m.step_overhead = parse_range(v, where, false);
+      else if (key == "efficiency") {
+        if (v.IsNull()) continue;
+        if (!v.IsMap()) fail_input("{}: expected a mapping from kernel classes to shares of the peak", where);
+        for (const auto& k : v) {
+          const std::string name = k.first.as<std::string>();
+          if (!known_efficiency(name))
+            fail_input("{}: unknown kernel class '{}' (known: conv2d, conv3d, gemm, each with an optional "
+                       "_forward or _backward and an optional _bf16 suffix; memory)",
+                       where, name);
+          m.efficiency[name] = parse_range(k.second, fmt::format("{} '{}'", where, name), true);
+        }
       } else if (key == "kernels") {
         if (v.IsNull()) continue;
         if (!v.IsMap()) fail_input("{}: expected a mapping from workload keys to seconds", where);
@@ -139,12 +184,20 @@ Machine Machine::parse(const std::string& yaml_text, const std::string& source_n
       } else {
         fail_input("machine file '{}': unknown key '{}' (known: name, source, device, nodes, ranks_per_node, "
                    "cores_per_node, flops, bf16_flops, memory_bandwidth, memory_per_rank, kernel_overhead, grad_overlap, intra, "
-                   "inter, sync_wait, sync_wait_share, kernels)",
+                   "inter, sync_wait, sync_wait_share, kernels, peak_flops, bf16_peak_flops, peak_memory_bandwidth, "
+                   "efficiency, step_overhead)",
                    source_name, key);
       }
     }
   } catch (const YAML::Exception& e) {
     fail_input("machine file '{}': {}", source_name, e.what());
+  }
+  for (const auto& [name, range] : m.efficiency) {
+    const bool bf16 = name.size() > 5 && name.substr(name.size() - 5) == "_bf16";
+    const double peak = name == "memory" ? m.peak_memory_bandwidth : bf16 ? m.bf16_peak_flops : m.peak_flops;
+    if (peak <= 0)
+      fail_input("machine file '{}': efficiency '{}' is a share of '{}', which the file does not give", source_name,
+                 name, name == "memory" ? "peak_memory_bandwidth" : bf16 ? "bf16_peak_flops" : "peak_flops");
   }
   if (!has_intra) fail_input("machine file '{}': missing 'intra' (communication within a node)", source_name);
   if (!has_inter) {
@@ -173,6 +226,14 @@ std::string Machine::to_yaml() const {
     s += "sync_wait_share:\n";
     for (const auto& [ranks, share] : sync_wait_share) s += fmt::format("  {}: {}\n", ranks, yaml_number(share));
   }
+  if (peak_flops > 0) s += fmt::format("peak_flops: {}\n", yaml_number(peak_flops));
+  if (bf16_peak_flops > 0) s += fmt::format("bf16_peak_flops: {}\n", yaml_number(bf16_peak_flops));
+  if (peak_memory_bandwidth > 0) s += fmt::format("peak_memory_bandwidth: {}\n", yaml_number(peak_memory_bandwidth));
+  if (!efficiency.empty()) {
+    s += "efficiency:\n";
+    for (const auto& [kernel_class, range] : efficiency) s += fmt::format("  {}: {}\n", kernel_class, range_yaml(range));
+  }
+  if (step_overhead.high > 0) s += fmt::format("step_overhead: {}\n", range_yaml(step_overhead));
   if (!kernels.empty()) {
     s += "kernels:\n";
     for (const auto& [key, seconds] : kernels) s += fmt::format("  {}: {}\n", yaml_quoted(key), yaml_number(seconds));
@@ -193,7 +254,39 @@ double Machine::rank_flops(int ranks, Precision precision) const {
 }
 
 double Machine::rank_memory_bandwidth(int ranks) const {
-  return device == "gpu" ? memory_bandwidth : memory_bandwidth / ranks_on_node(ranks);
+  const auto share = efficiency.find("memory");
+  const double rate = share == efficiency.end() ? memory_bandwidth : peak_memory_bandwidth * value_at(share->second, true);
+  return device == "gpu" ? rate : rate / ranks_on_node(ranks);
+}
+
+Machine Machine::at(Bound b) const {
+  Machine m = *this;
+  m.bound = b;
+  return m;
+}
+
+bool Machine::has_ranges() const {
+  if (step_overhead.low < step_overhead.high) return true;
+  return std::any_of(efficiency.begin(), efficiency.end(), [](const auto& e) { return e.second.low < e.second.high; });
+}
+
+double Machine::value_at(const Range& r, bool slow_is_low) const {
+  switch (bound) {
+    case Bound::Slow: return slow_is_low ? r.low : r.high;
+    case Bound::Fast: return slow_is_low ? r.high : r.low;
+    case Bound::Typical: break;
+  }
+  return r.typical;
+}
+
+double Machine::class_flops(int ranks, const std::string& kernel_class, bool backward, Precision precision) const {
+  const bool bf16 = precision == Precision::BF16 && bf16_peak_flops > 0;
+  const std::string suffix = bf16 ? "_bf16" : "";
+  auto share = efficiency.find(kernel_class + (backward ? "_backward" : "_forward") + suffix);
+  if (share == efficiency.end()) share = efficiency.find(kernel_class + suffix);
+  if (share == efficiency.end()) return 0;
+  const double rate = (bf16 ? bf16_peak_flops : peak_flops) * value_at(share->second, true);
+  return device == "gpu" ? rate : rate / ranks_on_node(ranks);
 }
 
 double Machine::sync_wait_for(int ranks) const {

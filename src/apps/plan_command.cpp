@@ -30,6 +30,18 @@ struct PlanArgs {
   double margin = kDefaultPlanMargin;
 };
 
+/// Where the machine file gives ranges: the plan's step at their slow and fast ends.
+std::string step_range(const PlannerGraph& graph, const Machine& machine, const PlannerOptions& options,
+                       const Plan& plan) {
+  if (!machine.has_ranges()) return {};
+  const Machine slow = machine.at(Bound::Slow), fast = machine.at(Bound::Fast);
+  const double slow_step = CostModel(graph, slow, options).estimate(plan).step_seconds;
+  const double fast_step = CostModel(graph, fast, options).estimate(plan).step_seconds;
+  return fmt::format("predicted step range {:.6f} to {:.6f} s (the machine file's high and low efficiencies "
+                     "and step overheads)\n",
+                     fast_step, slow_step);
+}
+
 void run_plan(Communicator& world, const PlanArgs& args) {
   std::string text;
   collectively(world, [&] {
@@ -51,7 +63,7 @@ void run_plan(Communicator& world, const PlanArgs& args) {
       const Plan plan = Plan::load(args.evaluate);
       const PlanEstimate e = cost.estimate(plan);
       text = header + fmt::format("predicted cost of plan {}:\n", args.evaluate) + format_estimate(e);
-      text += fmt::format("predicted step {:.6f} s\n", e.step_seconds);
+      text += fmt::format("predicted step {:.6f} s\n", e.step_seconds) + step_range(graph, machine, options, plan);
       return;
     }
     const PlanResult result = choose_plan(graph, machine, options, args.margin);
@@ -66,6 +78,7 @@ void run_plan(Communicator& world, const PlanArgs& args) {
                         result.memory_penalty > 0 ? fmt::format("; memory penalty {:.3g} s/byte", result.memory_penalty)
                                                   : std::string());
     text += fmt::format("predicted step {:.6f} s\n", result.estimate.step_seconds);
+    text += step_range(graph, machine, options, result.plan);
     if (args.explain) {
       text += "\ncompared with:\n";
       text += fmt::format("  {:<14} {:>12} {:>12} {:>14}\n", "plan", "step ms", "vs chosen", "memory MiB");

@@ -234,6 +234,71 @@ TEST(Machine, RatesPerRankOnGpuNodes) {
   EXPECT_DOUBLE_EQ(m.oversubscription(8), 1);
 }
 
+const char* kComponents = R"(device: gpu
+flops: 1.0e13
+memory_bandwidth: 1.0e12
+peak_flops: 2.0e13
+bf16_peak_flops: 3.0e14
+peak_memory_bandwidth: 2.0e12
+efficiency:
+  conv3d_forward: [0.2, 0.3, 0.4]
+  conv3d_backward: 0.25
+  gemm: [0.6, 0.7, 0.8]
+  conv3d_bf16: [0.1, 0.2, 0.3]
+  memory: [0.7, 0.8, 0.9]
+step_overhead: [0.001, 0.002, 0.004]
+intra: {p2p: {alpha: 1e-6, beta: 1e-10}}
+)";
+
+TEST(Machine, EfficienciesOfKernelClassesWithTheirRanges) {
+  const Machine m = Machine::parse(kComponents, "c.yaml");
+  EXPECT_TRUE(m.has_ranges());
+  // Typical: peak x the middle value; a pass falls back to the class's own entry.
+  EXPECT_DOUBLE_EQ(m.class_flops(1, "conv3d", false, Precision::F32), 0.3 * 2.0e13);
+  EXPECT_DOUBLE_EQ(m.class_flops(1, "conv3d", true, Precision::F32), 0.25 * 2.0e13);
+  EXPECT_DOUBLE_EQ(m.class_flops(1, "gemm", true, Precision::F32), 0.7 * 2.0e13);
+  EXPECT_DOUBLE_EQ(m.class_flops(1, "conv3d", true, Precision::BF16), 0.2 * 3.0e14);
+  EXPECT_DOUBLE_EQ(m.class_flops(1, "conv2d", false, Precision::F32), 0);  // not given: the roofline's flops
+  EXPECT_DOUBLE_EQ(m.class_flops(1, "gemm", false, Precision::BF16), 0);   // no gemm_bf16
+  EXPECT_DOUBLE_EQ(m.rank_memory_bandwidth(1), 0.8 * 2.0e12);
+  EXPECT_DOUBLE_EQ(m.step_overhead_seconds(), 0.002);
+  // The slow end: low efficiencies, the high overhead; the fast end: the opposite.
+  const Machine slow = m.at(Bound::Slow), fast = m.at(Bound::Fast);
+  EXPECT_DOUBLE_EQ(slow.class_flops(1, "conv3d", false, Precision::F32), 0.2 * 2.0e13);
+  EXPECT_DOUBLE_EQ(fast.class_flops(1, "conv3d", false, Precision::F32), 0.4 * 2.0e13);
+  EXPECT_DOUBLE_EQ(slow.class_flops(1, "conv3d", true, Precision::F32), 0.25 * 2.0e13);
+  EXPECT_DOUBLE_EQ(slow.rank_memory_bandwidth(1), 0.7 * 2.0e12);
+  EXPECT_DOUBLE_EQ(fast.rank_memory_bandwidth(1), 0.9 * 2.0e12);
+  EXPECT_DOUBLE_EQ(slow.step_overhead_seconds(), 0.004);
+  EXPECT_DOUBLE_EQ(fast.step_overhead_seconds(), 0.001);
+  // The round trip keeps every value and range.
+  const Machine again = Machine::parse(m.to_yaml(), "again.yaml");
+  EXPECT_EQ(again.efficiency, m.efficiency);
+  EXPECT_EQ(again.step_overhead, m.step_overhead);
+  EXPECT_DOUBLE_EQ(again.peak_flops, m.peak_flops);
+  EXPECT_DOUBLE_EQ(again.bf16_peak_flops, m.bf16_peak_flops);
+  EXPECT_DOUBLE_EQ(again.peak_memory_bandwidth, m.peak_memory_bandwidth);
+  // Single numbers are no range.
+  EXPECT_FALSE(Machine::parse("peak_flops: 1e12\nefficiency: {gemm: 0.5}\nintra: {p2p: {alpha: 1e-6, beta: 1e-10}}\n",
+                              "one.yaml")
+                   .has_ranges());
+}
+
+TEST(Machine, RefusesBadEfficiencies) {
+  const std::string base = "peak_flops: 1e13\npeak_memory_bandwidth: 1e12\nintra: {p2p: {alpha: 1e-6, beta: 1e-10}}\n";
+  expect_parse_error(base + "efficiency: {conv4d: 0.5}\n", {"'efficiency'", "unknown kernel class 'conv4d'", "conv3d"});
+  expect_parse_error(base + "efficiency: {gemm: 1.5}\n", {"'efficiency' 'gemm'", "at most 1"});
+  expect_parse_error(base + "efficiency: {gemm: 0}\n", {"'efficiency' 'gemm'", "above 0"});
+  expect_parse_error(base + "efficiency: {gemm: [0.5, 0.4, 0.6]}\n", {"'gemm'", "low <= typical <= high"});
+  expect_parse_error(base + "efficiency: {gemm: [0.5, 0.6]}\n", {"'gemm'", "[low, typical, high]"});
+  expect_parse_error(base + "efficiency: [0.5]\n", {"'efficiency'", "mapping from kernel classes"});
+  expect_parse_error(base + "efficiency: {gemm_bf16: 0.5}\n", {"'gemm_bf16'", "'bf16_peak_flops'"});
+  expect_parse_error("efficiency: {conv2d: 0.5}\nintra: {p2p: {alpha: 1e-6, beta: 1e-10}}\n",
+                     {"'conv2d'", "'peak_flops'", "does not give"});
+  expect_parse_error(base + "step_overhead: [0.002, 0.001, 0.003]\n", {"'step_overhead'", "low <= typical"});
+  expect_parse_error(base + "step_overhead: -1\n", {"'step_overhead'", "non-negative"});
+}
+
 /// The machine files shipped in machines/ load, and hold what their names say.
 TEST(Machine, ShippedFilesLoad) {
   const std::string dir = std::string(TESSERA_SOURCE_DIR) + "/machines/";

@@ -183,6 +183,41 @@ TEST(CostModel, ComputeIsTheRooflineWithoutCalibration) {
   EXPECT_NEAR(e.grad_allreduce, 2 * 1e-6 + 2570 * 4 * 1e-9, 1e-15);
 }
 
+TEST(CostModel, KernelClassEfficienciesPriceEachPassAndTheStepGetsItsRange) {
+  const PlannerGraph g = small_chain(4);
+  Machine m = round_machine();
+  m.peak_flops = 10e9;
+  m.efficiency["conv2d_forward"] = {0.2, 0.4, 0.5};
+  m.efficiency["conv2d_backward"] = {0.1, 0.2, 0.25};
+  m.efficiency["gemm"] = {0.5, 0.5, 0.5};
+  m.step_overhead = {0.001, 0.002, 0.003};
+  LayerSplit s;
+  s.sample = 2;
+  const double conv_forward = 2.0 * 2 * 4 * 64 * 4 * 9;  // c2 on 2 of 4 samples
+  const double linear_forward = 2.0 * 2 * 256 * 10;
+  for (Bound bound : {Bound::Typical, Bound::Slow, Bound::Fast}) {
+    const Machine at = m.at(bound);
+    CostModel model(g, at, {.ranks = 2});
+    const double f = at.value_at(m.efficiency["conv2d_forward"], true) * 10e9;
+    const double b = at.value_at(m.efficiency["conv2d_backward"], true) * 10e9;
+    // Forward at the forward rate, the two gradients at the backward rate (a memory floor and the
+    // kernel overhead do not apply here: round_machine has none worth counting at these sizes).
+    EXPECT_NEAR(model.layer_cost(2, s).compute, conv_forward / f + 2 * conv_forward / b, 1e-12);
+    EXPECT_NEAR(model.layer_cost(4, s).compute, 3 * linear_forward / (0.5 * 10e9), 1e-12);
+  }
+  // The step's ends: the slow machine's step is the longest, the fast one's the shortest, and each
+  // carries its own step overhead.
+  const Plan plan = Plan::parse("ranks: 2\ndefault: {sample: 2}\n", "p.yaml");
+  const double typical = CostModel(g, m, {.ranks = 2}).estimate(plan).step_seconds;
+  const double slow = CostModel(g, m.at(Bound::Slow), {.ranks = 2}).estimate(plan).step_seconds;
+  const double fast = CostModel(g, m.at(Bound::Fast), {.ranks = 2}).estimate(plan).step_seconds;
+  EXPECT_GT(slow, typical);
+  EXPECT_GT(typical, fast);
+  Machine no_overhead = m;
+  no_overhead.step_overhead = {};
+  EXPECT_NEAR(typical - CostModel(g, no_overhead, {.ranks = 2}).estimate(plan).step_seconds, 0.002, 1e-12);
+}
+
 TEST(CostModel, Bf16OperandsArePricedAtTheBf16RateWithTheirRoundingPasses) {
   PlannerGraph g = small_chain(4);
   g.layers[4].precision = Precision::BF16;  // linear 256 -> 10

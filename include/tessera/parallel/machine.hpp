@@ -19,6 +19,17 @@
 //   sync_wait: {3: 0.0002}   # cpu, measured: waiting per blocking exchange with 3 ranks on the node
 //   sync_wait_share: {3: 0.45}  # cpu, measured: and this share of the work before the exchange
 //   kernels: {"cosmoflow/conv1|n4|c1x64x64x64|f1c1|t2": 0.123}   # measured seconds (tessera calibrate)
+//
+// A machine one does not have is better described by its datasheet peaks and the efficiencies
+// others measured per kernel class, each one number or [low, typical, high] where sources differ:
+//   peak_flops: 19.5e12       # fp32 FLOP/s of one device (gpu) or node (cpu), datasheet
+//   bf16_peak_flops: 312e12   # dense bf16 tensor-core FLOP/s
+//   peak_memory_bandwidth: 1555e9
+//   efficiency: {conv3d_forward: [0.3, 0.4, 0.5], conv3d_backward: 0.35, gemm: 0.8, memory: 0.85,
+//                conv3d_bf16: [0.2, 0.3, 0.4]}   # classes: conv2d, conv3d, gemm, each with an
+//                # optional _forward/_backward and _bf16 suffix; memory (of peak_memory_bandwidth)
+//   step_overhead: [2e-3, 4e-3, 8e-3]   # seconds per training step outside the layers
+// The planner prices with the typical values; `tessera plan` also gives the step at the ends.
 #include <cstdint>
 #include <map>
 #include <string>
@@ -45,6 +56,16 @@ struct CommLevel {
   AlphaBeta alltoall;
   bool operator==(const CommLevel&) const = default;
 };
+
+/// A number others measured, with the spread of their measurements (low <= typical <= high).
+struct Range {
+  double low = 0, typical = 0, high = 0;
+  bool operator==(const Range&) const = default;
+};
+
+/// Which end of its ranges a machine file is read at: the planner prices with the typical values;
+/// Slow takes the low efficiencies and the high step overhead, Fast the opposite.
+enum class Bound { Typical, Slow, Fast };
 
 struct Machine {
   std::string name = "machine";
@@ -87,6 +108,27 @@ struct Machine {
   /// Measured seconds of forward + backward of one layer on one local workload (see
   /// kernel_key in planner.hpp), written by `tessera calibrate`.
   std::map<std::string, double> kernels;
+  /// Datasheet peaks (0: not given) that `efficiency` is a share of.
+  double peak_flops = 0, bf16_peak_flops = 0, peak_memory_bandwidth = 0;
+  /// Achieved share of the peak by kernel class (see the file format above).
+  std::map<std::string, Range> efficiency;
+  /// Seconds per training step outside the layers (framework, launches between them).
+  Range step_overhead;
+  /// The end of the ranges this machine is read at (Machine::at).
+  Bound bound = Bound::Typical;
+
+  /// This machine read at `b`.
+  Machine at(Bound b) const;
+  /// Whether any efficiency or the step overhead has a spread (low < high).
+  bool has_ranges() const;
+  /// A range's value at this machine's bound (`slow_is_low`: a low value makes the step slower,
+  /// as for efficiencies; false for overheads).
+  double value_at(const Range& r, bool slow_is_low) const;
+  /// FLOP/s one rank gets from kernel class `kernel_class` ("conv2d", "conv3d", "gemm") in one
+  /// pass at `precision`, from peak x efficiency; 0 when the file gives no efficiency for it.
+  double class_flops(int ranks, const std::string& kernel_class, bool backward, Precision precision) const;
+  /// The step overhead at this machine's bound.
+  double step_overhead_seconds() const { return value_at(step_overhead, false); }
 
   /// Parses a machine file; errors are InputErrors naming the file and the key.
   static Machine load(const std::string& path);

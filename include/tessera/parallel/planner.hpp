@@ -146,7 +146,7 @@ struct PlanEstimate {
   double compute = 0, exchange = 0, model_comm = 0;
   double grad_allreduce = 0;  ///< all of it
   double grad_exposed = 0;    ///< what backward does not hide
-  double other = 0;           ///< loss allreduce, optimizer update
+  double other = 0;           ///< loss allreduce, optimizer update, the machine's step overhead
   double step_seconds = 0;
   double memory_bytes = 0;    ///< peak per rank
   double scratch_bytes = 0;   ///< of which the bf16 operands' scratch (what Executor::scratch_bytes measures)
