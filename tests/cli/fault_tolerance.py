@@ -62,14 +62,8 @@ RUN_TIMEOUT_S = 240
 
 shutil.rmtree(args.work, ignore_errors=True)
 os.makedirs(args.work)
-problems = []
-
-
-def check(condition, message):
-    if not condition:
-        problems.append(message)
-        print(f"FAIL: {message}", flush=True)
-    return condition
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checks import check, exit_if_failed  # noqa: E402
 
 
 def train_args(work, steps, extra=()):
@@ -350,7 +344,5 @@ if "bad-input" in cases:
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
 
-if problems:
-    print(f"{len(problems)} problem(s)")
-    sys.exit(1)
+exit_if_failed()
 print("fault tolerance: every check passed")

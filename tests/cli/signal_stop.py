@@ -49,14 +49,8 @@ TOLERANCE = 1e-6
 
 shutil.rmtree(args.work, ignore_errors=True)
 os.makedirs(args.work)
-problems = []
-
-
-def check(condition, message):
-    if not condition:
-        problems.append(message)
-        print(f"FAIL: {message}", flush=True)
-    return condition
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checks import check, exit_if_failed  # noqa: E402
 
 
 def command(name, *extra):
@@ -115,7 +109,7 @@ def close(a, b):
 code, text = run("reference", "run.log")
 if not check(code == 0, f"the uninterrupted run exited {code}"):
     print(text)
-    sys.exit("FAIL: " + "; ".join(problems))
+    exit_if_failed()
 ref_steps, ref_losses = losses("reference")
 ref_final = final_loss("reference")
 check(ref_steps == list(range(1, args.steps + 1)) or ref_steps == list(range(args.steps)),
@@ -191,6 +185,5 @@ for case in cases:
     print(f"{case}: stopped at step {stopped_at} with exit {EXIT_STOPPED}, resumed, final loss {final!r} "
           f"({'bit-identical to' if identical else 'within 1e-6 of'} the uninterrupted run)", flush=True)
 
-if problems:
-    sys.exit("FAIL: " + "; ".join(problems))
+exit_if_failed()
 print("OK")

@@ -86,14 +86,8 @@ warnings.filterwarnings("ignore")  # torch.onnx's notes on batch norm's num_batc
 torch.set_num_threads(1)
 shutil.rmtree(args.work, ignore_errors=True)
 os.makedirs(args.work)
-problems = []
-
-
-def check(condition, message):
-    if not condition:
-        problems.append(message)
-        print(f"FAIL: {message}", flush=True)
-    return condition
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checks import check, exit_if_failed  # noqa: E402
 
 
 def run(command, name, timeout=TIMEOUT_S):
@@ -964,7 +958,5 @@ if "export" in cases:
 if "bad-input" in cases:
     bad_input_case()
 
-if problems:
-    print(f"{len(problems)} problem(s)")
-    sys.exit(1)
+exit_if_failed()
 print(f"onnx {', '.join(cases)}: every check passed")

@@ -33,15 +33,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from job_test import TERMINAL, fail, job_fields, job_options, run, slurm_env, submitted_id  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checks import check, exit_if_failed  # noqa: E402
+
 TOLERANCE = 1e-6
-problems = []
-
-
-def check(condition, message):
-    if not condition:
-        problems.append(message)
-        print(f"FAIL: {message}", flush=True)
-    return condition
 
 
 def submit(args, env, name, extra):
@@ -186,8 +181,7 @@ def main():
         identical = final == ref_final and got_losses == ref_losses
         print(f"final loss {final!r} vs uninterrupted {ref_final!r}: "
               f"{'bit-identical' if identical else 'within 1e-6'}", flush=True)
-    if problems:
-        sys.exit("FAIL: " + "; ".join(problems))
+    exit_if_failed()
     print(f"OK: job {job_id} stopped on SIGUSR1 at step {stopped_at}, was requeued, resumed and completed with the "
           f"uninterrupted job's losses ({time.monotonic() - start:.0f} s)")
 
