@@ -37,6 +37,20 @@ args = parser.parse_args()
 env = slurm_env(args.env)
 os.makedirs(args.workdir, exist_ok=True)
 name = "tessera-heal"
+
+
+def queue():
+    """Every job and job step the instance holds, one per line."""
+    return run(["squeue", "-h", "-a", "-s", "-o", "%i %j %T %M"], env).stdout.strip() + "\n" + \
+        run(["squeue", "-h", "-a", "-t", "all", "-o", "%i %j %T %R"], env).stdout.strip()
+
+
+# The two groups' job steps must run at once: wait until other tests' jobs have left the node.
+waited = time.monotonic()
+while run(["squeue", "-h", "-a", "-o", "%i"], env).stdout.strip():
+    if time.monotonic() - waited > 120:
+        fail(f"other jobs still hold the instance after 120 s:\n{queue()}")
+    time.sleep(0.5)
 submit = run([args.tessera, "job", "--submit", "--workdir", args.workdir, "--job-name", name, "--nodes", "1",
               "--tasks-per-node", "2", "--replica-groups", "2", "--time", "00:05:00", "--output",
               f"{args.workdir}/{name}.sbatch", "--model", args.model, "--data", args.data, "--",
@@ -63,7 +77,8 @@ while time.monotonic() - start < args.within and step_id is None:
         step_id = next((line.split()[0] for line in steps if line.endswith(" group1")), None)
     time.sleep(0.2)
 if step_id is None:
-    fail(f"job {job}: group 0 did not train 200 steps with group 1's step running within {args.within} s")
+    fail(f"job {job}: group 0 did not train 200 steps with group 1's step running within {args.within} s; "
+         f"the instance holds:\n{queue()}")
 print(f"scancel --signal=KILL {step_id} (group 1's job step)", flush=True)
 killed = run(["scancel", "--signal=KILL", step_id], env)
 if killed.returncode != 0:
