@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "layers/host_loops.hpp"
 #include "layers/onednn_common.hpp"
@@ -57,7 +58,7 @@ bool unclipped(const Box& b) {
 /// One output row of 2x2x2 windows with stride 2: the eight candidates of each window in scan
 /// order, kept with selects on 32-bit values only, so the compiler vectorises across the row.
 /// `x` points at the window row's first element (depth d0, height h0); `base` is its position.
-inline void max_pool_row_2x2x2(const float* x, std::int32_t base, std::int32_t rows, std::int32_t row,
+__attribute__((target_clones("avx512f", "avx2", "default"))) void max_pool_row_2x2x2(const float* x, std::int32_t base, std::int32_t rows, std::int32_t row,
                                std::int64_t count, float* y, std::int32_t* where) {
   const float* r00 = x;
   const float* r01 = x + row;
@@ -87,7 +88,7 @@ inline void max_pool_row_2x2x2(const float* x, std::int32_t base, std::int32_t r
 
 /// One output row of 2x2 windows with stride 2 (a 2-D pool, or a 1x2x2 one): as
 /// max_pool_row_2x2x2 over the two input rows.
-inline void max_pool_row_2x2(const float* x, std::int32_t base, std::int32_t row, std::int64_t count, float* y,
+__attribute__((target_clones("avx512f", "avx2", "default"))) void max_pool_row_2x2(const float* x, std::int32_t base, std::int32_t row, std::int64_t count, float* y,
                              std::int32_t* where) {
   const float* r0 = x;
   const float* r1 = x + row;
@@ -163,6 +164,57 @@ void max_pool_unclipped(const Box& b, const float* input, float* output, std::in
   });
 }
 
+/// Whether the windows tile the local input exactly (stride = kernel, the first window at local 0,
+/// the last ending at the local input's end, no padding reached) and are 2 wide: then every input
+/// element lies in one window, and a row of them in windows of one output row.
+bool tiles_input_in_pairs(const Box& b) {
+  if (b.kernel[2] != 2 || !unclipped(b)) return false;
+  for (int d = 0; d < 3; ++d) {
+    const std::int64_t first = b.out_origin[d] * b.stride[d] - b.padding[d] - b.in_origin[d];
+    if (b.stride[d] != b.kernel[d] || first != 0 || b.out[d] * b.kernel[d] != b.in[d]) return false;
+  }
+  return true;
+}
+
+/// One input row's gradient under windows 2 wide that tile it: element 2 ow + k gets grad[ow]
+/// where it is window ow's maximum (`where`, positions within the plane; `base`, the row's), else 0.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void max_backward_row_2(
+    const float* grad, const std::int32_t* where, std::int32_t base, std::int64_t count, float* x) {
+  for (std::int64_t ow = 0; ow < count; ++ow) {
+    const std::int32_t at = where[ow] - base - 2 * static_cast<std::int32_t>(ow);
+    x[2 * ow] = at == 0 ? grad[ow] : 0.0f;
+    x[2 * ow + 1] = at == 1 ? grad[ow] : 0.0f;
+  }
+}
+
+/// Max pooling backward where tiles_input_in_pairs: every input gradient written once (rather than
+/// zeroing the plane and scattering into it, two passes over a plane larger than the caches).
+/// With `output` (the pooled leaky ReLU output), through the activation's backward of `slope`.
+void max_backward_tiled(const char* label, const Box& b, const std::int32_t* argmax, const float* grad_output,
+                        const float* output, float slope, float* grad_input) {
+  const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane(), rows = b.in[1] * b.in[2], row = b.in[2];
+  host_for(label, b.planes, [=](std::int64_t p) {
+    float* dx = grad_input + p * in_plane;
+    const std::int32_t* where = argmax + p * out_plane;
+    std::vector<float> through(output ? static_cast<std::size_t>(b.out[2]) : 0);
+    for (std::int64_t od = 0; od < b.out[0]; ++od)
+      for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
+        const std::int64_t o = (od * b.out[1] + oh) * b.out[2];
+        const float* g = grad_output + p * out_plane + o;
+        if (output) {
+          const float* y = output + p * out_plane + o;
+          for (std::int64_t ow = 0; ow < b.out[2]; ++ow) through[static_cast<std::size_t>(ow)] = g[ow] * (y[ow] > 0 ? 1.0f : slope);
+          g = through.data();
+        }
+        for (std::int64_t i = 0; i < b.kernel[0]; ++i)
+          for (std::int64_t j = 0; j < b.kernel[1]; ++j) {
+            const std::int64_t base = (od * b.kernel[0] + i) * rows + (oh * b.kernel[1] + j) * row;
+            max_backward_row_2(g, where + o, static_cast<std::int32_t>(base), b.out[2], dx + base);
+          }
+      }
+  });
+}
+
 class HostPooling final : public PoolingKernels {
  public:
   std::size_t workspace_bytes(const PoolingGeometry& g) override { return pooling_workspace_bytes(g); }
@@ -222,6 +274,9 @@ class HostPooling final : public PoolingKernels {
     const Box b = pool_box(g);
     const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane();
     const auto* argmax = static_cast<const std::int32_t*>(workspace);
+    if (tiles_input_in_pairs(b))
+      return max_backward_tiled("max pool backward through leaky relu", b, argmax, grad_output, output, slope,
+                                grad_input);
     host_for("max pool backward through leaky relu", b.planes, [=](std::int64_t p) {
       float* dx = grad_input + p * in_plane;
       const float* y = output + p * out_plane;  // the input at each maximum
@@ -238,7 +293,10 @@ class HostPooling final : public PoolingKernels {
     const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane(), rows = b.in[1] * b.in[2], row = b.in[2];
     // One plane per iteration: windows may overlap, but never across planes, so the
     // accumulation below has no races however the planes are spread over threads.
-    if (g.mode == PoolingMode::Max) {
+    if (g.mode == PoolingMode::Max && tiles_input_in_pairs(b)) {
+      max_backward_tiled("max pool backward", b, static_cast<const std::int32_t*>(workspace), grad_output, nullptr,
+                         0.0f, grad_input);
+    } else if (g.mode == PoolingMode::Max) {
       const auto* argmax = static_cast<const std::int32_t*>(workspace);
       host_for("max pool backward", b.planes, [=](std::int64_t p) {
         float* dx = grad_input + p * in_plane;

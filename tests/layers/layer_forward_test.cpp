@@ -249,9 +249,11 @@ TEST(LayerForward, MaxPoolingSendsTiesToTheFirstMaximum) {
   const std::vector<OptionList> pools = {{{"kernel", {"2"}}},
                                          {{"kernel", {"3"}}, {"stride", {"2"}}},
                                          {{"kernel", {"3"}}, {"stride", {"2"}}, {"padding", {"1"}}}};
+  // {6, 8, 8}: 2x2x2 windows tile the input (the one-pass backward); {6, 7, 8}: they do not.
+  for (const std::vector<std::int64_t>& extent : {std::vector<std::int64_t>{6, 7, 8}, std::vector<std::int64_t>{6, 8, 8}})
   for (const auto& options : pools) {
     auto layer = make_layer("maxpool", options);
-    Tensor input(Shape::image(2, 3, {6, 7, 8}));
+    Tensor input(Shape::image(2, 3, extent));
     for (std::int64_t i = 0; i < input.numel(); ++i)
       input.data()[i] = static_cast<float>(random_u64(5, 6, static_cast<std::uint64_t>(i)) % 3);
     const Shape out_shape = layer->setup({input.shape()});
@@ -280,7 +282,7 @@ TEST(LayerForward, MaxPoolingSendsTiesToTheFirstMaximum) {
                 for (std::int64_t j = 0; j < k; ++j)
                   for (std::int64_t l = 0; l < k; ++l) {
                     const std::int64_t d = od * stride - pad + i, h = oh * stride - pad + j, w = ow * stride - pad + l;
-                    if (d < 0 || h < 0 || w < 0 || d >= 6 || h >= 7 || w >= 8) continue;
+                    if (d < 0 || h < 0 || w < 0 || d >= extent[0] || h >= extent[1] || w >= extent[2]) continue;
                     if (input.at({n, c, d, h, w}) > best) {
                       best = input.at({n, c, d, h, w});
                       at = {n, c, d, h, w};
@@ -289,16 +291,19 @@ TEST(LayerForward, MaxPoolingSendsTiesToTheFirstMaximum) {
               EXPECT_EQ(output.at({n, c, od, oh, ow}), best);
               expected.at(at) += 1.0f;
             }
-    EXPECT_EQ(max_relative_difference(grad_input, expected, 1.0), 0.0) << "kernel " << k << " stride " << stride;
+    EXPECT_EQ(max_relative_difference(grad_input, expected, 1.0), 0.0)
+        << "kernel " << k << " stride " << stride << " input " << input.shape().to_string();
   }
 }
 
 TEST(LayerForward, TwoDimensionalMaxPoolingSendsTiesToTheFirstMaximum) {
   // The 2-D 2x2 path (Fashion-MNIST's pools): the first maximum in height, width order, on an
-  // odd width (the last column belongs to no window).
+  // odd width (the last column belongs to no window) and an even one.
   auto backend = make_host_backend();
+  for (std::int64_t width : {9, 8}) {  // 8: the windows tile the input (the one-pass backward)
+  SCOPED_TRACE(width);
   auto layer = make_layer("maxpool", {{"kernel", {"2"}}});
-  Tensor input(Shape::image(2, 3, {6, 9}));
+  Tensor input(Shape::image(2, 3, {6, width}));
   for (std::int64_t i = 0; i < input.numel(); ++i)
     input.data()[i] = static_cast<float>(random_u64(7, 6, static_cast<std::uint64_t>(i)) % 3);
   const Shape out_shape = layer->setup({input.shape()});
@@ -329,6 +334,7 @@ TEST(LayerForward, TwoDimensionalMaxPoolingSendsTiesToTheFirstMaximum) {
           expected.at(at) += grad_output.at({n, c, oh, ow});
         }
   EXPECT_EQ(max_relative_difference(grad_input, expected, 1.0), 0.0);
+  }
 }
 
 TEST(LayerForward, HeInitIsBoundedAndDeterministic) {
