@@ -58,7 +58,7 @@ bool unclipped(const Box& b) {
 /// One output row of 2x2x2 windows with stride 2: the eight candidates of each window in scan
 /// order, kept with selects on 32-bit values only, so the compiler vectorises across the row.
 /// `x` points at the window row's first element (depth d0, height h0); `base` is its position.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void max_pool_row_2x2x2(const float* x, std::int32_t base, std::int32_t rows, std::int32_t row,
+inline void max_pool_row_2x2x2(const float* x, std::int32_t base, std::int32_t rows, std::int32_t row,
                                std::int64_t count, float* y, std::int32_t* where) {
   const float* r00 = x;
   const float* r01 = x + row;
@@ -88,7 +88,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void max_pool_row_2
 
 /// One output row of 2x2 windows with stride 2 (a 2-D pool, or a 1x2x2 one): as
 /// max_pool_row_2x2x2 over the two input rows.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void max_pool_row_2x2(const float* x, std::int32_t base, std::int32_t row, std::int64_t count, float* y,
+inline void max_pool_row_2x2(const float* x, std::int32_t base, std::int32_t row, std::int64_t count, float* y,
                              std::int32_t* where) {
   const float* r0 = x;
   const float* r1 = x + row;
@@ -110,6 +110,22 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void max_pool_row_2
   }
 }
 
+/// Rows of at least this many outputs run the row functions built for the CPU's widest vectors
+/// (target_clones, chosen at load); shorter ones run them inline (a call and a vector loop's set-up
+/// cost more than they gain on Fashion-MNIST's rows of 7 and 14).
+constexpr std::int64_t kWideRow = 32;
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void max_pool_row_2x2x2_wide(
+    const float* x, std::int32_t base, std::int32_t rows, std::int32_t row, std::int64_t count, float* y,
+    std::int32_t* where) {
+  max_pool_row_2x2x2(x, base, rows, row, count, y, where);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void max_pool_row_2x2_wide(
+    const float* x, std::int32_t base, std::int32_t row, std::int64_t count, float* y, std::int32_t* where) {
+  max_pool_row_2x2(x, base, row, count, y, where);
+}
+
 template <int K0, int K1, int K2>
 void max_pool_unclipped(const Box& b, const float* input, float* output, std::int32_t* argmax) {
   const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane(), rows = b.in[1] * b.in[2], row = b.in[2];
@@ -127,7 +143,8 @@ void max_pool_unclipped(const Box& b, const float* input, float* output, std::in
         const std::int64_t base = d0 * rows + (first[1] + oh * b.stride[1]) * row + first[2];
         if constexpr (K0 == 2 && K1 == 2 && K2 == 2) {
           if (b.stride[0] == 2 && b.stride[1] == 2 && b.stride[2] == 2) {
-            max_pool_row_2x2x2(x + base, static_cast<std::int32_t>(base), static_cast<std::int32_t>(rows),
+            (b.out[2] >= kWideRow ? max_pool_row_2x2x2_wide : max_pool_row_2x2x2)(
+                x + base, static_cast<std::int32_t>(base), static_cast<std::int32_t>(rows),
                                static_cast<std::int32_t>(row), b.out[2], y + o, where + o);
             o += b.out[2];
             continue;
@@ -135,7 +152,8 @@ void max_pool_unclipped(const Box& b, const float* input, float* output, std::in
         }
         if constexpr (K0 == 1 && K1 == 2 && K2 == 2) {
           if (b.stride[1] == 2 && b.stride[2] == 2) {
-            max_pool_row_2x2(x + base, static_cast<std::int32_t>(base), static_cast<std::int32_t>(row), b.out[2],
+            (b.out[2] >= kWideRow ? max_pool_row_2x2_wide : max_pool_row_2x2)(
+                x + base, static_cast<std::int32_t>(base), static_cast<std::int32_t>(row), b.out[2],
                              y + o, where + o);
             o += b.out[2];
             continue;
@@ -165,10 +183,11 @@ void max_pool_unclipped(const Box& b, const float* input, float* output, std::in
 }
 
 /// Whether the windows tile the local input exactly (stride = kernel, the first window at local 0,
-/// the last ending at the local input's end, no padding reached) and are 2 wide: then every input
-/// element lies in one window, and a row of them in windows of one output row.
+/// the last ending at the local input's end, no padding reached), are 2 wide and make rows of at
+/// least kWideRow outputs: then every input element lies in one window, and a row of them in
+/// windows of one output row (shorter rows scatter faster).
 bool tiles_input_in_pairs(const Box& b) {
-  if (b.kernel[2] != 2 || !unclipped(b)) return false;
+  if (b.kernel[2] != 2 || b.out[2] < kWideRow || !unclipped(b)) return false;
   for (int d = 0; d < 3; ++d) {
     const std::int64_t first = b.out_origin[d] * b.stride[d] - b.padding[d] - b.in_origin[d];
     if (b.stride[d] != b.kernel[d] || first != 0 || b.out[d] * b.kernel[d] != b.in[d]) return false;

@@ -249,8 +249,9 @@ TEST(LayerForward, MaxPoolingSendsTiesToTheFirstMaximum) {
   const std::vector<OptionList> pools = {{{"kernel", {"2"}}},
                                          {{"kernel", {"3"}}, {"stride", {"2"}}},
                                          {{"kernel", {"3"}}, {"stride", {"2"}}, {"padding", {"1"}}}};
-  // {6, 8, 8}: 2x2x2 windows tile the input (the one-pass backward); {6, 7, 8}: they do not.
-  for (const std::vector<std::int64_t>& extent : {std::vector<std::int64_t>{6, 7, 8}, std::vector<std::int64_t>{6, 8, 8}})
+  // {4, 4, 64}: 2x2x2 windows tile the input in rows of 32 outputs (the wide rows and the one-pass
+  // backward); {6, 7, 8}: short rows, windows that do not tile.
+  for (const std::vector<std::int64_t>& extent : {std::vector<std::int64_t>{6, 7, 8}, std::vector<std::int64_t>{4, 4, 64}})
   for (const auto& options : pools) {
     auto layer = make_layer("maxpool", options);
     Tensor input(Shape::image(2, 3, extent));
@@ -298,16 +299,16 @@ TEST(LayerForward, MaxPoolingSendsTiesToTheFirstMaximum) {
 
 TEST(LayerForward, TwoDimensionalMaxPoolingSendsTiesToTheFirstMaximum) {
   // The 2-D 2x2 path (Fashion-MNIST's pools): the first maximum in height, width order, on an
-  // odd width (the last column belongs to no window) and an even one.
+  // odd width (the last column belongs to no window) and a wide even one.
   auto backend = make_host_backend();
-  for (std::int64_t width : {9, 8}) {  // 8: the windows tile the input (the one-pass backward)
+  for (std::int64_t width : {9, 64}) {  // 64: rows of 32 windows that tile the input (the wide rows, one-pass backward)
   SCOPED_TRACE(width);
   auto layer = make_layer("maxpool", {{"kernel", {"2"}}});
   Tensor input(Shape::image(2, 3, {6, width}));
   for (std::int64_t i = 0; i < input.numel(); ++i)
     input.data()[i] = static_cast<float>(random_u64(7, 6, static_cast<std::uint64_t>(i)) % 3);
   const Shape out_shape = layer->setup({input.shape()});
-  ASSERT_EQ(out_shape[3], 4);
+  ASSERT_EQ(out_shape[3], width / 2);
   LayerContext context;
   context.backend = backend.get();
   Tensor output, grad_input;
