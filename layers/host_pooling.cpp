@@ -52,59 +52,33 @@ bool unclipped(const Box& b) {
   return true;
 }
 
-/// Max pooling forward where no window is clipped: the same scan (depth, then height, then width;
-/// the first of equal maxima) as the general loop, without clipping each window. Kernel extents
-/// K0, K1, K2 > 0 are fixed at compile time (0: the box's).
-/// One output row of 2x2x2 windows with stride 2: the eight candidates of each window in scan
-/// order, kept with selects on 32-bit values only, so the compiler vectorises across the row.
-/// `x` points at the window row's first element (depth d0, height h0); `base` is its position.
-inline void max_pool_row_2x2x2(const float* x, std::int32_t base, std::int32_t rows, std::int32_t row,
-                               std::int64_t count, float* y, std::int32_t* where) {
-  const float* r00 = x;
-  const float* r01 = x + row;
-  const float* r10 = x + rows;
-  const float* r11 = x + rows + row;
+/// One output row of 2 x 2 windows (Depth2 false: a 2-D pool, or a 1 x 2 x 2 one) or 2 x 2 x 2
+/// windows with stride 2: the candidates of each window in scan order, kept with selects on 32-bit
+/// values only, so the compiler vectorises across the row. `x` points at the window row's first
+/// element (depth d0, height h0); `base` is its position; `rows` is a depth plane, `row` a row.
+template <bool Depth2>
+inline void max_pool_row_2x2(const float* x, std::int32_t base, std::int32_t rows, std::int32_t row,
+                             std::int64_t count, float* y, std::int32_t* where) {
   for (std::int64_t ow = 0; ow < count; ++ow) {
     const std::int64_t w = 2 * ow;
     float best = -std::numeric_limits<float>::infinity();
     std::int32_t offset = 0;
-    auto consider = [&](float value, std::int32_t at) {
+    auto consider = [&](std::int32_t at) {
+      const float value = x[w + at];
       const bool larger = value > best;
       best = larger ? value : best;
       offset = larger ? at : offset;
     };
-    consider(r00[w], 0);
-    consider(r00[w + 1], 1);
-    consider(r01[w], row);
-    consider(r01[w + 1], row + 1);
-    consider(r10[w], rows);
-    consider(r10[w + 1], rows + 1);
-    consider(r11[w], rows + row);
-    consider(r11[w + 1], rows + row + 1);
-    y[ow] = best;
-    where[ow] = base + static_cast<std::int32_t>(w) + offset;
-  }
-}
-
-/// One output row of 2x2 windows with stride 2 (a 2-D pool, or a 1x2x2 one): as
-/// max_pool_row_2x2x2 over the two input rows.
-inline void max_pool_row_2x2(const float* x, std::int32_t base, std::int32_t row, std::int64_t count, float* y,
-                             std::int32_t* where) {
-  const float* r0 = x;
-  const float* r1 = x + row;
-  for (std::int64_t ow = 0; ow < count; ++ow) {
-    const std::int64_t w = 2 * ow;
-    float best = -std::numeric_limits<float>::infinity();
-    std::int32_t offset = 0;
-    auto consider = [&](float value, std::int32_t at) {
-      const bool larger = value > best;
-      best = larger ? value : best;
-      offset = larger ? at : offset;
-    };
-    consider(r0[w], 0);
-    consider(r0[w + 1], 1);
-    consider(r1[w], row);
-    consider(r1[w + 1], row + 1);
+    consider(0);
+    consider(1);
+    consider(row);
+    consider(row + 1);
+    if constexpr (Depth2) {
+      consider(rows);
+      consider(rows + 1);
+      consider(rows + row);
+      consider(rows + row + 1);
+    }
     y[ow] = best;
     where[ow] = base + static_cast<std::int32_t>(w) + offset;
   }
@@ -115,17 +89,21 @@ inline void max_pool_row_2x2(const float* x, std::int32_t base, std::int32_t row
 /// cost more than they gain on Fashion-MNIST's rows of 7 and 14).
 constexpr std::int64_t kWideRow = 32;
 
+/// max_pool_row_2x2 for rows of kWideRow outputs or more (the compilers take no template here).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void max_pool_row_2x2_wide(
+    const float* x, std::int32_t base, std::int32_t rows, std::int32_t row, std::int64_t count, float* y,
+    std::int32_t* where) {
+  max_pool_row_2x2<false>(x, base, rows, row, count, y, where);
+}
 __attribute__((target_clones("avx512f", "avx2", "default"))) void max_pool_row_2x2x2_wide(
     const float* x, std::int32_t base, std::int32_t rows, std::int32_t row, std::int64_t count, float* y,
     std::int32_t* where) {
-  max_pool_row_2x2x2(x, base, rows, row, count, y, where);
+  max_pool_row_2x2<true>(x, base, rows, row, count, y, where);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void max_pool_row_2x2_wide(
-    const float* x, std::int32_t base, std::int32_t row, std::int64_t count, float* y, std::int32_t* where) {
-  max_pool_row_2x2(x, base, row, count, y, where);
-}
-
+/// Max pooling forward where no window is clipped: the same scan (depth, then height, then width;
+/// the first of equal maxima) as the general loop, without clipping each window. Kernel extents
+/// K0, K1, K2 > 0 are fixed at compile time (0: the box's).
 template <int K0, int K1, int K2>
 void max_pool_unclipped(const Box& b, const float* input, float* output, std::int32_t* argmax) {
   const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane(), rows = b.in[1] * b.in[2], row = b.in[2];
@@ -141,20 +119,13 @@ void max_pool_unclipped(const Box& b, const float* input, float* output, std::in
       const std::int64_t d0 = first[0] + od * b.stride[0];
       for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
         const std::int64_t base = d0 * rows + (first[1] + oh * b.stride[1]) * row + first[2];
-        if constexpr (K0 == 2 && K1 == 2 && K2 == 2) {
-          if (b.stride[0] == 2 && b.stride[1] == 2 && b.stride[2] == 2) {
-            (b.out[2] >= kWideRow ? max_pool_row_2x2x2_wide : max_pool_row_2x2x2)(
-                x + base, static_cast<std::int32_t>(base), static_cast<std::int32_t>(rows),
-                               static_cast<std::int32_t>(row), b.out[2], y + o, where + o);
-            o += b.out[2];
-            continue;
-          }
-        }
-        if constexpr (K0 == 1 && K1 == 2 && K2 == 2) {
-          if (b.stride[1] == 2 && b.stride[2] == 2) {
-            (b.out[2] >= kWideRow ? max_pool_row_2x2_wide : max_pool_row_2x2)(
-                x + base, static_cast<std::int32_t>(base), static_cast<std::int32_t>(row), b.out[2],
-                             y + o, where + o);
+        if constexpr ((K0 == 1 || K0 == 2) && K1 == 2 && K2 == 2) {
+          if ((K0 == 1 || b.stride[0] == 2) && b.stride[1] == 2 && b.stride[2] == 2) {
+            const auto at = static_cast<std::int32_t>(base);
+            const auto plane = static_cast<std::int32_t>(rows), width = static_cast<std::int32_t>(row);
+            if (b.out[2] < kWideRow) max_pool_row_2x2<K0 == 2>(x + base, at, plane, width, b.out[2], y + o, where + o);
+            else if constexpr (K0 == 2) max_pool_row_2x2x2_wide(x + base, at, plane, width, b.out[2], y + o, where + o);
+            else max_pool_row_2x2_wide(x + base, at, plane, width, b.out[2], y + o, where + o);
             o += b.out[2];
             continue;
           }
