@@ -336,6 +336,14 @@ TEST(Machine, ShippedFilesLoad) {
     EXPECT_LT(m.intra.p2p.beta, m.inter.p2p.beta);
     EXPECT_LE(m.intra.allreduce.beta, m.inter.allreduce.beta);
     EXPECT_EQ(m.threads_per_rank(1024), 1);
+    // Built from components: datasheet peaks above the sustained rates, the convolutions' and the
+    // memory's efficiencies with the spread of their sources.
+    EXPECT_TRUE(m.has_ranges());
+    EXPECT_GT(m.peak_flops, 0);
+    EXPECT_GE(m.peak_flops, m.class_flops(1, "conv3d", false, Precision::F32));
+    EXPECT_GT(m.class_flops(1, "conv3d", true, Precision::F32), 0);
+    EXPECT_LE(m.rank_memory_bandwidth(1), m.peak_memory_bandwidth);
+    EXPECT_GT(m.at(Bound::Slow).rank_memory_bandwidth(1), 0.5e12);
   }
 }
 
