@@ -242,100 +242,64 @@ TEST(LayerForward, MaxPoolingThroughALeakyReluEqualsTheTwoBackwardPasses) {
 }
 
 TEST(LayerForward, MaxPoolingSendsTiesToTheFirstMaximum) {
-  // Values from {0, 1, 2}: most windows hold equal maxima. Every pooling path (windows that need
-  // no clipping, 2x2x2 or not, and clipped ones) takes the first maximum in depth, height, width
-  // order, so the gradient goes to the same element whatever the path or the tiling.
+  // Values from {0, 1, 2}: most windows hold equal maxima. Every pooling path takes the first
+  // maximum in depth, height, width order, so the gradient goes to the same element whatever the
+  // path or the tiling: windows that need no clipping (2x2x2 and 2x2 rows, short and of 32 or more
+  // outputs, which also take the one-pass backward where the windows tile the input) or need it.
   auto backend = make_host_backend();
   const std::vector<OptionList> pools = {{{"kernel", {"2"}}},
                                          {{"kernel", {"3"}}, {"stride", {"2"}}},
                                          {{"kernel", {"3"}}, {"stride", {"2"}}, {"padding", {"1"}}}};
-  // {4, 4, 64}: 2x2x2 windows tile the input in rows of 32 outputs (the wide rows and the one-pass
-  // backward); {6, 7, 8}: short rows, windows that do not tile.
-  for (const std::vector<std::int64_t>& extent : {std::vector<std::int64_t>{6, 7, 8}, std::vector<std::int64_t>{4, 4, 64}})
-  for (const auto& options : pools) {
-    auto layer = make_layer("maxpool", options);
-    Tensor input(Shape::image(2, 3, extent));
-    for (std::int64_t i = 0; i < input.numel(); ++i)
-      input.data()[i] = static_cast<float>(random_u64(5, 6, static_cast<std::uint64_t>(i)) % 3);
-    const Shape out_shape = layer->setup({input.shape()});
-    LayerContext context;
-    context.backend = backend.get();
-    Tensor output, grad_input;
-    const Tensor* inputs[] = {&input};
-    layer->forward(inputs, output, context);
-    Tensor grad_output(out_shape);
-    grad_output.fill(1.0f);
-    Tensor* grads[] = {&grad_input};
-    layer->backward(inputs, output, grad_output, grads, context);
-    // The reference: scan each window in order, keep the first of the largest.
-    const std::int64_t k = std::stoll(options[0].second[0]);
-    const std::int64_t stride = options.size() > 1 ? std::stoll(options[1].second[0]) : k;
-    const std::int64_t pad = options.size() > 2 ? std::stoll(options[2].second[0]) : 0;
-    Tensor expected(input.shape());
-    for (std::int64_t n = 0; n < 2; ++n)
-      for (std::int64_t c = 0; c < 3; ++c)
-        for (std::int64_t od = 0; od < out_shape[2]; ++od)
-          for (std::int64_t oh = 0; oh < out_shape[3]; ++oh)
-            for (std::int64_t ow = 0; ow < out_shape[4]; ++ow) {
+  const std::vector<std::vector<std::int64_t>> extents = {{6, 7, 8}, {4, 4, 64}, {6, 9}, {6, 64}};
+  for (const auto& extent : extents)
+    for (const auto& options : pools) {
+      auto layer = make_layer("maxpool", options);
+      Tensor input(Shape::image(2, 3, extent));
+      for (std::int64_t i = 0; i < input.numel(); ++i)
+        input.data()[i] = static_cast<float>(random_u64(5, 6, static_cast<std::uint64_t>(i)) % 3);
+      const Shape out_shape = layer->setup({input.shape()});
+      LayerContext context;
+      context.backend = backend.get();
+      Tensor output, grad_input;
+      const Tensor* inputs[] = {&input};
+      layer->forward(inputs, output, context);
+      Tensor grad_output(out_shape);
+      for (std::int64_t i = 0; i < grad_output.numel(); ++i) grad_output.data()[i] = static_cast<float>(i % 7 + 1);
+      Tensor* grads[] = {&grad_input};
+      layer->backward(inputs, output, grad_output, grads, context);
+      // The reference: scan each window in order, keep the first of the largest (2-D: depth 1).
+      const bool three = extent.size() == 3;
+      const std::int64_t in[3] = {three ? extent[0] : 1, extent[three ? 1 : 0], extent[three ? 2 : 1]};
+      const std::int64_t out[3] = {three ? out_shape[2] : 1, out_shape[three ? 3 : 2], out_shape[three ? 4 : 3]};
+      const std::int64_t k = std::stoll(options[0].second[0]);
+      const std::int64_t stride = options.size() > 1 ? std::stoll(options[1].second[0]) : k;
+      const std::int64_t pad = options.size() > 2 ? std::stoll(options[2].second[0]) : 0;
+      Tensor expected(input.shape());
+      for (std::int64_t plane = 0; plane < 2 * 3; ++plane)
+        for (std::int64_t od = 0; od < out[0]; ++od)
+          for (std::int64_t oh = 0; oh < out[1]; ++oh)
+            for (std::int64_t ow = 0; ow < out[2]; ++ow) {
               float best = -1;
-              std::vector<std::int64_t> at;
-              for (std::int64_t i = 0; i < k; ++i)
+              std::int64_t at = -1;
+              for (std::int64_t i = 0; i < (three ? k : 1); ++i)
                 for (std::int64_t j = 0; j < k; ++j)
                   for (std::int64_t l = 0; l < k; ++l) {
-                    const std::int64_t d = od * stride - pad + i, h = oh * stride - pad + j, w = ow * stride - pad + l;
-                    if (d < 0 || h < 0 || w < 0 || d >= extent[0] || h >= extent[1] || w >= extent[2]) continue;
-                    if (input.at({n, c, d, h, w}) > best) {
-                      best = input.at({n, c, d, h, w});
-                      at = {n, c, d, h, w};
+                    const std::int64_t d = three ? od * stride - pad + i : 0, h = oh * stride - pad + j,
+                                       w = ow * stride - pad + l;
+                    if (d < 0 || h < 0 || w < 0 || d >= in[0] || h >= in[1] || w >= in[2]) continue;
+                    const std::int64_t index = ((plane * in[0] + d) * in[1] + h) * in[2] + w;
+                    if (input.data()[index] > best) {
+                      best = input.data()[index];
+                      at = index;
                     }
                   }
-              EXPECT_EQ(output.at({n, c, od, oh, ow}), best);
-              expected.at(at) += 1.0f;
+              const std::int64_t o = ((plane * out[0] + od) * out[1] + oh) * out[2] + ow;
+              EXPECT_EQ(output.data()[o], best);
+              expected.data()[at] += grad_output.data()[o];
             }
-    EXPECT_EQ(max_relative_difference(grad_input, expected, 1.0), 0.0)
-        << "kernel " << k << " stride " << stride << " input " << input.shape().to_string();
-  }
-}
-
-TEST(LayerForward, TwoDimensionalMaxPoolingSendsTiesToTheFirstMaximum) {
-  // The 2-D 2x2 path (Fashion-MNIST's pools): the first maximum in height, width order, on an
-  // odd width (the last column belongs to no window) and a wide even one.
-  auto backend = make_host_backend();
-  for (std::int64_t width : {9, 64}) {  // 64: rows of 32 windows that tile the input (the wide rows, one-pass backward)
-  SCOPED_TRACE(width);
-  auto layer = make_layer("maxpool", {{"kernel", {"2"}}});
-  Tensor input(Shape::image(2, 3, {6, width}));
-  for (std::int64_t i = 0; i < input.numel(); ++i)
-    input.data()[i] = static_cast<float>(random_u64(7, 6, static_cast<std::uint64_t>(i)) % 3);
-  const Shape out_shape = layer->setup({input.shape()});
-  ASSERT_EQ(out_shape[3], width / 2);
-  LayerContext context;
-  context.backend = backend.get();
-  Tensor output, grad_input;
-  const Tensor* inputs[] = {&input};
-  layer->forward(inputs, output, context);
-  Tensor grad_output(out_shape);
-  for (std::int64_t i = 0; i < grad_output.numel(); ++i) grad_output.data()[i] = static_cast<float>(i + 1);
-  Tensor* grads[] = {&grad_input};
-  layer->backward(inputs, output, grad_output, grads, context);
-  Tensor expected(input.shape());
-  for (std::int64_t n = 0; n < 2; ++n)
-    for (std::int64_t c = 0; c < 3; ++c)
-      for (std::int64_t oh = 0; oh < out_shape[2]; ++oh)
-        for (std::int64_t ow = 0; ow < out_shape[3]; ++ow) {
-          float best = -1;
-          std::vector<std::int64_t> at;
-          for (std::int64_t j = 0; j < 2; ++j)
-            for (std::int64_t l = 0; l < 2; ++l)
-              if (input.at({n, c, 2 * oh + j, 2 * ow + l}) > best) {
-                best = input.at({n, c, 2 * oh + j, 2 * ow + l});
-                at = {n, c, 2 * oh + j, 2 * ow + l};
-              }
-          EXPECT_EQ(output.at({n, c, oh, ow}), best);
-          expected.at(at) += grad_output.at({n, c, oh, ow});
-        }
-  EXPECT_EQ(max_relative_difference(grad_input, expected, 1.0), 0.0);
-  }
+      EXPECT_EQ(max_relative_difference(grad_input, expected, 1.0), 0.0)
+          << "kernel " << k << " stride " << stride << " input " << input.shape().to_string();
+    }
 }
 
 TEST(LayerForward, HeInitIsBoundedAndDeterministic) {
