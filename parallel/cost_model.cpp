@@ -84,6 +84,12 @@ double CostModel::exchange_wait(const LayerEstimate& layer) const {
   return options_.ranks > 1 ? machine_.sync_wait_share_for(options_.ranks) * layer.compute : 0.0;
 }
 
+double CostModel::input_exchange(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
+                                 const LayerEstimate& e) const {
+  const double moved = exchange_cost(producer, held, consumer, split);
+  return moved > 0 ? moved + exchange_wait(e) : 0.0;
+}
+
 LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   const auto& l = graph_.layers.at(static_cast<std::size_t>(layer));
   const int P = options_.ranks;
@@ -191,7 +197,8 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     const double tf32 = exact_on_tf32(l) ? 0.5 : 1.0;
     // The machine file's efficiency of this kernel class, per pass, where it gives one: forward is
     // a third of the work, backward (input and weight gradients) two thirds.
-    const std::string kernel_class = l.type == "linear" ? "gemm"
+    const std::string kernel_class = machine_.efficiency.empty() ? std::string()
+                                     : l.type == "linear"            ? "gemm"
                                      : l.type == "conv" ? fmt::format("conv{}d", l.output.spatial_dims())
                                                         : std::string();
     const double forward_rate = machine_.class_flops(P, kernel_class, false, l.precision) * tf32;
@@ -320,8 +327,7 @@ PlanEstimate CostModel::estimate(const Plan& plan) const {
         const int dims = graph_.layers[static_cast<std::size_t>(input)].output.spatial_dims();
         held.spatial = held.spatial_product() > 1 ? spatial_parts(held, dims) : std::vector<int>{};
       }
-      const double moved = exchange_cost(input, held, static_cast<int>(i), split);
-      le.exchange += moved > 0 ? moved + exchange_wait(le) : 0.0;
+      le.exchange += input_exchange(input, held, static_cast<int>(i), split, le);
     }
     e.layers.push_back(std::move(le));
   }

@@ -280,6 +280,7 @@ double Machine::value_at(const Range& r, bool slow_is_low) const {
 }
 
 double Machine::class_flops(int ranks, const std::string& kernel_class, bool backward, Precision precision) const {
+  if (efficiency.empty() || kernel_class.empty()) return 0;
   const bool bf16 = precision == Precision::BF16 && bf16_peak_flops > 0;
   const std::string suffix = bf16 ? "_bf16" : "";
   auto share = efficiency.find(kernel_class + (backward ? "_backward" : "_forward") + suffix);

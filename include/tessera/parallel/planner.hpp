@@ -168,9 +168,11 @@ class CostModel {
   /// Seconds (forward + backward) to move the output of `producer` under `held` to what
   /// `consumer` reads under `split` (0 when nothing moves; the model's input: 0, read from the file).
   double exchange_cost(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
-  /// What blocking exchanges around `layer` (forward and backward) wait beyond exchange_cost's
-  /// fixed sync_wait: Machine::sync_wait_share of its work (the peers' work before them).
-  double exchange_wait(const LayerEstimate& layer) const;
+  /// What the step pays for `consumer` (its estimate `e`) reading the output of `producer` held
+  /// under `held`: exchange_cost, and where anything moves, the wait of those blocking exchanges
+  /// beyond their fixed sync_wait (exchange_wait). The search and estimate() both charge this.
+  double input_exchange(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
+                        const LayerEstimate& e) const;
   /// Bytes per rank of a plan's activations as the executor holds them: each tensor once (a
   /// layer's output, or its consumers' copies where every consumer copies it), every layer's
   /// output gradient, and the largest input copy's gradient in flight.
@@ -204,6 +206,9 @@ class CostModel {
   const PlannerOptions& options() const { return options_; }
 
  private:
+  /// What blocking exchanges around `layer` (forward and backward) wait beyond their fixed
+  /// sync_wait: Machine::sync_wait_share of its work (the peers' work before them).
+  double exchange_wait(const LayerEstimate& layer) const;
   /// A bf16 convolution on a GPU machine with bf16 tensor cores (bf16_flops set): Native or Exact
   /// as options().exact_bf16_convolutions says.
   bool gpu_bf16_convolution(const PlannerLayer& layer) const;
