@@ -21,8 +21,10 @@
 // (2e-5 relative with strong cancellation over 131k terms): the accuracy of the 2-D layers.
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 
+#include "layers/host_direct_convolution.hpp"
 #include "layers/host_loops.hpp"
 #include "layers/onednn_common.hpp"
 #include "tessera/core/error.hpp"
@@ -144,6 +146,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
 
   void forward(const ConvolutionGeometry& geometry, const float* input, const float* weights, const float* bias,
                float* output) override {
+    if (direct(geometry)) return direct_.forward(geometry, input, weights, bias, output);
     ConvolutionPlan& plan = plan_for(geometry.without_activation());  // one plan per convolution
     auto& stream = context_.stream;
     std::unordered_map<int, dnnl::memory> args{
@@ -176,6 +179,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
 
   void backward_weights(const ConvolutionGeometry& geometry, const float* input, const float* grad_output,
                         float* grad_weights, float* grad_bias) override {
+    if (direct(geometry)) return direct_.backward_weights(geometry, input, grad_output, grad_weights, grad_bias);
     ConvolutionPlan& plan = backward_plan_for(geometry);
     if (plan.decomposed) {
       run_decomposed(*plan.decomposed, geometry, input, grad_output, grad_weights, grad_bias);
@@ -197,6 +201,11 @@ class OneDnnConvolution final : public ConvolutionKernels {
 
   void backward(const ConvolutionGeometry& geometry, const float* input, const float* grad_output,
                 const float* weights, float* grad_input, float* grad_weights, float* grad_bias) override {
+    if (direct(geometry)) {
+      if (grad_input) backward_data(geometry, grad_output, weights, grad_input);
+      direct_.backward_weights(geometry, input, grad_output, grad_weights, grad_bias);
+      return;
+    }
     ConvolutionPlan& plan = backward_plan_for(geometry);
     if (!grad_input || !plan.shared_grad_output || plan.decomposed) {
       ConvolutionKernels::backward(geometry, input, grad_output, weights, grad_input, grad_weights, grad_bias);
@@ -223,6 +232,18 @@ class OneDnnConvolution final : public ConvolutionKernels {
   }
 
  private:
+  /// Whether Tessera's direct kernels run this convolution's forward and backward-weights: where
+  /// they apply, unless a test forced a layout or a 3-D backward-weights mode.
+  bool direct(const ConvolutionGeometry& geometry) {
+    if (layout_ != HostConvolutionLayout::Automatic || backward_weights_3d_ != BackwardWeights3d::Automatic ||
+        !host::direct_convolution_applies(geometry))
+      return false;
+    if (direct_recorded_.insert(geometry.without_activation()).second)
+      context_.record("convolution forward and backward weights " + geometry.without_activation().to_string(),
+                      "tessera direct (one input channel, plain layout)");
+    return true;
+  }
+
   bool blocked_for(const ConvolutionGeometry& geometry) const {
     return layout_ == HostConvolutionLayout::Blocked ||
            (layout_ == HostConvolutionLayout::Automatic &&
@@ -595,6 +616,8 @@ class OneDnnConvolution final : public ConvolutionKernels {
   HostConvolutionLayout layout_;
   BackwardWeights3d backward_weights_3d_;
   std::map<ConvolutionGeometry, std::unique_ptr<ConvolutionPlan>> plans_;
+  host::DirectConvolution direct_;
+  std::set<ConvolutionGeometry> direct_recorded_;
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The oneDNN backend's 3-D backward-weights decomposed into 2-D jit problems (per kernel depth
 // position, or with the depth positions folded into the channels) against oneDNN's own 3-D
 // primitive (im2col + gemm on AVX2), over strides, padding, dilation, unreached depth taps,
-// batch and channel counts; and the implementation the backend records for diagnostics.
+// batch and channel counts; and the implementation the backend records for diagnostics. The
+// direct kernels for one input channel against a double-precision loop.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "layers/host_direct_convolution.hpp"
 #include "layers/onednn_common.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/layers/runtime.hpp"
@@ -158,7 +160,11 @@ TEST(OneDnnConvolution3d, DecomposedBackwardWeightsMatchesDirect) {
         if (mode == BackwardWeights3d::Folded) {
           EXPECT_NE(line.find("kd folded into channels"), std::string::npos) << line;
         }
-        if (mode == BackwardWeights3d::Automatic) {
+        if (mode == BackwardWeights3d::Automatic && host::direct_convolution_applies(g)) {
+          // One input channel at stride 1: Tessera's direct kernels, not oneDNN's.
+          ASSERT_FALSE(lines.empty());
+          EXPECT_NE(lines.front().find("tessera direct"), std::string::npos) << lines.front();
+        } else if (mode == BackwardWeights3d::Automatic) {
           // Decomposed only when oneDNN's own choice is not a jit kernel, and then only into jit
           // 2-D kernels (else the direct primitive is kept: e.g. 4 filters have no 2-D jit kernel).
           const std::string own = weights_line(direct_lines);
@@ -194,6 +200,115 @@ TEST(OneDnnConvolution3d, TwoDimensionalIsNeverDecomposed) {
   const Gradients forced = run(BackwardWeights3d::PerDepth, g, input, grad_output, weights, true, &lines);
   EXPECT_EQ(forced.weights, direct.weights);
   EXPECT_EQ(weights_line(lines).find("as 2-D"), std::string::npos);
+}
+
+/// A double-precision loop over every output and tap (2-D geometries as depth 1): the forward
+/// (with the fused leaky ReLU where asked) and the weights' and bias's gradients.
+struct Reference {
+  std::vector<float> output, grad_weights, grad_bias;
+};
+
+Reference reference_convolution(const ConvolutionGeometry& g, const std::vector<float>& input,
+                                const std::vector<float>& weights, const std::vector<float>& bias,
+                                const std::vector<float>& grad_output) {
+  const bool three_d = g.input_size.size() == 3;
+  const std::size_t o = three_d ? 0 : 1;  // offset of height in a 3-entry (d, h, w) view
+  auto at = [&](const std::vector<std::int64_t>& v, std::int64_t fill, std::size_t i) { return i < o ? fill : v[i - o]; };
+  const std::int64_t in[3] = {at(g.input_size, 1, 0), at(g.input_size, 1, 1), at(g.input_size, 1, 2)};
+  const std::int64_t out[3] = {at(g.output_size, 1, 0), at(g.output_size, 1, 1), at(g.output_size, 1, 2)};
+  const std::int64_t k[3] = {at(g.kernel, 1, 0), at(g.kernel, 1, 1), at(g.kernel, 1, 2)};
+  const std::int64_t pad[3] = {at(g.padding, 0, 0), at(g.padding, 0, 1), at(g.padding, 0, 2)};
+  const std::int64_t taps = k[0] * k[1] * k[2], volume = out[0] * out[1] * out[2];
+  Reference r;
+  r.output.assign(static_cast<std::size_t>(g.output_elements()), 0.0f);
+  std::vector<double> dw(static_cast<std::size_t>(g.out_channels * g.in_channels * taps), 0.0), db(static_cast<std::size_t>(g.out_channels), 0.0);
+  for (std::int64_t n = 0; n < g.batch; ++n)
+    for (std::int64_t f = 0; f < g.out_channels; ++f)
+      for (std::int64_t i = 0; i < volume; ++i) {
+        const std::int64_t od = i / (out[1] * out[2]), oh = i / out[2] % out[1], ow = i % out[2];
+        const std::size_t y = static_cast<std::size_t>((n * g.out_channels + f) * volume + i);
+        double sum = g.bias ? bias[static_cast<std::size_t>(f)] : 0.0;
+        db[static_cast<std::size_t>(f)] += grad_output[y];
+        for (std::int64_t c = 0; c < g.in_channels; ++c)
+          for (std::int64_t t = 0; t < taps; ++t) {
+            const std::int64_t d = od + t / (k[1] * k[2]) - pad[0], h = oh + t / k[2] % k[1] - pad[1], w = ow + t % k[2] - pad[2];
+            if (d < 0 || d >= in[0] || h < 0 || h >= in[1] || w < 0 || w >= in[2]) continue;
+            const double x = input[static_cast<std::size_t>((((n * g.in_channels + c) * in[0] + d) * in[1] + h) * in[2] + w)];
+            const std::size_t wi = static_cast<std::size_t>((f * g.in_channels + c) * taps + t);
+            sum += x * weights[wi];
+            dw[wi] += x * grad_output[y];
+          }
+        const float value = static_cast<float>(sum);
+        r.output[y] = g.leaky_relu ? std::max(value, 0.0f) + g.leaky_slope * std::min(value, 0.0f) : value;
+      }
+  r.grad_weights.assign(dw.begin(), dw.end());
+  r.grad_bias.assign(db.begin(), db.end());
+  return r;
+}
+
+TEST(DirectConvolution, OneInputChannelMatchesADoublePrecisionLoop) {
+  // 2-D and 3-D; filter counts below, at and past the blocks of 8 and 16; rows shorter than, equal
+  // to and past a vector of 16 (and its multiples); padding 0 to 2 with kernels up to 5; one thread
+  // and two (the backward's per-thread sums).
+  const std::vector<Case> direct_cases = {
+      {3, 1, 32, {1, 28, 28}, {1, 3, 3}, {1, 1, 1}, {0, 1, 1}, {1, 1, 1}, true},
+      {2, 1, 16, {9, 12, 16}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true},
+      {1, 1, 13, {5, 7, 35}, {3, 5, 3}, {1, 1, 1}, {2, 2, 2}, {1, 1, 1}, false},
+      {2, 1, 1, {4, 4, 5}, {2, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, true},
+      {1, 1, 24, {3, 6, 33}, {3, 1, 3}, {1, 1, 1}, {1, 0, 1}, {1, 1, 1}, true},
+  };
+  std::uint64_t stream = 100;
+  const int threads = backend_threads();
+  for (const Case& c : direct_cases) {
+    for (bool two_d : {false, true}) {
+      if (two_d && c.input[0] != 1) continue;
+      ConvolutionGeometry g = geometry_of(c);
+      if (two_d) {
+        for (auto* v : {&g.input_size, &g.kernel, &g.stride, &g.padding, &g.dilation, &g.output_size}) v->erase(v->begin());
+      }
+      for (int leaky = 0; leaky < 2; ++leaky) {
+        g.leaky_relu = leaky == 1;
+        g.leaky_slope = leaky ? 0.01f : 0.0f;
+        ASSERT_TRUE(host::direct_convolution_applies(g)) << g.to_string();
+        const auto input = random_values(g.input_elements(), stream++);
+        const auto weights = random_values(g.weight_elements(), stream++);
+        const auto bias = random_values(g.out_channels, stream++);
+        const auto grad_output = random_values(g.output_elements(), stream++);
+        const Reference expected = reference_convolution(g, input, weights, bias, grad_output);
+        for (int thread_count : {1, 2}) {
+          SCOPED_TRACE(g.to_string() + (leaky ? " leaky" : "") + " threads " + std::to_string(thread_count));
+          set_backend_threads(thread_count);
+          onednn::Context context;
+          auto kernels = onednn::make_convolution_kernels(context, HostConvolutionLayout::Automatic, BackwardWeights3d::Automatic);
+          std::vector<float> output(expected.output.size(), 123.0f), grad_weights(expected.grad_weights.size(), 123.0f);
+          std::vector<float> grad_bias(expected.grad_bias.size(), 123.0f);
+          kernels->forward(g, input.data(), weights.data(), bias.data(), output.data());
+          kernels->backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data());
+          EXPECT_LT(relative_difference(output, expected.output), 1e-6);
+          EXPECT_LT(relative_difference(grad_weights, expected.grad_weights), 1e-6);
+          if (g.bias) {
+            EXPECT_LT(relative_difference(grad_bias, expected.grad_bias), 1e-6);
+          } else {
+            EXPECT_EQ(grad_bias, std::vector<float>(grad_bias.size(), 123.0f));  // untouched
+          }
+          ASSERT_FALSE(context.implementations.empty());
+          EXPECT_NE(context.implementations.front().find("tessera direct"), std::string::npos);
+        }
+      }
+    }
+  }
+  set_backend_threads(threads);
+}
+
+TEST(DirectConvolution, AppliesToOneInputChannelAtStrideAndDilationOne) {
+  ConvolutionGeometry g = geometry_of({1, 1, 8, {6, 6, 6}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true});
+  EXPECT_TRUE(host::direct_convolution_applies(g));
+  for (auto change : {0, 1, 2, 3, 4}) {
+    ConvolutionGeometry other = geometry_of({1, change == 0 ? 2 : 1, 8, {6, 6, 6}, {3, 3, change == 1 ? 5 : 3},
+                                              {1, change == 2 ? 2 : 1, 1}, {1, 1, 1}, {change == 3 ? 2 : 1, 1, 1}, true});
+    if (change == 4) other.kernel[0] = 9, other.padding[0] = 4, other.output_size[0] = 6;
+    EXPECT_FALSE(host::direct_convolution_applies(other)) << other.to_string();
+  }
 }
 
 /// Not a check: times backward-weights for CosmoFlow's five convolutions (batch 4, one thread as

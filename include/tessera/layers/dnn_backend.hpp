@@ -262,7 +262,9 @@ enum class HostConvolutionLayout {
   /// with its conversion (CosmoFlow's conv1, one input channel: 28 -> 19 ms per step at 64^3 and
   /// batch 2, 136 -> 94 ms at 128^3 and batch 1). Backward-weights stays plain below 8 channels
   /// even then (decomposed into 2-D problems): oneDNN's blocked 3-D kernel measured 3x slower
-  /// there (one input channel on a tile; 2-7 channels not measured separately).
+  /// there (one input channel on a tile; 2-7 channels not measured separately). One input
+  /// channel at stride and dilation 1 with kernel width 3 (a network's first layer) runs
+  /// forward and backward-weights on Tessera's direct kernels instead, in the plain layout.
   Automatic,
   /// The library picks blocked layouts; cached reorders convert at the call boundary.
   Blocked,

@@ -1,0 +1,284 @@
+// Direct kernels for convolutions of one input channel (see host_direct_convolution.hpp). The
+// input is first copied with its padding written out, so that every tap of every output is a load
+// at a fixed offset. Forward holds 16 filters x 16 outputs of a row in registers and adds each tap
+// as one load and 16 multiply-adds; backward-weights holds 8 filters x the 3 taps of one kernel
+// row and adds each 16 outputs' gradients as 11 loads and 24 multiply-adds. The row functions are
+// built for AVX-512, AVX2 and the baseline, the variant chosen when the library loads.
+#include "layers/host_direct_convolution.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera::host {
+namespace {
+
+constexpr std::int64_t kLanes = 16;   ///< outputs of a row per vector
+constexpr std::int64_t kWidth = 3;    ///< the kernel width the kernels are written for
+constexpr std::int64_t kMaxExtent = 7;  ///< the largest kernel depth and height
+constexpr int kFilterBlock = 8;       ///< filters per backward-weights block
+
+using Vec = float __attribute__((vector_size(64)));
+using Mask = int __attribute__((vector_size(64)));
+
+[[gnu::always_inline]] inline Vec load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+/// The first `count` lanes loaded, the others 0.
+[[gnu::always_inline]] inline Vec load_partial(const float* p, std::int64_t count) {
+  Vec v = {};
+  std::memcpy(&v, p, static_cast<std::size_t>(count) * sizeof(float));
+  return v;
+}
+
+[[gnu::always_inline]] inline double lane_sum(Vec v) {
+  double sum = 0;
+  for (int i = 0; i < kLanes; ++i) sum += static_cast<double>(v[i]);
+  return sum;
+}
+
+std::int64_t round_up(std::int64_t value, std::int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+/// A geometry as 3-D (a 2-D one has depth 1), with the padded input's sizes.
+struct Box {
+  std::int64_t batch, filters;
+  std::int64_t depth, height, width;               ///< input
+  std::int64_t pad_depth, pad_height, pad_width;
+  std::int64_t kernel_depth, kernel_height;
+  std::int64_t out_depth, out_height, out_width;
+  std::int64_t padded_depth, padded_height, padded_width;  ///< padded_width: a multiple of kLanes
+
+  explicit Box(const ConvolutionGeometry& g) {
+    const bool three_d = g.input_size.size() == 3;
+    const std::size_t h = three_d ? 1 : 0;
+    batch = g.batch;
+    filters = g.out_channels;
+    depth = three_d ? g.input_size[0] : 1;
+    pad_depth = three_d ? g.padding[0] : 0;
+    kernel_depth = three_d ? g.kernel[0] : 1;
+    out_depth = three_d ? g.output_size[0] : 1;
+    height = g.input_size[h], pad_height = g.padding[h], kernel_height = g.kernel[h], out_height = g.output_size[h];
+    width = g.input_size[h + 1], pad_width = g.padding[h + 1], out_width = g.output_size[h + 1];
+    padded_depth = depth + 2 * pad_depth;
+    padded_height = height + 2 * pad_height;
+    // Whole vectors from any output column, each reaching kWidth - 1 further.
+    padded_width = round_up(out_width, kLanes) + kLanes;
+  }
+  std::int64_t taps() const { return kernel_depth * kernel_height * kWidth; }
+  std::int64_t padded_row(std::int64_t n, std::int64_t d, std::int64_t h) const {
+    return ((n * padded_depth + d) * padded_height + h) * padded_width;
+  }
+  std::int64_t output_plane() const { return out_height * out_width; }
+};
+
+/// Forward of output rows [begin, end) (row = (n, od, oh)) for every filter.
+/// packed: [groups][taps][kLanes] weights, filters past the last 0; bias: [groups][kLanes];
+/// row: kLanes x round_up(out_width, kLanes) floats of the caller's, where a row's outputs are
+/// gathered filter by filter before they are written out (writing 16 planes a vector at a time
+/// measured slower: their rows lie a power of 2 apart and share cache sets).
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void forward_rows(const Box& b, const float* padded, const float* packed, const float* bias, bool leaky, float slope,
+                  float* row, float* output, std::int64_t begin, std::int64_t end) {
+  const std::int64_t rows_per_sample = b.out_depth * b.out_height, kernel_rows = b.kernel_depth * b.kernel_height;
+  const std::int64_t groups = (b.filters + kLanes - 1) / kLanes, taps = b.taps();
+  const std::int64_t row_stride = round_up(b.out_width, kLanes), filter_stride = b.out_depth * b.output_plane();
+  const float* row_of[kMaxExtent * kMaxExtent];
+  for (std::int64_t index = begin; index < end; ++index) {
+    const std::int64_t n = index / rows_per_sample, od = index % rows_per_sample / b.out_height, oh = index % b.out_height;
+    for (std::int64_t r = 0; r < kernel_rows; ++r)
+      row_of[r] = padded + b.padded_row(n, od + r / b.kernel_height, oh + r % b.kernel_height);
+    for (std::int64_t group = 0; group < groups; ++group) {
+      const float* w = packed + group * taps * kLanes;
+      for (std::int64_t column = 0; column < b.out_width; column += kLanes) {
+        Vec acc[kLanes];
+#pragma GCC unroll 16
+        for (int f = 0; f < kLanes; ++f) acc[f] = Vec{} + bias[group * kLanes + f];
+        for (std::int64_t r = 0; r < kernel_rows; ++r) {
+          for (std::int64_t k = 0; k < kWidth; ++k) {
+            const Vec x = load(row_of[r] + column + k);
+            const float* tap = w + (r * kWidth + k) * kLanes;
+#pragma GCC unroll 16
+            for (int f = 0; f < kLanes; ++f) acc[f] += x * tap[f];
+          }
+        }
+#pragma GCC unroll 16
+        for (int f = 0; f < kLanes; ++f) {
+          Vec y = acc[f];
+          if (leaky) {  // y > 0 ? y : slope * y, as a select on the bits
+            const Mask positive = y > 0;
+            y = reinterpret_cast<Vec>((reinterpret_cast<Mask>(y) & positive) | (reinterpret_cast<Mask>(y * slope) & ~positive));
+          }
+          std::memcpy(row + f * row_stride + column, &y, sizeof y);
+        }
+      }
+      const std::int64_t filters = std::min(kLanes, b.filters - group * kLanes);
+      float* out = output + ((n * b.filters + group * kLanes) * b.out_depth + od) * b.output_plane() + oh * b.out_width;
+      for (std::int64_t f = 0; f < filters; ++f)
+        std::memcpy(out + f * filter_stride, row + f * row_stride, static_cast<std::size_t>(b.out_width) * sizeof(float));
+    }
+  }
+}
+
+/// Backward-weights of filters [first, first + Block) over one plane (n, od): adds each weight's
+/// sum to sums[f * taps + t] and each bias's to bias_sums[f]. The filters' output gradients are
+/// first copied into `pack`, [out_height][vectors of a row][Block][kLanes] with zeros past the row's
+/// end: their planes lie a power of 2 apart and share cache sets, and each is read once per
+/// kernel row.
+template <int Block>
+[[gnu::always_inline]] inline void weights_block(const Box& b, const float* padded, const float* grad_output,
+                                                  float* pack, std::int64_t n, std::int64_t od, std::int64_t first,
+                                                  double* sums, double* bias_sums) {
+  const std::int64_t taps = b.taps(), kernel_rows = b.kernel_depth * b.kernel_height;
+  const std::int64_t vectors = (b.out_width + kLanes - 1) / kLanes;
+  // The next plane of the same filters is fetched into the cache while this one is summed.
+  const std::int64_t next = od + 1 < b.out_depth ? b.output_plane() : 0;
+  for (int f = 0; f < Block; ++f) {
+    const float* dy = grad_output + ((n * b.filters + first + f) * b.out_depth + od) * b.output_plane();
+    for (std::int64_t oh = 0; oh < b.out_height; ++oh)
+      for (std::int64_t v = 0; v < vectors; ++v) {
+        if (next) __builtin_prefetch(dy + next + oh * b.out_width + v * kLanes, 0, 2);
+        const std::int64_t count = std::min(kLanes, b.out_width - v * kLanes);
+        const Vec g = count == kLanes ? load(dy + oh * b.out_width + v * kLanes)
+                                      : load_partial(dy + oh * b.out_width + v * kLanes, count);
+        std::memcpy(pack + ((oh * vectors + v) * Block + f) * kLanes, &g, sizeof g);
+      }
+  }
+  for (std::int64_t r = 0; r < kernel_rows; ++r) {
+    Vec acc[Block][kWidth] = {};
+    for (std::int64_t oh = 0; oh < b.out_height; ++oh) {
+      const float* x = padded + b.padded_row(n, od + r / b.kernel_height, oh + r % b.kernel_height);
+      const float* g = pack + oh * vectors * Block * kLanes;
+      for (std::int64_t v = 0; v < vectors; ++v, g += Block * kLanes) {
+        const Vec x0 = load(x + v * kLanes), x1 = load(x + v * kLanes + 1), x2 = load(x + v * kLanes + 2);
+#pragma GCC unroll 8
+        for (int f = 0; f < Block; ++f) {
+          const Vec dy = load(g + f * kLanes);
+          acc[f][0] += dy * x0;
+          acc[f][1] += dy * x1;
+          acc[f][2] += dy * x2;
+        }
+      }
+    }
+    for (int f = 0; f < Block; ++f)
+      for (std::int64_t k = 0; k < kWidth; ++k) sums[(first + f) * taps + r * kWidth + k] += lane_sum(acc[f][k]);
+  }
+  Vec bias[Block] = {};
+  const float* g = pack;
+  for (std::int64_t i = 0; i < b.out_height * vectors; ++i, g += Block * kLanes)
+    for (int f = 0; f < Block; ++f) bias[f] += load(g + f * kLanes);
+  for (int f = 0; f < Block; ++f) bias_sums[first + f] += lane_sum(bias[f]);
+}
+
+/// Backward-weights over one plane (n, od) for every filter; pack: see weights_block.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void weights_plane(const Box& b, const float* padded, const float* grad_output, float* pack, std::int64_t plane,
+                   double* sums, double* bias_sums) {
+  const std::int64_t n = plane / b.out_depth, od = plane % b.out_depth;
+  std::int64_t first = 0;
+  for (; first + kFilterBlock <= b.filters; first += kFilterBlock)
+    weights_block<kFilterBlock>(b, padded, grad_output, pack, n, od, first, sums, bias_sums);
+  for (; first < b.filters; ++first) weights_block<1>(b, padded, grad_output, pack, n, od, first, sums, bias_sums);
+}
+
+}  // namespace
+
+bool direct_convolution_applies(const ConvolutionGeometry& g) {
+  const std::size_t dims = g.input_size.size();
+  if (g.in_channels != 1 || (dims != 2 && dims != 3) || g.kernel.back() != kWidth) return false;
+  for (std::size_t i = 0; i < dims; ++i) {
+    if (g.stride[i] != 1 || g.dilation[i] != 1 || g.kernel[i] > kMaxExtent || g.padding[i] >= g.kernel[i]) return false;
+    if (g.output_size[i] != g.input_size[i] + 2 * g.padding[i] - g.kernel[i] + 1) return false;
+  }
+  return true;
+}
+
+void DirectConvolution::AlignedFree::operator()(float* p) const { std::free(p); }
+
+const float* DirectConvolution::padded_input(const ConvolutionGeometry& geometry, const float* input) {
+  const Box b(geometry);
+  const std::int64_t rows = b.batch * b.padded_depth * b.padded_height, size = rows * b.padded_width;
+  if (size > padded_capacity_) {
+    void* memory = std::aligned_alloc(64, static_cast<std::size_t>(size) * sizeof(float));
+    if (!memory) throw std::bad_alloc();
+    padded_.reset(static_cast<float*>(memory));
+    padded_capacity_ = size;
+  }
+  float* padded = padded_.get();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t row = 0; row < rows; ++row) {
+    float* to = padded + row * b.padded_width;
+    const std::int64_t h = row % b.padded_height - b.pad_height;
+    const std::int64_t d = row / b.padded_height % b.padded_depth - b.pad_depth, n = row / (b.padded_height * b.padded_depth);
+    std::fill(to, to + b.padded_width, 0.0f);
+    if (d >= 0 && d < b.depth && h >= 0 && h < b.height)
+      std::copy_n(input + ((n * b.depth + d) * b.height + h) * b.width, b.width, to + b.pad_width);
+  }
+  return padded;
+}
+
+void DirectConvolution::forward(const ConvolutionGeometry& geometry, const float* input, const float* weights,
+                                const float* bias, float* output) {
+  TESSERA_CHECK(direct_convolution_applies(geometry), "direct convolution kernels asked for {}", geometry.to_string());
+  const Box b(geometry);
+  const float* padded = padded_input(geometry, input);
+  const std::int64_t groups = (b.filters + kLanes - 1) / kLanes, taps = b.taps();
+  std::vector<float> packed(static_cast<std::size_t>(groups * taps * kLanes), 0.0f);
+  std::vector<float> packed_bias(static_cast<std::size_t>(groups * kLanes), 0.0f);
+  for (std::int64_t f = 0; f < b.filters; ++f) {
+    for (std::int64_t t = 0; t < taps; ++t)
+      packed[static_cast<std::size_t>((f / kLanes * taps + t) * kLanes + f % kLanes)] = weights[f * taps + t];
+    if (geometry.bias) packed_bias[static_cast<std::size_t>(f)] = bias[f];
+  }
+  const std::int64_t rows = b.batch * b.out_depth * b.out_height;
+  const bool leaky = geometry.leaky_relu;
+  const float slope = geometry.leaky_slope;
+  const int threads = omp_get_max_threads();
+  const std::int64_t row_floats = kLanes * round_up(b.out_width, kLanes);
+  std::vector<float> row_buffers(static_cast<std::size_t>(threads * row_floats));
+#pragma omp parallel num_threads(threads)
+  {
+    const std::int64_t count = omp_get_num_threads(), thread = omp_get_thread_num();
+    forward_rows(b, padded, packed.data(), packed_bias.data(), leaky, slope, row_buffers.data() + thread * row_floats,
+                 output, rows * thread / count, rows * (thread + 1) / count);
+  }
+}
+
+void DirectConvolution::backward_weights(const ConvolutionGeometry& geometry, const float* input,
+                                         const float* grad_output, float* grad_weights, float* grad_bias) {
+  TESSERA_CHECK(direct_convolution_applies(geometry), "direct convolution kernels asked for {}", geometry.to_string());
+  const Box b(geometry);
+  const float* padded = padded_input(geometry, input);
+  const std::int64_t planes = b.batch * b.out_depth, sums_per_thread = b.filters * (b.taps() + 1);
+  const int threads = omp_get_max_threads();
+  // Each thread sums its planes in its own slot; the slots are added in thread order.
+  std::vector<double> sums(static_cast<std::size_t>(threads * sums_per_thread), 0.0);
+  const std::int64_t pack_floats = b.out_height * round_up(b.out_width, kLanes) * kFilterBlock;
+  std::vector<float> packs(static_cast<std::size_t>(threads * pack_floats));
+#pragma omp parallel num_threads(threads)
+  {
+    const std::int64_t count = omp_get_num_threads(), thread = omp_get_thread_num();
+    double* mine = sums.data() + thread * sums_per_thread;
+    float* pack = packs.data() + thread * pack_floats;
+    for (std::int64_t plane = planes * thread / count; plane < planes * (thread + 1) / count; ++plane)
+      weights_plane(b, padded, grad_output, pack, plane, mine, mine + b.filters * b.taps());
+  }
+  const std::int64_t weight_count = b.filters * b.taps();
+  for (std::int64_t i = 0; i < sums_per_thread; ++i) {
+    double total = 0;
+    for (int t = 0; t < threads; ++t) total += sums[static_cast<std::size_t>(t * sums_per_thread + i)];
+    if (i < weight_count)
+      grad_weights[i] = static_cast<float>(total);
+    else if (geometry.bias)
+      grad_bias[i - weight_count] = static_cast<float>(total);
+  }
+}
+
+}  // namespace tessera::host

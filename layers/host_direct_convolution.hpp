@@ -1,0 +1,40 @@
+#pragma once
+// Convolutions of one input channel (a network's first layer) computed directly on Tessera's plain
+// layout, forward and backward-weights, on the host's threads: oneDNN's kernels for them need its
+// blocked layout and so convert the layer's large output and its gradient (docs/benchmarks.md).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tessera/layers/dnn_backend.hpp"
+
+namespace tessera::host {
+
+/// Whether the direct kernels compute this convolution: 2-D or 3-D, one input channel, stride and
+/// dilation 1, kernel width 3 and at most 7 along the other dimensions, padding below the kernel.
+bool direct_convolution_applies(const ConvolutionGeometry& geometry);
+
+/// The direct kernels. Forward sums each output's taps in one fixed order (bias first), so an
+/// output does not depend on the tile or region it is computed in; backward-weights sums each
+/// plane (sample, output depth) in fp32 and the planes in double.
+class DirectConvolution {
+ public:
+  /// geometry.leaky_relu: the activation applied as leaky_relu_forward does (slopes > 0).
+  void forward(const ConvolutionGeometry& geometry, const float* input, const float* weights, const float* bias,
+               float* output);
+  /// Overwrites grad_weights, and grad_bias when the geometry has a bias.
+  void backward_weights(const ConvolutionGeometry& geometry, const float* input, const float* grad_output,
+                        float* grad_weights, float* grad_bias);
+
+ private:
+  /// The input with its padding written out as zeros, rows rounded up for whole vectors.
+  const float* padded_input(const ConvolutionGeometry& geometry, const float* input);
+
+  struct AlignedFree {
+    void operator()(float* p) const;
+  };
+  std::unique_ptr<float[], AlignedFree> padded_;
+  std::int64_t padded_capacity_ = 0;
+};
+
+}  // namespace tessera::host
