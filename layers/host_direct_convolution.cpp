@@ -25,21 +25,20 @@ constexpr int kFilterBlock = 8;       ///< filters per backward-weights block
 
 using Vec = float __attribute__((vector_size(64)));
 using Mask = int __attribute__((vector_size(64)));
+/// A vector at any float's address. Vectors pass only by reference: 64-byte vectors by value
+/// change the calling convention between the variants.
+using Unaligned = float __attribute__((vector_size(64), aligned(4), may_alias));
 
-[[gnu::always_inline]] inline Vec load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+[[gnu::always_inline]] inline const Unaligned& vector_at(const float* p) { return *reinterpret_cast<const Unaligned*>(p); }
+[[gnu::always_inline]] inline Unaligned& vector_at(float* p) { return *reinterpret_cast<Unaligned*>(p); }
 
-/// The first `count` lanes loaded, the others 0.
-[[gnu::always_inline]] inline Vec load_partial(const float* p, std::int64_t count) {
-  Vec v = {};
+/// v = the first `count` lanes at p, the others 0.
+[[gnu::always_inline]] inline void load_partial(Vec& v, const float* p, std::int64_t count) {
+  v = Vec{};
   std::memcpy(&v, p, static_cast<std::size_t>(count) * sizeof(float));
-  return v;
 }
 
-[[gnu::always_inline]] inline double lane_sum(Vec v) {
+[[gnu::always_inline]] inline double lane_sum(const Vec& v) {
   double sum = 0;
   for (int i = 0; i < kLanes; ++i) sum += static_cast<double>(v[i]);
   return sum;
@@ -103,7 +102,7 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
         for (int f = 0; f < kLanes; ++f) acc[f] = Vec{} + bias[group * kLanes + f];
         for (std::int64_t r = 0; r < kernel_rows; ++r) {
           for (std::int64_t k = 0; k < kWidth; ++k) {
-            const Vec x = load(row_of[r] + column + k);
+            const Vec x = vector_at(row_of[r] + column + k);
             const float* tap = w + (r * kWidth + k) * kLanes;
 #pragma GCC unroll 16
             for (int f = 0; f < kLanes; ++f) acc[f] += x * tap[f];
@@ -116,7 +115,7 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
             const Mask positive = y > 0;
             y = reinterpret_cast<Vec>((reinterpret_cast<Mask>(y) & positive) | (reinterpret_cast<Mask>(y * slope) & ~positive));
           }
-          std::memcpy(row + f * row_stride + column, &y, sizeof y);
+          vector_at(row + f * row_stride + column) = y;
         }
       }
       const std::int64_t filters = std::min(kLanes, b.filters - group * kLanes);
@@ -146,9 +145,15 @@ template <int Block>
       for (std::int64_t v = 0; v < vectors; ++v) {
         if (next) __builtin_prefetch(dy + next + oh * b.out_width + v * kLanes, 0, 2);
         const std::int64_t count = std::min(kLanes, b.out_width - v * kLanes);
-        const Vec g = count == kLanes ? load(dy + oh * b.out_width + v * kLanes)
-                                      : load_partial(dy + oh * b.out_width + v * kLanes, count);
-        std::memcpy(pack + ((oh * vectors + v) * Block + f) * kLanes, &g, sizeof g);
+        float* to = pack + ((oh * vectors + v) * Block + f) * kLanes;
+        const float* from = dy + oh * b.out_width + v * kLanes;
+        if (count == kLanes) {
+          vector_at(to) = vector_at(from);
+        } else {
+          Vec g;
+          load_partial(g, from, count);
+          vector_at(to) = g;
+        }
       }
   }
   for (std::int64_t r = 0; r < kernel_rows; ++r) {
@@ -157,10 +162,10 @@ template <int Block>
       const float* x = padded + b.padded_row(n, od + r / b.kernel_height, oh + r % b.kernel_height);
       const float* g = pack + oh * vectors * Block * kLanes;
       for (std::int64_t v = 0; v < vectors; ++v, g += Block * kLanes) {
-        const Vec x0 = load(x + v * kLanes), x1 = load(x + v * kLanes + 1), x2 = load(x + v * kLanes + 2);
+        const Vec x0 = vector_at(x + v * kLanes), x1 = vector_at(x + v * kLanes + 1), x2 = vector_at(x + v * kLanes + 2);
 #pragma GCC unroll 8
         for (int f = 0; f < Block; ++f) {
-          const Vec dy = load(g + f * kLanes);
+          const Vec dy = vector_at(g + f * kLanes);
           acc[f][0] += dy * x0;
           acc[f][1] += dy * x1;
           acc[f][2] += dy * x2;
@@ -173,7 +178,7 @@ template <int Block>
   Vec bias[Block] = {};
   const float* g = pack;
   for (std::int64_t i = 0; i < b.out_height * vectors; ++i, g += Block * kLanes)
-    for (int f = 0; f < Block; ++f) bias[f] += load(g + f * kLanes);
+    for (int f = 0; f < Block; ++f) bias[f] += vector_at(g + f * kLanes);
   for (int f = 0; f < Block; ++f) bias_sums[first + f] += lane_sum(bias[f]);
 }
 
