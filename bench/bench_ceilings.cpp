@@ -1,9 +1,10 @@
 // This CPU's ceilings, against which the training benchmarks' GFLOP/s are read: the fp32 FMA peak
 // (a register-only loop of independent fused multiply-adds at the widest vector width the CPU
-// has), the triad memory bandwidth, and the rates oneDNN reaches through Tessera's host backend
-// on a large GEMM and on the convolutions of the Fashion-MNIST and CosmoFlow models (forward +
-// backward, the same probes as `tessera calibrate`). One process; --threads threads run at once.
-// Prints a table, and with --json one JSON line per row. A benchmark, not a test.
+// has), the triad memory bandwidth, and the rates Tessera's host backend (oneDNN, and its own
+// kernels for one-channel convolutions) reaches on a large GEMM and on the convolutions of the
+// Fashion-MNIST and CosmoFlow models (forward + backward, the same probes as `tessera calibrate`).
+// One process; --threads threads run at once. Prints a table, and with --json one JSON line per
+// row. A benchmark, not a test.
 #include <immintrin.h>
 
 #include <CLI/CLI.hpp>
@@ -127,7 +128,7 @@ int main(int argc, char** argv) {
     probes.push_back(prober.conv(2, 16, 32, {32, 32, 32}, 3));
     probes.push_back(prober.conv(2, 32, 64, {16, 16, 16}, 3));
     probes.push_back(prober.conv(2, 64, 64, {8, 8, 8}, 3));
-    for (const auto& p : probes) rows.push_back({"oneDNN fwd+bwd: " + p.what, p.rate() / 1e9, "GFLOP/s", p.rate() / peak});
+    for (const auto& p : probes) rows.push_back({"host backend fwd+bwd: " + p.what, p.rate() / 1e9, "GFLOP/s", p.rate() / peak});
 
     std::printf("This CPU's ceilings (%d thread(s); %s)\n", threads, isa.name);
     std::printf("%-62s %10s %-8s %s\n", "what", "value", "unit", "of FMA peak");
