@@ -25,12 +25,10 @@ constexpr int kFilterBlock = 8;       ///< filters per backward-weights block
 
 using Vec = float __attribute__((vector_size(64)));
 using Mask = int __attribute__((vector_size(64)));
-/// A vector at any float's address. Vectors pass only by reference: 64-byte vectors by value
-/// change the calling convention between the variants.
-using Unaligned = float __attribute__((vector_size(64), aligned(4), may_alias));
-
-[[gnu::always_inline]] inline const Unaligned& vector_at(const float* p) { return *reinterpret_cast<const Unaligned*>(p); }
-[[gnu::always_inline]] inline Unaligned& vector_at(float* p) { return *reinterpret_cast<Unaligned*>(p); }
+// Vectors pass only by reference and move through memcpy (unaligned loads and stores): 64-byte
+// vectors by value change the calling convention between the variants.
+[[gnu::always_inline]] inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }
+[[gnu::always_inline]] inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
 
 /// v = the first `count` lanes at p, the others 0.
 [[gnu::always_inline]] inline void load_partial(Vec& v, const float* p, std::int64_t count) {
@@ -102,7 +100,8 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
         for (int f = 0; f < kLanes; ++f) acc[f] = Vec{} + bias[group * kLanes + f];
         for (std::int64_t r = 0; r < kernel_rows; ++r) {
           for (std::int64_t k = 0; k < kWidth; ++k) {
-            const Vec x = vector_at(row_of[r] + column + k);
+            Vec x;
+            load(x, row_of[r] + column + k);
             const float* tap = w + (r * kWidth + k) * kLanes;
 #pragma GCC unroll 16
             for (int f = 0; f < kLanes; ++f) acc[f] += x * tap[f];
@@ -115,7 +114,7 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
             const Mask positive = y > 0;
             y = reinterpret_cast<Vec>((reinterpret_cast<Mask>(y) & positive) | (reinterpret_cast<Mask>(y * slope) & ~positive));
           }
-          vector_at(row + f * row_stride + column) = y;
+          store(row + f * row_stride + column, y);
         }
       }
       const std::int64_t filters = std::min(kLanes, b.filters - group * kLanes);
@@ -147,13 +146,12 @@ template <int Block>
         const std::int64_t count = std::min(kLanes, b.out_width - v * kLanes);
         float* to = pack + ((oh * vectors + v) * Block + f) * kLanes;
         const float* from = dy + oh * b.out_width + v * kLanes;
-        if (count == kLanes) {
-          vector_at(to) = vector_at(from);
-        } else {
-          Vec g;
+        Vec g;
+        if (count == kLanes)
+          load(g, from);
+        else
           load_partial(g, from, count);
-          vector_at(to) = g;
-        }
+        store(to, g);
       }
   }
   for (std::int64_t r = 0; r < kernel_rows; ++r) {
@@ -162,10 +160,14 @@ template <int Block>
       const float* x = padded + b.padded_row(n, od + r / b.kernel_height, oh + r % b.kernel_height);
       const float* g = pack + oh * vectors * Block * kLanes;
       for (std::int64_t v = 0; v < vectors; ++v, g += Block * kLanes) {
-        const Vec x0 = vector_at(x + v * kLanes), x1 = vector_at(x + v * kLanes + 1), x2 = vector_at(x + v * kLanes + 2);
+        Vec x0, x1, x2;
+        load(x0, x + v * kLanes);
+        load(x1, x + v * kLanes + 1);
+        load(x2, x + v * kLanes + 2);
 #pragma GCC unroll 8
         for (int f = 0; f < Block; ++f) {
-          const Vec dy = vector_at(g + f * kLanes);
+          Vec dy;
+          load(dy, g + f * kLanes);
           acc[f][0] += dy * x0;
           acc[f][1] += dy * x1;
           acc[f][2] += dy * x2;
@@ -178,7 +180,11 @@ template <int Block>
   Vec bias[Block] = {};
   const float* g = pack;
   for (std::int64_t i = 0; i < b.out_height * vectors; ++i, g += Block * kLanes)
-    for (int f = 0; f < Block; ++f) bias[f] += vector_at(g + f * kLanes);
+    for (int f = 0; f < Block; ++f) {
+      Vec dy;
+      load(dy, g + f * kLanes);
+      bias[f] += dy;
+    }
   for (int f = 0; f < Block; ++f) bias_sums[first + f] += lane_sum(bias[f]);
 }
 
