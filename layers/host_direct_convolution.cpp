@@ -253,11 +253,12 @@ void DirectConvolution::forward(const ConvolutionGeometry& geometry, const float
   const float slope = geometry.leaky_slope;
   const int threads = omp_get_max_threads();
   const std::int64_t row_floats = kLanes * round_up(b.out_width, kLanes);
-  std::vector<float> row_buffers(static_cast<std::size_t>(threads * row_floats));
+  rows_.resize(std::max(rows_.size(), static_cast<std::size_t>(threads * row_floats)));
+  float* row_buffers = rows_.data();
 #pragma omp parallel num_threads(threads)
   {
     const std::int64_t count = omp_get_num_threads(), thread = omp_get_thread_num();
-    forward_rows(b, padded, packed.data(), packed_bias.data(), leaky, slope, row_buffers.data() + thread * row_floats,
+    forward_rows(b, padded, packed.data(), packed_bias.data(), leaky, slope, row_buffers + thread * row_floats,
                  output, rows * thread / count, rows * (thread + 1) / count);
   }
 }
@@ -272,12 +273,13 @@ void DirectConvolution::backward_weights(const ConvolutionGeometry& geometry, co
   // Each thread sums its planes in its own slot; the slots are added in thread order.
   std::vector<double> sums(static_cast<std::size_t>(threads * sums_per_thread), 0.0);
   const std::int64_t pack_floats = b.out_height * round_up(b.out_width, kLanes) * kFilterBlock;
-  std::vector<float> packs(static_cast<std::size_t>(threads * pack_floats));
+  packs_.resize(std::max(packs_.size(), static_cast<std::size_t>(threads * pack_floats)));
+  float* packs = packs_.data();
 #pragma omp parallel num_threads(threads)
   {
     const std::int64_t count = omp_get_num_threads(), thread = omp_get_thread_num();
     double* mine = sums.data() + thread * sums_per_thread;
-    float* pack = packs.data() + thread * pack_floats;
+    float* pack = packs + thread * pack_floats;
     for (std::int64_t plane = planes * thread / count; plane < planes * (thread + 1) / count; ++plane)
       weights_plane(b, padded, grad_output, pack, plane, mine, mine + b.filters * b.taps());
   }

@@ -35,6 +35,9 @@ class DirectConvolution {
   };
   std::unique_ptr<float[], AlignedFree> padded_;
   std::int64_t padded_capacity_ = 0;
+  /// Per thread: forward's row buffers, backward-weights' packed output gradients (kept, so that a
+  /// training step allocates nothing).
+  std::vector<float> rows_, packs_;
 };
 
 }  // namespace tessera::host
