@@ -42,6 +42,13 @@ using Mask = int __attribute__((vector_size(64)));
   return sum;
 }
 
+/// Keeps v in a register where Pin (a 64-byte vector fits one only with AVX-512): otherwise the
+/// compiler folds its load into every multiply-add that reads it, and the loads bound the loop.
+template <bool Pin>
+[[gnu::always_inline]] inline void pin(Vec& v) {
+  if constexpr (Pin) asm("" : "+v"(v));
+}
+
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 /// A geometry as 3-D (a 2-D one has depth 1), with the padded input's sizes.
@@ -130,7 +137,7 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
 /// first copied into `pack`, [out_height][vectors of a row][Block][kLanes] with zeros past the row's
 /// end: their planes lie a power of 2 apart and share cache sets, and each is read once per
 /// kernel row.
-template <int Block>
+template <int Block, bool Pin>
 [[gnu::always_inline]] inline void weights_block(const Box& b, const float* padded, const float* grad_output,
                                                   float* pack, std::int64_t n, std::int64_t od, std::int64_t first,
                                                   double* sums, double* bias_sums) {
@@ -168,6 +175,7 @@ template <int Block>
         for (int f = 0; f < Block; ++f) {
           Vec dy;
           load(dy, g + f * kLanes);
+          pin<Pin>(dy);
           acc[f][0] += dy * x0;
           acc[f][1] += dy * x1;
           acc[f][2] += dy * x2;
@@ -189,14 +197,33 @@ template <int Block>
 }
 
 /// Backward-weights over one plane (n, od) for every filter; pack: see weights_block.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void weights_plane(const Box& b, const float* padded, const float* grad_output, float* pack, std::int64_t plane,
-                   double* sums, double* bias_sums) {
+template <bool Pin>
+[[gnu::always_inline]] inline void weights_plane_of(const Box& b, const float* padded, const float* grad_output,
+                                                     float* pack, std::int64_t plane, double* sums, double* bias_sums) {
   const std::int64_t n = plane / b.out_depth, od = plane % b.out_depth;
   std::int64_t first = 0;
   for (; first + kFilterBlock <= b.filters; first += kFilterBlock)
-    weights_block<kFilterBlock>(b, padded, grad_output, pack, n, od, first, sums, bias_sums);
-  for (; first < b.filters; ++first) weights_block<1>(b, padded, grad_output, pack, n, od, first, sums, bias_sums);
+    weights_block<kFilterBlock, Pin>(b, padded, grad_output, pack, n, od, first, sums, bias_sums);
+  for (; first < b.filters; ++first) weights_block<1, Pin>(b, padded, grad_output, pack, n, od, first, sums, bias_sums);
+}
+
+__attribute__((target("avx512f")))
+void weights_plane_avx512(const Box& b, const float* padded, const float* grad_output, float* pack, std::int64_t plane,
+                          double* sums, double* bias_sums) {
+  weights_plane_of<true>(b, padded, grad_output, pack, plane, sums, bias_sums);
+}
+
+__attribute__((target_clones("avx2", "default")))
+void weights_plane_other(const Box& b, const float* padded, const float* grad_output, float* pack, std::int64_t plane,
+                         double* sums, double* bias_sums) {
+  weights_plane_of<false>(b, padded, grad_output, pack, plane, sums, bias_sums);
+}
+
+/// The AVX-512 variant where the CPU has it, else the AVX2 or the baseline one.
+void weights_plane(const Box& b, const float* padded, const float* grad_output, float* pack, std::int64_t plane,
+                   double* sums, double* bias_sums) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  (avx512 ? weights_plane_avx512 : weights_plane_other)(b, padded, grad_output, pack, plane, sums, bias_sums);
 }
 
 }  // namespace
