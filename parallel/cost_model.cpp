@@ -189,22 +189,29 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     }
   } else {
     const double sample_share = static_cast<double>(w.samples) / static_cast<double>(std::max<std::int64_t>(1, l.output[0]));
-    const double flops = 3.0 * l.forward_flops * sample_share * spatial_share / (split.filter * split.channel);
+    // A layer reading only the model's input computes no input gradient (the executor passes it
+    // none): its backward is the weight gradient alone.
+    const bool reads_model_input = std::all_of(l.inputs.begin(), l.inputs.end(), [](int j) { return j < 0; });
+    const double backward_passes = reads_model_input ? 1.0 : 2.0;
+    const double forward = l.forward_flops * sample_share * spatial_share / (split.filter * split.channel);
+    const double flops = (1.0 + backward_passes) * forward;
     // Forward reads the input and writes the output; backward reads both and the output gradient
     // and writes the input gradient.
     const double bytes = kBytes * (2.0 * in_local + 3.0 * out_local);
     // Exact bf16 convolutions on GPUs run on TF32 tensor cores: half the bf16 rate.
     const double tf32 = exact_on_tf32(l) ? 0.5 : 1.0;
-    // The machine file's efficiency of this kernel class, per pass, where it gives one: forward is
-    // a third of the work, backward (input and weight gradients) two thirds.
+    // The machine file's efficiency of this kernel class, per pass, where it gives one; a
+    // convolution reading the model's input (few channels: libraries reach a few per cent of the
+    // peak there) has a class of its own, where the file names it.
     const std::string kernel_class = machine_.efficiency.empty() ? std::string()
                                      : l.type == "linear"            ? "gemm"
-                                     : l.type == "conv" ? fmt::format("conv{}d", l.output.spatial_dims())
+                                     : l.type == "conv" ? fmt::format("conv{}d{}", l.output.spatial_dims(),
+                                                                      reads_model_input ? "_first" : "")
                                                         : std::string();
     const double forward_rate = machine_.class_flops(P, kernel_class, false, l.precision) * tf32;
     const double backward_rate = machine_.class_flops(P, kernel_class, true, l.precision) * tf32;
     const double seconds = forward_rate > 0 && backward_rate > 0
-                               ? flops / 3.0 / forward_rate + 2.0 * flops / 3.0 / backward_rate
+                               ? forward / forward_rate + backward_passes * forward / backward_rate
                                : flops / (machine_.rank_flops(P, l.precision) * tf32);
     e.compute = std::max(seconds, bytes / machine_.rank_memory_bandwidth(P)) + 2.0 * machine_.kernel_overhead;
     if (rounds) {

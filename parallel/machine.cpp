@@ -88,7 +88,7 @@ std::string level_yaml(const CommLevel& l) {
 // The efficiency classes a file may name: each class, optionally per pass, optionally bf16.
 bool known_efficiency(const std::string& key) {
   if (key == "memory") return true;
-  for (const char* kernel_class : {"conv2d", "conv3d", "gemm"})
+  for (const char* kernel_class : {"conv2d", "conv3d", "conv2d_first", "conv3d_first", "gemm"})
     for (const char* pass : {"", "_forward", "_backward"})
       for (const char* precision : {"", "_bf16"})
         if (key == std::string(kernel_class) + pass + precision) return true;
@@ -170,8 +170,8 @@ Machine Machine::parse(const std::string& yaml_text, const std::string& source_n
         for (const auto& k : v) {
           const std::string name = k.first.as<std::string>();
           if (!known_efficiency(name))
-            fail_input("{}: unknown kernel class '{}' (known: conv2d, conv3d, gemm, each with an optional "
-                       "_forward or _backward and an optional _bf16 suffix; memory)",
+            fail_input("{}: unknown kernel class '{}' (known: conv2d, conv3d, conv2d_first, conv3d_first, "
+                       "gemm, each with an optional _forward or _backward and an optional _bf16 suffix; memory)",
                        where, name);
           m.efficiency[name] = parse_range(k.second, fmt::format("{} '{}'", where, name), true);
         }
@@ -285,7 +285,13 @@ double Machine::class_flops(int ranks, const std::string& kernel_class, bool bac
   const std::string suffix = bf16 ? "_bf16" : "";
   auto share = efficiency.find(kernel_class + (backward ? "_backward" : "_forward") + suffix);
   if (share == efficiency.end()) share = efficiency.find(kernel_class + suffix);
-  if (share == efficiency.end()) return 0;
+  if (share == efficiency.end()) {
+    // A first layer's class falls back to its convolutions' (conv3d_first -> conv3d).
+    const auto first = kernel_class.rfind("_first");
+    if (first != std::string::npos && first + 6 == kernel_class.size())
+      return class_flops(ranks, kernel_class.substr(0, first), backward, precision);
+    return 0;
+  }
   const double rate = (bf16 ? bf16_peak_flops : peak_flops) * value_at(share->second, true);
   return device == "gpu" ? rate : rate / ranks_on_node(ranks);
 }

@@ -26,8 +26,10 @@
 //   bf16_peak_flops: 312e12   # dense bf16 tensor-core FLOP/s
 //   peak_memory_bandwidth: 1555e9
 //   efficiency: {conv3d_forward: [0.3, 0.4, 0.5], conv3d_backward: 0.35, gemm: 0.8, memory: 0.85,
-//                conv3d_bf16: [0.2, 0.3, 0.4]}   # classes: conv2d, conv3d, gemm, each with an
-//                # optional _forward/_backward and _bf16 suffix; memory (of peak_memory_bandwidth)
+//                conv3d_bf16: [0.2, 0.3, 0.4]}   # classes: conv2d, conv3d, conv2d_first and
+//                # conv3d_first (a convolution reading the model's input; else its conv class), gemm,
+//                # each with an optional _forward/_backward and _bf16 suffix; memory (of
+//                # peak_memory_bandwidth)
 //   step_overhead: [2e-3, 4e-3, 8e-3]   # seconds per training step outside the layers
 // The planner prices with the typical values; `tessera plan` also gives the step at the ends.
 #include <cstdint>
@@ -124,8 +126,9 @@ struct Machine {
   /// A range's value at this machine's bound (`slow_is_low`: a low value makes the step slower,
   /// as for efficiencies; false for overheads).
   double value_at(const Range& r, bool slow_is_low) const;
-  /// FLOP/s one rank gets from kernel class `kernel_class` ("conv2d", "conv3d", "gemm") in one
-  /// pass at `precision`, from peak x efficiency; 0 when the file gives no efficiency for it.
+  /// FLOP/s one rank gets from kernel class `kernel_class` ("conv2d", "conv3d", "conv2d_first",
+  /// "conv3d_first", "gemm") in one pass at `precision`, from peak x efficiency (a first layer's
+  /// class falls back to its convolutions'); 0 when the file gives no efficiency for it.
   double class_flops(int ranks, const std::string& kernel_class, bool backward, Precision precision) const;
   /// The step overhead at this machine's bound.
   double step_overhead_seconds() const { return value_at(step_overhead, false); }
