@@ -211,9 +211,10 @@ std::vector<CommPoint> alltoall_points(Communicator& comm, bool quick) {
 
 namespace {
 
-// Each rank alternates `work` seconds of work with a small exchange with its ring neighbours (as
-// a halo exchange between layers does); a round's time beyond the work (stretched by the node's
-// oversubscription) and two messages is the wait. The median over `repeats`.
+// Each rank alternates `work` seconds of work with an allreduce of every rank (as a step's
+// gradient allreduce, or its chain of halo exchanges, ties every rank together); a round's time
+// beyond the work (stretched by the node's oversubscription) and one small allreduce is the wait.
+// The median over `repeats`.
 double wait_after_work(Communicator& comm, const Machine& machine, int cores, int repeats, double work) {
   const int size = comm.size();
   std::int64_t iterations = 1 << 20;
@@ -230,22 +231,16 @@ double wait_after_work(Communicator& comm, const Machine& machine, int cores, in
   });
   comm.broadcast(&iterations, 1, DType::I64, 0);
   comm.broadcast(&solo, 1, DType::F64, 0);
-  const int left = (comm.rank() + size - 1) % size, right = (comm.rank() + 1) % size;
-  constexpr std::size_t kBytes = 64;
-  std::uint8_t out[kBytes] = {}, in_left[kBytes], in_right[kBytes];
   const int rounds = std::max(20, static_cast<int>(0.2 / std::max(solo, 1e-5)));  // about 0.2 s of work
   std::vector<double> waits;
   const double stretch = std::max(1.0, static_cast<double>(machine.ranks_on_node(size)) / cores);
-  const double expected = solo * stretch + machine.intra.p2p.alpha + kBytes * machine.intra.p2p.beta;
+  const double expected = solo * stretch + machine.intra.allreduce.alpha + sizeof(double) * machine.intra.allreduce.beta;
   for (int repeat = 0; repeat < repeats; ++repeat) {
     comm.barrier();
     const auto start = Clock::now();
     for (int round = 0; round < rounds; ++round) {
       spin(iterations);
-      std::unique_ptr<CommRequest> requests[4] = {
-          comm.irecv(in_left, kBytes, DType::U8, left, 7), comm.irecv(in_right, kBytes, DType::U8, right, 8),
-          comm.isend(out, kBytes, DType::U8, right, 7), comm.isend(out, kBytes, DType::U8, left, 8)};
-      for (auto& request : requests) request->wait();
+      (void)comm.allreduce_value(1.0, ReduceOp::Sum);
     }
     const double per_round = comm.allreduce_value(seconds_since(start) / rounds, ReduceOp::Max);
     waits.push_back(per_round - expected);
@@ -257,9 +252,10 @@ double wait_after_work(Communicator& comm, const Machine& machine, int cores, in
 
 SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int cores, int repeats) {
   require_two_ranks(comm);
-  // Two amounts of work, as short and as long as layers' kernels are: the wait's fixed part and
-  // the part that grows with the work (a descheduled peer is late by a share of its work).
-  constexpr double kShort = 0.5e-3, kLong = 4e-3;
+  // Two amounts of work, as short as a layer's kernel and as long as a small model's step: the
+  // wait's fixed part and the part that grows with the work (a descheduled peer is late by a share
+  // of its work). They lie far apart, so that the share is not the difference of two noises.
+  constexpr double kShort = 1e-3, kLong = 16e-3;
   const double short_wait = wait_after_work(comm, machine, cores, repeats, kShort);
   const double long_wait = wait_after_work(comm, machine, cores, repeats, kLong);
   SyncWait w;
