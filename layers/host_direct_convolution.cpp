@@ -49,7 +49,9 @@ template <bool Pin>
   if constexpr (Pin) asm("" : "+v"(v));
 }
 
-std::int64_t round_up(std::int64_t value, std::int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
 
 /// A geometry as 3-D (a 2-D one has depth 1), with the padded input's sizes.
 struct Box {
@@ -96,7 +98,8 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
   const std::int64_t row_stride = round_up(b.out_width, kLanes), filter_stride = b.out_depth * b.output_plane();
   const float* row_of[kMaxExtent * kMaxExtent];
   for (std::int64_t index = begin; index < end; ++index) {
-    const std::int64_t n = index / rows_per_sample, od = index % rows_per_sample / b.out_height, oh = index % b.out_height;
+    const std::int64_t n = index / rows_per_sample, od = index % rows_per_sample / b.out_height,
+                       oh = index % b.out_height;
     for (std::int64_t r = 0; r < kernel_rows; ++r)
       row_of[r] = padded + b.padded_row(n, od + r / b.kernel_height, oh + r % b.kernel_height);
     for (std::int64_t group = 0; group < groups; ++group) {
@@ -119,7 +122,8 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
           Vec y = acc[f];
           if (leaky) {  // y > 0 ? y : slope * y, as a select on the bits
             const Mask positive = y > 0;
-            y = reinterpret_cast<Vec>((reinterpret_cast<Mask>(y) & positive) | (reinterpret_cast<Mask>(y * slope) & ~positive));
+            y = reinterpret_cast<Vec>((reinterpret_cast<Mask>(y) & positive) |
+                                      (reinterpret_cast<Mask>(y * slope) & ~positive));
           }
           store(row + f * row_stride + column, y);
         }
@@ -127,7 +131,8 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
       const std::int64_t filters = std::min(kLanes, b.filters - group * kLanes);
       float* out = output + ((n * b.filters + group * kLanes) * b.out_depth + od) * b.output_plane() + oh * b.out_width;
       for (std::int64_t f = 0; f < filters; ++f)
-        std::memcpy(out + f * filter_stride, row + f * row_stride, static_cast<std::size_t>(b.out_width) * sizeof(float));
+        std::memcpy(out + f * filter_stride, row + f * row_stride,
+                    static_cast<std::size_t>(b.out_width) * sizeof(float));
     }
   }
 }
@@ -254,7 +259,8 @@ const float* DirectConvolution::padded_input(const ConvolutionGeometry& geometry
   for (std::int64_t row = 0; row < rows; ++row) {
     float* to = padded + row * b.padded_width;
     const std::int64_t h = row % b.padded_height - b.pad_height;
-    const std::int64_t d = row / b.padded_height % b.padded_depth - b.pad_depth, n = row / (b.padded_height * b.padded_depth);
+    const std::int64_t d = row / b.padded_height % b.padded_depth - b.pad_depth;
+    const std::int64_t n = row / (b.padded_height * b.padded_depth);
     std::fill(to, to + b.padded_width, 0.0f);
     if (d >= 0 && d < b.depth && h >= 0 && h < b.height)
       std::copy_n(input + ((n * b.depth + d) * b.height + h) * b.width, b.width, to + b.pad_width);

@@ -234,7 +234,8 @@ double wait_after_work(Communicator& comm, const Machine& machine, int cores, in
   const int rounds = std::max(20, static_cast<int>(0.2 / std::max(solo, 1e-5)));  // about 0.2 s of work
   std::vector<double> waits;
   const double stretch = std::max(1.0, static_cast<double>(machine.ranks_on_node(size)) / cores);
-  const double expected = solo * stretch + machine.intra.allreduce.alpha + sizeof(double) * machine.intra.allreduce.beta;
+  const double expected =
+      solo * stretch + machine.intra.allreduce.alpha + sizeof(double) * machine.intra.allreduce.beta;
   for (int repeat = 0; repeat < repeats; ++repeat) {
     comm.barrier();
     const auto start = Clock::now();
