@@ -87,7 +87,8 @@ double CostModel::exchange_wait(const LayerEstimate& layer) const {
 double CostModel::input_exchange(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
                                  const LayerEstimate& e) const {
   const double moved = exchange_cost(producer, held, consumer, split);
-  return moved > 0 ? moved + exchange_wait(e) : 0.0;
+  // (A layer whose own exchanges already wait for its work does not wait for it again here.)
+  return moved > 0 ? moved + (e.waits_for_work ? 0.0 : exchange_wait(e)) : 0.0;
 }
 
 LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
@@ -234,8 +235,8 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     const int stride = std::max(1, split.spatial_product());
     const AlphaBeta& ab = stride * c > rpn ? machine_.inter.p2p : machine_.intra.p2p;
     e.model_comm += 2.0 * ((c - 1) * ab.alpha + (c - 1.0) / c * partial * ab.beta +
-                           2.0 * partial / machine_.rank_memory_bandwidth(P) + machine_.sync_wait_for(P)) +
-                    exchange_wait(e);
+                           2.0 * partial / machine_.rank_memory_bandwidth(P) + machine_.sync_wait_for(P));
+    e.waits_for_work = true;
   }
   // Batch-norm statistics: an allreduce of 2 x channels values forward and one backward over the
   // sample x spatial group.
@@ -243,8 +244,13 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     const int g = P / (split.filter * split.channel);
     const double bytes = kBytes * 2.0 * static_cast<double>(ceil_div(l.output[1], split.filter));
     const AlphaBeta& ab = P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce;
-    if (g > 1) e.model_comm += 2.0 * (allreduce_time(ab, g, bytes) + machine_.sync_wait_for(P)) + exchange_wait(e);
+    if (g > 1) {
+      e.model_comm += 2.0 * (allreduce_time(ab, g, bytes) + machine_.sync_wait_for(P));
+      e.waits_for_work = true;
+    }
   }
+  // Those blocking exchanges wait for the layer's work once, however many there are.
+  if (e.waits_for_work) e.model_comm += exchange_wait(e);
 
   // Gradient allreduce of the weight blocks over the ranks with the same filter and channel
   // coordinates (sample x spatial); it spans nodes when the group's last rank is off node 0.

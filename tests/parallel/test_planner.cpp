@@ -491,6 +491,33 @@ TEST(CostModel, OversubscribedCpuNodes) {
   EXPECT_EQ(waiting.exchange_cost(0, t, 1, t), 0.0);  // nothing moves: no wait
 }
 
+TEST(CostModel, ALayerWaitsForItsWorkOnceHoweverManyOfItsExchangesBlock) {
+  const PlannerGraph g = small_chain(4);
+  const Machine no_wait = round_machine();
+  const CostModel plain(g, no_wait, {.ranks = 2});
+  Machine m = round_machine();
+  m.sync_wait_share[2] = 0.5;
+  const CostModel model(g, m, {.ranks = 2});
+  LayerSplit by_sample, by_filter, by_channel;
+  by_sample.sample = 2;
+  by_filter.filter = 2;
+  by_channel.channel = 2;
+  // c2 split by sample, reading r1 split by filter: the redistribution waits for half c2's work.
+  const LayerEstimate sample = model.layer_cost(2, by_sample);
+  EXPECT_FALSE(sample.waits_for_work);
+  const double moved = model.exchange_cost(1, by_filter, 2, by_sample);
+  ASSERT_GT(moved, 0);
+  EXPECT_NEAR(model.input_exchange(1, by_filter, 2, by_sample, sample), moved + 0.5 * sample.compute, 1e-15);
+  // c2 split by channel: its reduce-scatter and gather wait for it, once; reading r1 split by
+  // sample then moves data without waiting again.
+  const LayerEstimate channel = model.layer_cost(2, by_channel);
+  EXPECT_TRUE(channel.waits_for_work);
+  EXPECT_NEAR(channel.model_comm - plain.layer_cost(2, by_channel).model_comm, 0.5 * channel.compute, 1e-15);
+  ASSERT_GT(model.exchange_cost(1, by_sample, 2, by_channel), 0);
+  EXPECT_NEAR(model.input_exchange(1, by_sample, 2, by_channel, channel), model.exchange_cost(1, by_sample, 2, by_channel),
+              1e-15);
+}
+
 TEST(CostModel, HaloExchangeByHand) {
   // c2 (3x3, padding 1) on 8x8, split [2, 1] over H at 2 ranks, batch 2, 4 channels, after r1
   // with the same split: each rank receives one row of 8 from the other for each sample and

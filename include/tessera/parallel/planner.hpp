@@ -133,6 +133,9 @@ struct LayerEstimate {
   double input_bytes = 0;   ///< its input as a copy would hold it (window with halo, or block)
   bool halo = false;        ///< split spatially with a window larger than its block
   bool gathers = false;     ///< reads more (filter split) or other (channel split) channels than its producer holds
+  /// Its own blocking exchanges (channel split, batch-norm statistics) pay the wait for its work
+  /// (CostModel::exchange_wait) in model_comm; its input exchanges then do not pay it again.
+  bool waits_for_work = false;
   /// bf16 operands: bytes of its rounded input, output gradient and weights. The backend keeps one
   /// scratch buffer per operand for its convolutions and another for its linear layers, each as
   /// large as the largest layer's, so a plan adds each one's maximum over the layers of its kind.
@@ -170,7 +173,8 @@ class CostModel {
   double exchange_cost(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
   /// What the step pays for `consumer` (its estimate `e`) reading the output of `producer` held
   /// under `held`: exchange_cost, and where anything moves, the wait of those blocking exchanges
-  /// beyond their fixed sync_wait (exchange_wait). The search and estimate() both charge this.
+  /// beyond their fixed sync_wait (exchange_wait), unless the layer's own exchanges pay it
+  /// (LayerEstimate::waits_for_work). The search and estimate() both charge this.
   double input_exchange(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
                         const LayerEstimate& e) const;
   /// Bytes per rank of a plan's activations as the executor holds them: each tensor once (a
