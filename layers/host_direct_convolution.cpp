@@ -2,8 +2,9 @@
 // input is first copied with its padding written out, so that every tap of every output is a load
 // at a fixed offset. Forward holds 16 filters x 16 outputs of a row in registers and adds each tap
 // as one load and 16 multiply-adds; backward-weights holds 8 filters x the 3 taps of one kernel
-// row and adds each 16 outputs' gradients as 11 loads and 24 multiply-adds. The row functions are
-// built for AVX-512, AVX2 and the baseline, the variant chosen when the library loads.
+// row and adds each 16 outputs' gradients as 11 loads and 24 multiply-adds. Both are built for
+// AVX-512, AVX2 and the baseline: forward's variant chosen when the library loads, backward-weights'
+// (whose AVX-512 variant keeps vectors in registers, which only it can) at its first call.
 #include "layers/host_direct_convolution.hpp"
 
 #include <omp.h>
@@ -224,11 +225,12 @@ void weights_plane_other(const Box& b, const float* padded, const float* grad_ou
   weights_plane_of<false>(b, padded, grad_output, pack, plane, sums, bias_sums);
 }
 
-/// The AVX-512 variant where the CPU has it, else the AVX2 or the baseline one.
-void weights_plane(const Box& b, const float* padded, const float* grad_output, float* pack, std::int64_t plane,
-                   double* sums, double* bias_sums) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  (avx512 ? weights_plane_avx512 : weights_plane_other)(b, padded, grad_output, pack, plane, sums, bias_sums);
+using WeightsPlane = void (*)(const Box&, const float*, const float*, float*, std::int64_t, double*, double*);
+
+/// Backward-weights over one plane: the AVX-512 variant where the CPU has it, else the AVX2 or
+/// the baseline one.
+WeightsPlane weights_plane_for_this_cpu() {
+  return __builtin_cpu_supports("avx512f") ? weights_plane_avx512 : weights_plane_other;
 }
 
 }  // namespace
@@ -308,6 +310,7 @@ void DirectConvolution::backward_weights(const ConvolutionGeometry& geometry, co
   const std::int64_t pack_floats = b.out_height * round_up(b.out_width, kLanes) * kFilterBlock;
   packs_.resize(std::max(packs_.size(), static_cast<std::size_t>(threads * pack_floats)));
   float* packs = packs_.data();
+  static const WeightsPlane weights_plane = weights_plane_for_this_cpu();
 #pragma omp parallel num_threads(threads)
   {
     const std::int64_t count = omp_get_num_threads(), thread = omp_get_thread_num();

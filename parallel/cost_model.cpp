@@ -190,9 +190,9 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     }
   } else {
     const double sample_share = static_cast<double>(w.samples) / static_cast<double>(std::max<std::int64_t>(1, l.output[0]));
-    // A layer reading only the model's input computes no input gradient (the executor passes it
-    // none): its backward is the weight gradient alone.
-    const bool reads_model_input = std::all_of(l.inputs.begin(), l.inputs.end(), [](int j) { return j < 0; });
+    // A layer reading only the model's input computes no input gradient: its backward is the
+    // weight gradient alone.
+    const bool reads_model_input = std::none_of(l.inputs.begin(), l.inputs.end(), input_has_gradient);
     const double backward_passes = reads_model_input ? 1.0 : 2.0;
     const double forward = l.forward_flops * sample_share * spatial_share / (split.filter * split.channel);
     const double flops = (1.0 + backward_passes) * forward;

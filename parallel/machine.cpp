@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/yaml_file.hpp"
@@ -287,9 +288,9 @@ double Machine::class_flops(int ranks, const std::string& kernel_class, bool bac
   if (share == efficiency.end()) share = efficiency.find(kernel_class + suffix);
   if (share == efficiency.end()) {
     // A first layer's class falls back to its convolutions' (conv3d_first -> conv3d).
-    const auto first = kernel_class.rfind("_first");
-    if (first != std::string::npos && first + 6 == kernel_class.size())
-      return class_flops(ranks, kernel_class.substr(0, first), backward, precision);
+    constexpr std::string_view kFirst = "_first";
+    if (kernel_class.ends_with(kFirst))
+      return class_flops(ranks, kernel_class.substr(0, kernel_class.size() - kFirst.size()), backward, precision);
     return 0;
   }
   const double rate = (bf16 ? bf16_peak_flops : peak_flops) * value_at(share->second, true);

@@ -8,6 +8,7 @@
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
+#include "tessera/parallel/step_plan.hpp"
 #include "tessera/parallel/watchdog.hpp"
 #include "tessera/tensor/grid.hpp"
 #include "tessera/train/executor.hpp"
@@ -220,7 +221,7 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
       const int j = node.inputs[a];
       const bool exchanged = ex.inputs[k][a] != nullptr;
       in.push_back(exchanged ? &windows_[k][a] : j == Model::kModelInput ? &inputs : &outputs_[static_cast<std::size_t>(j)]);
-      if (j == Model::kModelInput) {
+      if (!input_has_gradient(j)) {
         grad_in.push_back(nullptr);
       } else if (exchanged) {
         grad_in.push_back(&window_grads_[k][a]);

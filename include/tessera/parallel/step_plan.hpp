@@ -95,6 +95,11 @@ std::vector<bool> in_place_candidates(const std::vector<std::vector<int>>& input
 
 StepPlan plan_step(const StepGraph& graph, const StepOptions& options);
 
+/// Whether backward computes the gradient of what a layer reads from `producer` (an index into
+/// the step's layers; negative: the model's input, which has none). A layer reading only the
+/// model's input (a network's first layer) computes its parameter gradients alone.
+inline bool input_has_gradient(int producer) { return producer >= 0; }
+
 /// Whether a layer's halo exchange may overlap its forward: it computes output regions, is split
 /// spatially and not by channel, and reads the model's input (`producer` null) or the tiles of a
 /// producer split as itself (no filter split).
