@@ -25,6 +25,7 @@
 #include <string>
 
 #include "layers/host_direct_convolution.hpp"
+#include "layers/host_winograd_convolution.hpp"
 #include "layers/host_loops.hpp"
 #include "layers/onednn_common.hpp"
 #include "tessera/core/error.hpp"
@@ -147,6 +148,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
   void forward(const ConvolutionGeometry& geometry, const float* input, const float* weights, const float* bias,
                float* output) override {
     if (direct(geometry)) return direct_.forward(geometry, input, weights, bias, output);
+    if (winograd(geometry)) return winograd_.forward(geometry, input, weights, bias, output);
     ConvolutionPlan& plan = plan_for(geometry.without_activation());  // one plan per convolution
     auto& stream = context_.stream;
     std::unordered_map<int, dnnl::memory> args{
@@ -168,6 +170,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
 
   void backward_data(const ConvolutionGeometry& geometry, const float* grad_output, const float* weights,
                      float* grad_input) override {
+    if (winograd(geometry)) return winograd_.backward_data(geometry, grad_output, weights, grad_input);
     ConvolutionPlan& plan = backward_plan_for(geometry);
     auto& stream = context_.stream;
     plan.backward_data.execute(stream, {{DNNL_ARG_DIFF_DST, plan.data_grad_output.bind_input(grad_output, stream)},
@@ -207,7 +210,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
       return;
     }
     ConvolutionPlan& plan = backward_plan_for(geometry);
-    if (!grad_input || !plan.shared_grad_output || plan.decomposed) {
+    if (!grad_input || !plan.shared_grad_output || plan.decomposed || winograd(geometry)) {
       ConvolutionKernels::backward(geometry, input, grad_output, weights, grad_input, grad_weights, grad_bias);
       return;
     }
@@ -241,6 +244,20 @@ class OneDnnConvolution final : public ConvolutionKernels {
     if (direct_recorded_.insert(geometry.without_activation()).second)
       context_.record("convolution forward and backward weights " + geometry.without_activation().to_string(),
                       "tessera direct (one input channel, plain layout)");
+    return true;
+  }
+
+  /// Whether Tessera's Winograd kernels run this convolution's forward and backward-data: where
+  /// they apply on a CPU with AVX-512 (where they measured faster), unless a test forced a layout
+  /// or a 3-D backward-weights mode.
+  bool winograd(const ConvolutionGeometry& geometry) {
+    static const bool avx512 = __builtin_cpu_supports("avx512f");
+    if (!avx512 || layout_ != HostConvolutionLayout::Automatic || backward_weights_3d_ != BackwardWeights3d::Automatic ||
+        !host::winograd_convolution_applies(geometry))
+      return false;
+    if (winograd_recorded_.insert(geometry.without_activation()).second)
+      context_.record("convolution forward and backward data " + geometry.without_activation().to_string(),
+                      "tessera winograd F(2x2x2, 3x3x3) (plain layout)");
     return true;
   }
 
@@ -618,6 +635,8 @@ class OneDnnConvolution final : public ConvolutionKernels {
   std::map<ConvolutionGeometry, std::unique_ptr<ConvolutionPlan>> plans_;
   host::DirectConvolution direct_;
   std::set<ConvolutionGeometry> direct_recorded_;
+  host::WinogradConvolution winograd_;
+  std::set<ConvolutionGeometry> winograd_recorded_;
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "layers/host_direct_convolution.hpp"
+#include "layers/host_winograd_convolution.hpp"
 #include "layers/onednn_common.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/layers/runtime.hpp"
@@ -203,9 +204,9 @@ TEST(OneDnnConvolution3d, TwoDimensionalIsNeverDecomposed) {
 }
 
 /// A double-precision loop over every output and tap (2-D geometries as depth 1): the forward
-/// (with the fused leaky ReLU where asked) and the weights' and bias's gradients.
+/// (with the fused leaky ReLU where asked), the input's, weights' and bias's gradients.
 struct Reference {
-  std::vector<float> output, grad_weights, grad_bias;
+  std::vector<float> output, grad_input, grad_weights, grad_bias;
 };
 
 Reference reference_convolution(const ConvolutionGeometry& g, const std::vector<float>& input,
@@ -222,6 +223,7 @@ Reference reference_convolution(const ConvolutionGeometry& g, const std::vector<
   Reference r;
   r.output.assign(static_cast<std::size_t>(g.output_elements()), 0.0f);
   std::vector<double> dw(static_cast<std::size_t>(g.out_channels * g.in_channels * taps), 0.0), db(static_cast<std::size_t>(g.out_channels), 0.0);
+  std::vector<double> dx(static_cast<std::size_t>(g.input_elements()), 0.0);
   for (std::int64_t n = 0; n < g.batch; ++n)
     for (std::int64_t f = 0; f < g.out_channels; ++f)
       for (std::int64_t i = 0; i < volume; ++i) {
@@ -233,14 +235,17 @@ Reference reference_convolution(const ConvolutionGeometry& g, const std::vector<
           for (std::int64_t t = 0; t < taps; ++t) {
             const std::int64_t d = od + t / (k[1] * k[2]) - pad[0], h = oh + t / k[2] % k[1] - pad[1], w = ow + t % k[2] - pad[2];
             if (d < 0 || d >= in[0] || h < 0 || h >= in[1] || w < 0 || w >= in[2]) continue;
-            const double x = input[static_cast<std::size_t>((((n * g.in_channels + c) * in[0] + d) * in[1] + h) * in[2] + w)];
+            const std::size_t xi = static_cast<std::size_t>((((n * g.in_channels + c) * in[0] + d) * in[1] + h) * in[2] + w);
+            const double x = input[xi];
             const std::size_t wi = static_cast<std::size_t>((f * g.in_channels + c) * taps + t);
             sum += x * weights[wi];
             dw[wi] += x * grad_output[y];
+            dx[xi] += static_cast<double>(weights[wi]) * grad_output[y];
           }
         const float value = static_cast<float>(sum);
         r.output[y] = g.leaky_relu ? std::max(value, 0.0f) + g.leaky_slope * std::min(value, 0.0f) : value;
       }
+  r.grad_input.assign(dx.begin(), dx.end());
   r.grad_weights.assign(dw.begin(), dw.end());
   r.grad_bias.assign(db.begin(), db.end());
   return r;
@@ -300,6 +305,64 @@ TEST(DirectConvolution, OneInputChannelMatchesADoublePrecisionLoop) {
   set_backend_threads(threads);
 }
 
+TEST(WinogradConvolution, MatchesADoublePrecisionLoop) {
+  // Channel counts below, at and past a group of 16 output channels; outputs of odd and even
+  // extents, rows of tiles shorter than, equal to and past a block of 16 lanes (the row loads and
+  // the lane-by-lane path, partial tiles and a partial last block); padding 0 to 2; one thread and
+  // two. The kernels are called directly, so that every CPU runs them.
+  const std::vector<Case> winograd_cases = {
+      {2, 16, 32, {8, 8, 32}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true},
+      {1, 8, 24, {5, 7, 16}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true},
+      {3, 12, 8, {4, 9, 5}, {3, 3, 3}, {1, 1, 1}, {0, 1, 2}, {1, 1, 1}, false},
+      {1, 17, 9, {6, 5, 37}, {3, 3, 3}, {1, 1, 1}, {2, 0, 1}, {1, 1, 1}, true},
+  };
+  std::uint64_t stream = 300;
+  const int threads = backend_threads();
+  for (const Case& c : winograd_cases) {
+    ConvolutionGeometry g = geometry_of(c);
+    for (int leaky = 0; leaky < 2; ++leaky) {
+      g.leaky_relu = leaky == 1;
+      g.leaky_slope = leaky ? 0.01f : 0.0f;
+      ASSERT_TRUE(host::winograd_convolution_applies(g)) << g.to_string();
+      const auto input = random_values(g.input_elements(), stream++);
+      const auto weights = random_values(g.weight_elements(), stream++);
+      const auto bias = random_values(g.out_channels, stream++);
+      const auto grad_output = random_values(g.output_elements(), stream++);
+      const Reference expected = reference_convolution(g, input, weights, bias, grad_output);
+      for (int thread_count : {1, 2}) {
+        SCOPED_TRACE(g.to_string() + (leaky ? " leaky" : "") + " threads " + std::to_string(thread_count));
+        set_backend_threads(thread_count);
+        host::WinogradConvolution kernels;
+        std::vector<float> output(expected.output.size(), 123.0f), grad_input(expected.grad_input.size(), 123.0f);
+        kernels.forward(g, input.data(), weights.data(), bias.data(), output.data());
+        kernels.backward_data(g, grad_output.data(), weights.data(), grad_input.data());
+        // Winograd's transforms add rounding: measured up to 3e-7 of the largest value here (fp32 sums: 1e-7).
+        EXPECT_LT(relative_difference(output, expected.output), 2e-6);
+        EXPECT_LT(relative_difference(grad_input, expected.grad_input), 2e-6);
+      }
+    }
+  }
+  set_backend_threads(threads);
+}
+
+TEST(WinogradConvolution, TheBackendRunsItWhereItAppliesOnAvx512) {
+  ConvolutionGeometry g = geometry_of({1, 16, 16, {6, 6, 6}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true});
+  onednn::Context context;
+  auto kernels = onednn::make_convolution_kernels(context, HostConvolutionLayout::Automatic, BackwardWeights3d::Automatic);
+  const auto input = random_values(g.input_elements(), 1), weights = random_values(g.weight_elements(), 2);
+  const auto bias = random_values(g.out_channels, 3);
+  std::vector<float> output(static_cast<std::size_t>(g.output_elements()));
+  kernels->forward(g, input.data(), weights.data(), bias.data(), output.data());
+  ASSERT_FALSE(context.implementations.empty());
+  const bool winograd = context.implementations.front().find("tessera winograd") != std::string::npos;
+  EXPECT_EQ(winograd, static_cast<bool>(__builtin_cpu_supports("avx512f"))) << context.implementations.front();
+  for (auto change : {0, 1, 2, 3, 4}) {
+    ConvolutionGeometry other = geometry_of({1, change == 0 ? 4 : 16, 16, {6, 6, 6}, {3, 3, change == 1 ? 5 : 3},
+                                              {1, change == 2 ? 2 : 1, 1}, {1, 1, change == 4 ? 3 : 1}, {change == 3 ? 2 : 1, 1, 1}, true});
+    EXPECT_FALSE(host::winograd_convolution_applies(other)) << other.to_string();
+  }
+}
+
 TEST(DirectConvolution, AppliesToOneInputChannelAtStrideAndDilationOne) {
   ConvolutionGeometry g = geometry_of({1, 1, 8, {6, 6, 6}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true});
   EXPECT_TRUE(host::direct_convolution_applies(g));
@@ -343,6 +406,46 @@ TEST(OneDnnConvolution3d, DISABLED_BenchmarkCosmoFlowBackwardWeights) {
     std::printf("conv%d C=%lld F=%lld %lld^3: direct %.1f ms, automatic %.1f ms\n  %s\n", layer + 1,
                 static_cast<long long>(g.in_channels), static_cast<long long>(g.out_channels), static_cast<long long>(s),
                 best[0], best[1], weights_line(automatic_context.implementations).c_str());
+  }
+  set_backend_threads(threads);
+}
+
+/// Not a check: times forward and backward-data of CosmoFlow's convolutions 2-5 (batch 2, one
+/// thread, as bench_train runs at 2 ranks), oneDNN's blocked kernels (with their reorders) against
+/// the Winograd kernels, interleaved; prints the fastest of several runs. Run with
+/// --gtest_also_run_disabled_tests.
+TEST(WinogradConvolution, DISABLED_BenchmarkCosmoFlow) {
+  const int threads = backend_threads();
+  set_backend_threads(1);
+  const std::int64_t sizes[] = {32, 16, 8, 4}, in[] = {16, 32, 64, 64}, out[] = {32, 64, 64, 64};
+  for (int layer = 0; layer < 4; ++layer) {
+    const std::int64_t s = sizes[layer];
+    const ConvolutionGeometry g =
+        geometry_of({2, in[layer], out[layer], {s, s, s}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true});
+    const auto input = random_values(g.input_elements(), 1), grad_output = random_values(g.output_elements(), 2);
+    const auto weights = random_values(g.weight_elements(), 3), bias = random_values(g.out_channels, 4);
+    std::vector<float> output(grad_output.size()), grad_input(input.size());
+    onednn::Context context;
+    auto blocked = onednn::make_convolution_kernels(context, HostConvolutionLayout::Blocked, BackwardWeights3d::Automatic);
+    host::WinogradConvolution winograd;
+    double best[4] = {1e30, 1e30, 1e30, 1e30};
+    auto time = [](auto&& call) {
+      const auto start = std::chrono::steady_clock::now();
+      call();
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    };
+    for (int repeat = 0; repeat < 6; ++repeat) {
+      const double ms[4] = {
+          time([&] { blocked->forward(g, input.data(), weights.data(), bias.data(), output.data()); }),
+          time([&] { winograd.forward(g, input.data(), weights.data(), bias.data(), output.data()); }),
+          time([&] { blocked->backward_data(g, grad_output.data(), weights.data(), grad_input.data()); }),
+          time([&] { winograd.backward_data(g, grad_output.data(), weights.data(), grad_input.data()); })};
+      for (int i = 0; i < 4 && repeat > 0; ++i) best[i] = std::min(best[i], ms[i]);
+    }
+    std::printf("conv%d C=%lld F=%lld %lld^3: forward oneDNN %.2f ms, Winograd %.2f ms; backward-data oneDNN %.2f ms, "
+                "Winograd %.2f ms\n",
+                layer + 2, static_cast<long long>(g.in_channels), static_cast<long long>(g.out_channels),
+                static_cast<long long>(s), best[0], best[1], best[2], best[3]);
   }
   set_backend_threads(threads);
 }
