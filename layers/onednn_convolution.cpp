@@ -40,6 +40,11 @@ using dnnl::prop_kind;
 /// smallest layer at batch 1 has 7M).
 constexpr std::int64_t kDecomposeFromMultiplyAdds = std::int64_t{1} << 20;
 
+/// Automatic mode runs the Winograd kernels from this many 2 x 2 x 2 output tiles per call (at 16,
+/// CosmoFlow's conv5 at 4^3 and batch 2, they measured 1.7x slower than oneDNN, the weights'
+/// transform as long as the products; at 128, its conv4 at 8^3, 1.4x faster).
+constexpr std::int64_t kWinogradFromTiles = 128;
+
 /// floor(a / b) for b > 0.
 std::int64_t floor_div(std::int64_t a, std::int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
@@ -248,13 +253,16 @@ class OneDnnConvolution final : public ConvolutionKernels {
   }
 
   /// Whether Tessera's Winograd kernels run this convolution's forward and backward-data: where
-  /// they apply on a CPU with AVX-512 (where they measured faster), unless a test forced a layout
-  /// or a 3-D backward-weights mode.
+  /// they apply on a CPU with AVX-512 to at least kWinogradFromTiles tiles (where they measured
+  /// faster), unless a test forced a layout or a 3-D backward-weights mode.
   bool winograd(const ConvolutionGeometry& geometry) {
     static const bool avx512 = __builtin_cpu_supports("avx512f");
     if (!avx512 || layout_ != HostConvolutionLayout::Automatic || backward_weights_3d_ != BackwardWeights3d::Automatic ||
         !host::winograd_convolution_applies(geometry))
       return false;
+    std::int64_t tiles = geometry.batch;
+    for (auto extent : geometry.output_size) tiles *= (extent + 1) / 2;
+    if (tiles < kWinogradFromTiles) return false;
     if (winograd_recorded_.insert(geometry.without_activation()).second)
       context_.record("convolution forward and backward data " + geometry.without_activation().to_string(),
                       "tessera winograd F(2x2x2, 3x3x3) (plain layout)");
