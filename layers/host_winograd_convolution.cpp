@@ -309,13 +309,20 @@ void WinogradConvolution::run(const WinogradShape& s, const float* input, const 
   const std::int64_t ivol = s.in_volume(), P2 = s.padded[2], P12 = s.padded[1] * P2;
 #pragma omp parallel for schedule(static)
   for (std::int64_t plane = 0; plane < planes; ++plane) {
-    float* to = padded + plane * pvol;
-    std::memset(to, 0, static_cast<std::size_t>(pvol) * sizeof(float));
+    // Each padded row written once: zeros, or zeros around an input row.
     const float* from = input + plane * ivol;
-    for (std::int64_t z = 0; z < s.in[0]; ++z)
-      for (std::int64_t y = 0; y < s.in[1]; ++y)
-        std::memcpy(to + (z + s.pad[0]) * P12 + (y + s.pad[1]) * P2 + s.pad[2], from + (z * s.in[1] + y) * s.in[2],
-                    static_cast<std::size_t>(s.in[2]) * sizeof(float));
+    for (std::int64_t z = 0; z < s.padded[0]; ++z)
+      for (std::int64_t y = 0; y < s.padded[1]; ++y) {
+        float* row = padded + plane * pvol + z * P12 + y * P2;
+        const std::int64_t iz = z - s.pad[0], iy = y - s.pad[1];
+        if (iz < 0 || iz >= s.in[0] || iy < 0 || iy >= s.in[1]) {
+          std::memset(row, 0, static_cast<std::size_t>(P2) * sizeof(float));
+          continue;
+        }
+        std::memset(row, 0, static_cast<std::size_t>(s.pad[2]) * sizeof(float));
+        std::memcpy(row + s.pad[2], from + (iz * s.in[1] + iy) * s.in[2], static_cast<std::size_t>(s.in[2]) * sizeof(float));
+        std::memset(row + s.pad[2] + s.in[2], 0, static_cast<std::size_t>(P2 - s.pad[2] - s.in[2]) * sizeof(float));
+      }
   }
   const int threads = omp_get_max_threads();
   const std::int64_t block_floats = s.block_floats();
