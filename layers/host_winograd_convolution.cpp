@@ -22,6 +22,7 @@ namespace {
 constexpr std::int64_t kLanes = 16;   ///< tiles per block, one per lane
 constexpr std::int64_t kPoints = 64;  ///< transformed points of a tile (4 x 4 x 4)
 constexpr std::int64_t kGroup = 16;   ///< output channels summed at once
+constexpr std::int64_t kChunk = 16;  ///< blocks whose weight-gradient products are summed at once
 
 using Vec = float __attribute__((vector_size(64)));
 using Mask = int __attribute__((vector_size(64)));
@@ -36,9 +37,32 @@ constexpr Mask kOdds = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 3
 constexpr Mask kLow = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
 constexpr Mask kHigh = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 
+/// The 16 lane sums of 16 vectors, lane i holding v[i]'s: four rounds, each adding two vectors'
+/// halves of every group (16 groups of 1 lane, 8 of 2, 4 of 4, 2 of 8 at the end).
+[[gnu::always_inline]] inline void lane_sums(const Vec* v, Vec& sums) {
+  constexpr Mask kHalves0 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  constexpr Mask kHalves1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  constexpr Mask kQuarters0 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  constexpr Mask kQuarters1 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  constexpr Mask kPairs0 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  constexpr Mask kPairs1 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+  Vec r[8], q[4], w[2];
+  for (int i = 0; i < 8; ++i)
+    r[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], kHalves0) + __builtin_shuffle(v[2 * i], v[2 * i + 1], kHalves1);
+  for (int i = 0; i < 4; ++i)
+    q[i] = __builtin_shuffle(r[2 * i], r[2 * i + 1], kQuarters0) + __builtin_shuffle(r[2 * i], r[2 * i + 1], kQuarters1);
+  for (int i = 0; i < 2; ++i)
+    w[i] = __builtin_shuffle(q[2 * i], q[2 * i + 1], kPairs0) + __builtin_shuffle(q[2 * i], q[2 * i + 1], kPairs1);
+  sums = __builtin_shuffle(w[0], w[1], kEvens) + __builtin_shuffle(w[0], w[1], kOdds);
+}
+
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
+
+/// A stride of an odd number of vectors (cache lines): a power of 2 would put a tile's 64 points
+/// into the same few cache sets.
+std::int64_t odd(std::int64_t vectors) { return vectors | 1; }
 
 /// B^T d over 4 values at stride s.
 template <class T>
@@ -151,7 +175,7 @@ struct WinogradShape {
   std::int64_t tile_count() const { return batch * tiles[0] * tiles[1] * tiles[2]; }
   /// Floats of one block's buffers: transformed inputs [64][in channels] and sums
   /// [64][out channels], one vector each.
-  std::int64_t block_floats() const { return kPoints * (in_channels + round_up(out_channels, kGroup)) * kLanes; }
+  std::int64_t block_floats() const { return kPoints * (odd(in_channels) + odd(round_up(out_channels, kGroup))) * kLanes; }
 };
 
 namespace {
@@ -175,25 +199,24 @@ template <int G>
   for (int j = 0; j < G; ++j) m[j] = acc[j];
 }
 
-/// Blocks [begin, end) of a convolution: U [64][in][out] transformed weights, padded input.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void run_blocks(const Shape& s, const float* padded, const float* U, const float* bias, bool leaky, float slope,
-                float* output, float* buffer, std::int64_t begin, std::int64_t end) {
-  const std::int64_t C = s.in_channels, K = s.out_channels, KG = round_up(K, kGroup);
-  const std::int64_t T1 = s.tiles[1], T2 = s.tiles[2], T012 = s.tiles[0] * T1 * T2, total = s.tile_count();
-  const std::int64_t P2 = s.padded[2], P12 = s.padded[1] * P2, pvol = s.padded_volume();
-  const std::int64_t O1 = s.out[1], O2 = s.out[2], O12 = O1 * O2, ovol = s.out_volume();
-  Vec* V = reinterpret_cast<Vec*>(buffer);  // [64][C]
-  Vec* M = V + kPoints * C;                 // [64][KG]
-  for (std::int64_t block = begin; block < end; ++block) {
-    std::int64_t in_at[kLanes], out_at[kLanes], tx_of[kLanes];
-    unsigned valid[kLanes];
-    bool all_valid = true;
+/// Where a block's 16 tiles lie: each lane's window in the padded input and first output, which
+/// of its 8 outputs exist, and whether lanes 0-7 and 8-15 each run along one row of tiles (their
+/// windows are then two row loads, their outputs two row stores when all exist).
+struct Lanes {
+  std::int64_t in_at[kLanes], out_at[kLanes];
+  unsigned valid[kLanes];
+  bool two_rows, all_valid;
+
+  [[gnu::always_inline]] Lanes(const Shape& s, std::int64_t block) {
+    const std::int64_t T1 = s.tiles[1], T2 = s.tiles[2], T012 = s.tiles[0] * T1 * T2, total = s.tile_count();
+    const std::int64_t P2 = s.padded[2], P12 = s.padded[1] * P2, O1 = s.out[1], O2 = s.out[2];
+    std::int64_t tx_of[kLanes];
+    all_valid = true;
     for (std::int64_t l = 0; l < kLanes; ++l) {
       const std::int64_t index = block * kLanes + l, f = std::min(index, total - 1);
       const std::int64_t n = f / T012, tz = f % T012 / (T1 * T2), ty = f % (T1 * T2) / T2, tx = f % T2;
-      in_at[l] = n * C * pvol + 2 * tz * P12 + 2 * ty * P2 + 2 * tx;
-      out_at[l] = n * K * ovol + 2 * tz * O12 + 2 * ty * O2 + 2 * tx;
+      in_at[l] = n * s.in_channels * s.padded_volume() + 2 * tz * P12 + 2 * ty * P2 + 2 * tx;
+      out_at[l] = n * s.out_channels * s.out_volume() + 2 * tz * O1 * O2 + 2 * ty * O2 + 2 * tx;
       tx_of[l] = tx;
       unsigned bits = 0;
       if (index < total)
@@ -202,57 +225,81 @@ void run_blocks(const Shape& s, const float* padded, const float* U, const float
       valid[l] = bits;
       all_valid = all_valid && bits == 0xFFu;
     }
-    // Lanes 0-7 and 8-15 each run along one row of tiles: their windows are two row loads.
-    const bool two_rows = block * kLanes + kLanes <= total && tx_of[0] + 7 < T2 && tx_of[8] + 7 < T2 &&
-                          tx_of[7] == tx_of[0] + 7 && tx_of[15] == tx_of[8] + 7;
-    for (std::int64_t c = 0; c < C; ++c) {
-      const float* plane = padded + c * pvol;
-      Vec slab[kPoints];  // [z][y][x], transformed along x and y
-      for (int z = 0; z < 4; ++z) {
-        Vec* d = slab + z * 16;
-        if (two_rows) {
-          for (int r = 0; r < 4; ++r) {
-            const std::int64_t row = z * P12 + r * P2;
-            const float* a = plane + in_at[0] + row;
-            const float* b = plane + in_at[8] + row;
-            Vec a0, b0, a2, b2;
-            load(a0, a);
-            load(b0, b);
-            load(a2, a + 2);
-            load(b2, b + 2);
-            // Lanes 0-7 take a's elements, lanes 8-15 b's: only the first 16 of each matter.
-            d[r * 4] = __builtin_shuffle(a0, b0, kEvens);
-            d[r * 4 + 1] = __builtin_shuffle(a0, b0, kOdds);
-            d[r * 4 + 2] = __builtin_shuffle(a2, b2, kEvens);
-            d[r * 4 + 3] = __builtin_shuffle(a2, b2, kOdds);
-          }
-        } else {
-          for (int i = 0; i < 16; ++i) {
-            const std::int64_t at = z * P12 + i / 4 * P2 + i % 4;
-            for (int l = 0; l < kLanes; ++l) d[i][l] = plane[in_at[l] + at];
-          }
+    two_rows = block * kLanes + kLanes <= s.tile_count() && tx_of[7] == tx_of[0] + 7 && tx_of[15] == tx_of[8] + 7;
+  }
+  /// Offset of output (a, b, c) of a tile from its first.
+  static std::int64_t output_offset(const Shape& s, int abc) {
+    return abc / 4 * s.out[1] * s.out[2] + abc / 2 % 2 * s.out[2] + abc % 2;
+  }
+};
+
+/// The block's transformed input windows: V[p * point_stride + c * channel_stride] for point p and
+/// channel c.
+[[gnu::always_inline]] inline void transform_inputs(const Shape& s, const float* padded, const Lanes& lanes, Vec* V,
+                                                    std::int64_t point_stride, std::int64_t channel_stride) {
+  const std::int64_t P2 = s.padded[2], P12 = s.padded[1] * P2, pvol = s.padded_volume();
+  for (std::int64_t c = 0; c < s.in_channels; ++c) {
+    const float* plane = padded + c * pvol;
+    Vec slab[kPoints];  // [z][y][x], transformed along x and y
+    for (int z = 0; z < 4; ++z) {
+      Vec* d = slab + z * 16;
+      if (lanes.two_rows) {
+        for (int r = 0; r < 4; ++r) {
+          const std::int64_t row = z * P12 + r * P2;
+          const float* a = plane + lanes.in_at[0] + row;
+          const float* b = plane + lanes.in_at[8] + row;
+          Vec a0, b0, a2, b2;
+          load(a0, a);
+          load(b0, b);
+          load(a2, a + 2);
+          load(b2, b + 2);
+          // Lanes 0-7 take a's elements, lanes 8-15 b's: only the first 16 of each matter.
+          d[r * 4] = __builtin_shuffle(a0, b0, kEvens);
+          d[r * 4 + 1] = __builtin_shuffle(a0, b0, kOdds);
+          d[r * 4 + 2] = __builtin_shuffle(a2, b2, kEvens);
+          d[r * 4 + 3] = __builtin_shuffle(a2, b2, kOdds);
         }
-        for (int r = 0; r < 4; ++r) input_transform_1d(d + r * 4, 1);
-        for (int x = 0; x < 4; ++x) input_transform_1d(d + x, 4);
+      } else {
+        for (int i = 0; i < 16; ++i) {
+          const std::int64_t at = z * P12 + i / 4 * P2 + i % 4;
+          for (int l = 0; l < kLanes; ++l) d[i][l] = plane[lanes.in_at[l] + at];
+        }
       }
-      for (int yx = 0; yx < 16; ++yx) {  // along z, into the block's [point][channel] vectors
-        const Vec d0 = slab[yx], d1 = slab[16 + yx], d2 = slab[32 + yx], d3 = slab[48 + yx];
-        V[yx * C + c] = d0 - d2;
-        V[(16 + yx) * C + c] = d1 + d2;
-        V[(32 + yx) * C + c] = d2 - d1;
-        V[(48 + yx) * C + c] = d1 - d3;
-      }
+      for (int r = 0; r < 4; ++r) input_transform_1d(d + r * 4, 1);
+      for (int x = 0; x < 4; ++x) input_transform_1d(d + x, 4);
     }
+    Vec* v = V + c * channel_stride;
+    for (int yx = 0; yx < 16; ++yx) {  // along z
+      const Vec d0 = slab[yx], d1 = slab[16 + yx], d2 = slab[32 + yx], d3 = slab[48 + yx];
+      v[yx * point_stride] = d0 - d2;
+      v[(16 + yx) * point_stride] = d1 + d2;
+      v[(32 + yx) * point_stride] = d2 - d1;
+      v[(48 + yx) * point_stride] = d1 - d3;
+    }
+  }
+}
+
+/// Blocks [begin, end) of a convolution: U [64][in][out] transformed weights, padded input.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void run_blocks(const Shape& s, const float* padded, const float* U, const float* bias, bool leaky, float slope,
+                float* output, float* buffer, std::int64_t begin, std::int64_t end) {
+  const std::int64_t C = s.in_channels, K = s.out_channels, VS = odd(C), MS = odd(round_up(K, kGroup));
+  const std::int64_t O2 = s.out[2], O12 = s.out[1] * O2, ovol = s.out_volume();
+  Vec* V = reinterpret_cast<Vec*>(buffer);  // [64][C], points VS apart
+  Vec* M = V + kPoints * VS;                // [64][K], points MS apart
+  for (std::int64_t block = begin; block < end; ++block) {
+    const Lanes lanes(s, block);
+    transform_inputs(s, padded, lanes, V, VS, 1);
     for (int p = 0; p < kPoints; ++p) {
       const float* u = U + p * C * K;
       std::int64_t k = 0;
-      for (; k + kGroup <= K; k += kGroup) point_sums<kGroup>(V + p * C, u + k, C, K, M + p * KG + k);
-      for (; k + 4 <= K; k += 4) point_sums<4>(V + p * C, u + k, C, K, M + p * KG + k);
-      for (; k < K; ++k) point_sums<1>(V + p * C, u + k, C, K, M + p * KG + k);
+      for (; k + kGroup <= K; k += kGroup) point_sums<kGroup>(V + p * VS, u + k, C, K, M + p * MS + k);
+      for (; k + 4 <= K; k += 4) point_sums<4>(V + p * VS, u + k, C, K, M + p * MS + k);
+      for (; k < K; ++k) point_sums<1>(V + p * VS, u + k, C, K, M + p * MS + k);
     }
     for (std::int64_t k = 0; k < K; ++k) {
       Vec y[8];
-      output_transform(M + k, KG, y);
+      output_transform(M + k, MS, y);
       const float b = bias ? bias[k] : 0.0f;
       for (int i = 0; i < 8; ++i) {
         Vec v = y[i] + b;
@@ -264,19 +311,111 @@ void run_blocks(const Shape& s, const float* padded, const float* U, const float
         y[i] = v;
       }
       float* out = output + k * ovol;
-      if (two_rows && all_valid) {
+      if (lanes.two_rows && lanes.all_valid) {
         for (int ab = 0; ab < 4; ++ab) {
           const std::int64_t row = ab / 2 * O12 + ab % 2 * O2;
-          store(out + out_at[0] + row, __builtin_shuffle(y[ab * 2], y[ab * 2 + 1], kLow));
-          // Lanes 8-15 write after lanes 0-7: where both lie in one row, b's vector starts 16 later.
-          Vec high = __builtin_shuffle(y[ab * 2], y[ab * 2 + 1], kHigh);
-          store(out + out_at[8] + row, high);
+          store(out + lanes.out_at[0] + row, __builtin_shuffle(y[ab * 2], y[ab * 2 + 1], kLow));
+          store(out + lanes.out_at[8] + row, __builtin_shuffle(y[ab * 2], y[ab * 2 + 1], kHigh));
         }
       } else {
         for (int l = 0; l < kLanes; ++l)
           for (int abc = 0; abc < 8; ++abc)
-            if (valid[l] >> abc & 1u) out[out_at[l] + abc / 4 * O12 + abc / 2 % 2 * O2 + abc % 2] = y[abc][l];
+            if (lanes.valid[l] >> abc & 1u) out[lanes.out_at[l] + Lanes::output_offset(s, abc)] = y[abc][l];
       }
+    }
+  }
+}
+
+/// The weights' gradient of blocks [begin, end), in chunks of up to kChunk blocks: per chunk the
+/// transformed inputs Vc [64][C][chunk] and output gradients Gc [64][K][chunk] (A dY A^T), then
+/// per point the lanes' products summed over the chunk, 4 x 4 (channel, filter) pairs at a time,
+/// their lanes added up and the sums added to S [64][C][K].
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void weight_gradient_blocks(const Shape& s, const float* padded, const float* grad_output, float* buffer,
+                            std::int64_t begin, std::int64_t end) {
+  const std::int64_t C = s.in_channels, K = s.out_channels, ovol = s.out_volume();
+  const std::int64_t O2 = s.out[2], O12 = s.out[1] * O2, VcS = odd(C * kChunk), GcS = odd(K * kChunk);
+  float* S = buffer;
+  Vec* Vc = reinterpret_cast<Vec*>(buffer + round_up(kPoints * C * K, kLanes));
+  Vec* Gc = Vc + kPoints * VcS;
+  std::fill(S, S + kPoints * C * K, 0.0f);
+  for (std::int64_t first = begin; first < end; first += kChunk) {
+    const std::int64_t count = std::min(kChunk, end - first);
+    for (std::int64_t j = 0; j < count; ++j) {
+      const Lanes lanes(s, first + j);
+      transform_inputs(s, padded, lanes, Vc + j, VcS, kChunk);
+      for (std::int64_t k = 0; k < K; ++k) {
+        const float* dy = grad_output + k * ovol;
+        Vec y[8];  // [a][b][c]
+        if (lanes.two_rows && lanes.all_valid) {
+          for (int ab = 0; ab < 4; ++ab) {
+            const std::int64_t row = ab / 2 * O12 + ab % 2 * O2;
+            Vec lo, hi;
+            load(lo, dy + lanes.out_at[0] + row);
+            load(hi, dy + lanes.out_at[8] + row);
+            y[ab * 2] = __builtin_shuffle(lo, hi, kEvens);
+            y[ab * 2 + 1] = __builtin_shuffle(lo, hi, kOdds);
+          }
+        } else {
+          for (int abc = 0; abc < 8; ++abc) {
+            y[abc] = Vec{};
+            for (int l = 0; l < kLanes; ++l)
+              if (lanes.valid[l] >> abc & 1u) y[abc][l] = dy[lanes.out_at[l] + Lanes::output_offset(s, abc)];
+          }
+        }
+        // A dY A^T along each axis: (y0, y1) -> (y0, y0 + y1, y0 - y1, -y1).
+        Vec zc[4][4];  // [z point][b c] after the z axis
+        for (int bc = 0; bc < 4; ++bc) {
+          const Vec y0 = y[bc], y1 = y[4 + bc];
+          zc[0][bc] = y0, zc[1][bc] = y0 + y1, zc[2][bc] = y0 - y1, zc[3][bc] = -y1;
+        }
+        Vec* g = Gc + k * kChunk + j;
+        for (int z = 0; z < 4; ++z) {
+          Vec yc[4][2];  // [y point][c]
+          for (int c = 0; c < 2; ++c) {
+            const Vec y0 = zc[z][c], y1 = zc[z][2 + c];
+            yc[0][c] = y0, yc[1][c] = y0 + y1, yc[2][c] = y0 - y1, yc[3][c] = -y1;
+          }
+          for (int r = 0; r < 4; ++r) {
+            const Vec y0 = yc[r][0], y1 = yc[r][1];
+            const std::int64_t p = z * 16 + r * 4;
+            g[p * GcS] = y0;
+            g[(p + 1) * GcS] = y0 + y1;
+            g[(p + 2) * GcS] = y0 - y1;
+            g[(p + 3) * GcS] = -y1;
+          }
+        }
+      }
+    }
+    for (int p = 0; p < kPoints; ++p) {
+      const Vec* v = Vc + p * VcS;
+      const Vec* g = Gc + p * GcS;
+      float* sums = S + p * C * K;
+      for (std::int64_t c0 = 0; c0 < C; c0 += 4)
+        for (std::int64_t k0 = 0; k0 < K; k0 += 4) {
+          const int cn = static_cast<int>(std::min<std::int64_t>(4, C - c0));
+          const int kn = static_cast<int>(std::min<std::int64_t>(4, K - k0));
+          Vec acc[16] = {};  // [channel][filter]
+          if (cn == 4 && kn == 4) {
+            for (std::int64_t j = 0; j < count; ++j) {
+              const Vec x0 = v[c0 * kChunk + j], x1 = v[(c0 + 1) * kChunk + j], x2 = v[(c0 + 2) * kChunk + j],
+                        x3 = v[(c0 + 3) * kChunk + j];
+#pragma GCC unroll 4
+              for (int b = 0; b < 4; ++b) {
+                const Vec w = g[(k0 + b) * kChunk + j];
+                acc[b] += x0 * w, acc[4 + b] += x1 * w, acc[8 + b] += x2 * w, acc[12 + b] += x3 * w;
+              }
+            }
+          } else {
+            for (std::int64_t j = 0; j < count; ++j)
+              for (int a = 0; a < cn; ++a)
+                for (int b = 0; b < kn; ++b) acc[a * 4 + b] += v[(c0 + a) * kChunk + j] * g[(k0 + b) * kChunk + j];
+          }
+          Vec total;
+          lane_sums(acc, total);
+          for (int a = 0; a < cn; ++a)
+            for (int b = 0; b < kn; ++b) sums[(c0 + a) * K + k0 + b] += total[a * 4 + b];
+        }
     }
   }
 }
@@ -295,17 +434,20 @@ bool winograd_convolution_applies(const ConvolutionGeometry& g) {
   return true;
 }
 
-void WinogradConvolution::run(const WinogradShape& s, const float* input, const float* bias, bool leaky, float slope,
-                              float* output) {
-  // The input with its padding written out, each tile's window inside.
-  const std::int64_t planes = s.batch * s.in_channels, pvol = s.padded_volume();
-  if (planes * pvol > padded_capacity_) {
-    padded_.reset(static_cast<float*>(std::aligned_alloc(64, static_cast<std::size_t>(round_up(planes * pvol, 16)) *
-                                                                 sizeof(float))));
-    if (!padded_) throw std::bad_alloc();
-    padded_capacity_ = planes * pvol;
+/// A buffer of at least `floats` floats, 64-byte aligned, kept for later calls.
+float* WinogradConvolution::buffer(std::unique_ptr<float[], AlignedFree>& kept, std::int64_t& capacity,
+                                   std::int64_t floats) {
+  if (floats > capacity) {
+    kept.reset(static_cast<float*>(std::aligned_alloc(64, static_cast<std::size_t>(round_up(floats, 16)) * sizeof(float))));
+    if (!kept) throw std::bad_alloc();
+    capacity = floats;
   }
-  float* padded = padded_.get();
+  return kept.get();
+}
+
+const float* WinogradConvolution::pad(const WinogradShape& s, const float* input) {
+  const std::int64_t planes = s.batch * s.in_channels, pvol = s.padded_volume();
+  float* padded = buffer(padded_, padded_capacity_, planes * pvol);
   const std::int64_t ivol = s.in_volume(), P2 = s.padded[2], P12 = s.padded[1] * P2;
 #pragma omp parallel for schedule(static)
   for (std::int64_t plane = 0; plane < planes; ++plane) {
@@ -324,17 +466,17 @@ void WinogradConvolution::run(const WinogradShape& s, const float* input, const 
         std::memset(row + s.pad[2] + s.in[2], 0, static_cast<std::size_t>(P2 - s.pad[2] - s.in[2]) * sizeof(float));
       }
   }
+  return padded;
+}
+
+void WinogradConvolution::run(const WinogradShape& s, const float* input, const float* bias, bool leaky, float slope,
+                              float* output) {
+  const float* padded = pad(s, input);
   const int threads = omp_get_max_threads();
   const std::int64_t block_floats = s.block_floats();
-  if (threads * block_floats > blocks_capacity_) {
-    blocks_.reset(static_cast<float*>(std::aligned_alloc(64, static_cast<std::size_t>(threads * block_floats) *
-                                                                 sizeof(float))));
-    if (!blocks_) throw std::bad_alloc();
-    blocks_capacity_ = threads * block_floats;
-  }
+  float* buffers = buffer(blocks_, blocks_capacity_, threads * block_floats);
   const std::int64_t blocks = (s.tile_count() + kLanes - 1) / kLanes;
   const float* U = transformed_.data();
-  float* buffers = blocks_.get();
 #pragma omp parallel num_threads(threads)
   {
     const std::int64_t count = omp_get_num_threads(), thread = omp_get_thread_num();
@@ -364,6 +506,62 @@ void WinogradConvolution::backward_data(const ConvolutionGeometry& geometry, con
   transformed_.resize(static_cast<std::size_t>(kPoints * C * K));
   transform_weights(weights, K, C, true, transformed_.data());
   run(s, grad_output, nullptr, false, 0.0f, grad_input);
+}
+
+void WinogradConvolution::backward_weights(const ConvolutionGeometry& geometry, const float* input,
+                                           const float* grad_output, float* grad_weights, float* grad_bias) {
+  TESSERA_CHECK(winograd_convolution_applies(geometry), "Winograd convolution kernels asked for {}",
+                geometry.to_string());
+  const std::int64_t C = geometry.in_channels, K = geometry.out_channels;
+  const WinogradShape s(geometry.batch, C, K, geometry.input_size, geometry.padding.data());
+  const float* padded = pad(s, input);
+  const int threads = omp_get_max_threads();
+  const std::int64_t sums = kPoints * C * K;
+  const std::int64_t thread_floats = round_up(sums, kLanes) + kPoints * (odd(C * kChunk) + odd(K * kChunk)) * kLanes;
+  float* buffers = buffer(blocks_, blocks_capacity_, threads * thread_floats);
+  const std::int64_t blocks = (s.tile_count() + kLanes - 1) / kLanes;
+#pragma omp parallel num_threads(threads)
+  {
+    const std::int64_t count = omp_get_num_threads(), thread = omp_get_thread_num();
+    weight_gradient_blocks(s, padded, grad_output, buffers + thread * thread_floats, blocks * thread / count,
+                           blocks * (thread + 1) / count);
+  }
+  // dU: each point's sums over threads, in double; then dW = G^T dU G along each axis.
+  std::vector<double>& dU = sums_;
+  dU.assign(static_cast<std::size_t>(sums), 0.0);
+  for (int t = 0; t < threads; ++t) {
+    const float* S = buffers + t * thread_floats;
+    for (std::int64_t i = 0; i < sums; ++i) dU[static_cast<std::size_t>(i)] += S[i];
+  }
+  auto back = [](double u0, double u1, double u2, double u3, double* r, int stride) {
+    r[0] = u0 + (u1 + u2) / 2;
+    r[stride] = (u1 - u2) / 2;
+    r[2 * stride] = (u1 + u2) / 2 + u3;
+  };
+  for (std::int64_t k = 0; k < K; ++k)
+    for (std::int64_t c = 0; c < C; ++c) {
+      double u[kPoints], x[48], y[36], w[27];  // [z][y][x] points; x: [4][4][3]; y: [4][3][3]; w: [3][3][3]
+      for (int p = 0; p < kPoints; ++p) u[p] = dU[static_cast<std::size_t>((p * C + c) * K + k)];
+      for (int zy = 0; zy < 16; ++zy) back(u[zy * 4], u[zy * 4 + 1], u[zy * 4 + 2], u[zy * 4 + 3], x + zy * 3, 1);
+      for (int z = 0; z < 4; ++z)
+        for (int i = 0; i < 3; ++i) {
+          const double* col = x + z * 12 + i;
+          back(col[0], col[3], col[6], col[9], y + z * 9 + i, 3);
+        }
+      for (int yx = 0; yx < 9; ++yx) back(y[yx], y[9 + yx], y[18 + yx], y[27 + yx], w + yx, 9);
+      for (int r = 0; r < 27; ++r) grad_weights[(k * C + c) * 27 + r] = static_cast<float>(w[r]);
+    }
+  if (geometry.bias) {
+    const std::int64_t ovol = s.out_volume();
+    for (std::int64_t k = 0; k < K; ++k) {
+      double sum = 0;
+      for (std::int64_t n = 0; n < s.batch; ++n) {
+        const float* dy = grad_output + (n * K + k) * ovol;
+        for (std::int64_t i = 0; i < ovol; ++i) sum += dy[i];
+      }
+      grad_bias[k] = static_cast<float>(sum);
+    }
+  }
 }
 
 }  // namespace tessera::host

@@ -1,7 +1,8 @@
 #pragma once
 // 3 x 3 x 3 convolutions at stride 1 computed by Winograd's minimal filtering F(2x2x2, 3x3x3) on
-// Tessera's plain layout, forward and backward-data, on the host's threads: 8 multiplications per
-// output and channel pair instead of 27 (docs/benchmarks.md measures what it saves).
+// Tessera's plain layout, forward, backward-data and backward-weights, on the host's threads: 8
+// multiplications per output and channel pair instead of 27 (docs/benchmarks.md measures what it
+// saves).
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -27,18 +28,27 @@ class WinogradConvolution {
   /// grad_input = the convolution of grad_output with the flipped, transposed weights.
   void backward_data(const ConvolutionGeometry& geometry, const float* grad_output, const float* weights,
                      float* grad_input);
+  /// Overwrites grad_weights, and grad_bias when the geometry has a bias. Each thread sums its
+  /// tiles' products in fp32, per chunk of 512 tiles in 16 lanes, then the lanes across chunks;
+  /// the threads' sums are added in double.
+  void backward_weights(const ConvolutionGeometry& geometry, const float* input, const float* grad_output,
+                        float* grad_weights, float* grad_bias);
 
  private:
-  void run(const WinogradShape& shape, const float* input, const float* bias, bool leaky, float slope, float* output);
-
   struct AlignedFree {
     void operator()(float* p) const;
   };
+  static float* buffer(std::unique_ptr<float[], AlignedFree>& kept, std::int64_t& capacity, std::int64_t floats);
+  /// The input with its padding written out as zeros, every tile's window inside.
+  const float* pad(const WinogradShape& shape, const float* input);
+  void run(const WinogradShape& shape, const float* input, const float* bias, bool leaky, float slope, float* output);
+
   std::unique_ptr<float[], AlignedFree> padded_;  ///< the input with its padding written out as zeros
   std::int64_t padded_capacity_ = 0;
   std::vector<float> transformed_;  ///< the weights, transformed: [64 points][in channels][out channels]
-  std::unique_ptr<float[], AlignedFree> blocks_;  ///< per thread: one block's transformed inputs and products
+  std::unique_ptr<float[], AlignedFree> blocks_;  ///< per thread: the blocks' transformed operands and sums
   std::int64_t blocks_capacity_ = 0;
+  std::vector<double> sums_;  ///< backward-weights: the threads' sums per point, channel and filter
 };
 
 }  // namespace tessera::host

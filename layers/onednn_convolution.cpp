@@ -19,6 +19,8 @@
 // 1.3-2x faster than the gemm, copies included. The 2-D jit kernels sum in fp32 in a longer
 // sequence than the gemm: against a double-precision sum their error was up to ~10x the gemm's
 // (2e-5 relative with strong cancellation over 131k terms): the accuracy of the 2-D layers.
+#include <omp.h>
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -44,6 +46,10 @@ constexpr std::int64_t kDecomposeFromMultiplyAdds = std::int64_t{1} << 20;
 /// CosmoFlow's conv5 at 4^3 and batch 2, they measured 1.7x slower than oneDNN, the weights'
 /// transform as long as the products; at 128, its conv4 at 8^3, 1.4x faster).
 constexpr std::int64_t kWinogradFromTiles = 128;
+/// ... and their backward-weights from this many tiles per thread (CosmoFlow's conv3 at 16^3 and
+/// batch 2, 1 024 tiles: 1.3x faster than oneDNN; its conv4 at 8^3, 128 tiles: 1.9x slower, the
+/// lanes' sums and the weights' transforms as long as the products).
+constexpr std::int64_t kWinogradWeightsFromTiles = 1024;
 
 /// floor(a / b) for b > 0.
 std::int64_t floor_div(std::int64_t a, std::int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
@@ -188,6 +194,8 @@ class OneDnnConvolution final : public ConvolutionKernels {
   void backward_weights(const ConvolutionGeometry& geometry, const float* input, const float* grad_output,
                         float* grad_weights, float* grad_bias) override {
     if (direct(geometry)) return direct_.backward_weights(geometry, input, grad_output, grad_weights, grad_bias);
+    if (winograd_weights(geometry))
+      return winograd_.backward_weights(geometry, input, grad_output, grad_weights, grad_bias);
     ConvolutionPlan& plan = backward_plan_for(geometry);
     if (plan.decomposed) {
       run_decomposed(*plan.decomposed, geometry, input, grad_output, grad_weights, grad_bias);
@@ -214,8 +222,13 @@ class OneDnnConvolution final : public ConvolutionKernels {
       direct_.backward_weights(geometry, input, grad_output, grad_weights, grad_bias);
       return;
     }
+    if (winograd(geometry)) {
+      if (grad_input) winograd_.backward_data(geometry, grad_output, weights, grad_input);
+      backward_weights(geometry, input, grad_output, grad_weights, grad_bias);
+      return;
+    }
     ConvolutionPlan& plan = backward_plan_for(geometry);
-    if (!grad_input || !plan.shared_grad_output || plan.decomposed || winograd(geometry)) {
+    if (!grad_input || !plan.shared_grad_output || plan.decomposed) {
       ConvolutionKernels::backward(geometry, input, grad_output, weights, grad_input, grad_weights, grad_bias);
       return;
     }
@@ -260,13 +273,27 @@ class OneDnnConvolution final : public ConvolutionKernels {
     if (!avx512 || layout_ != HostConvolutionLayout::Automatic || backward_weights_3d_ != BackwardWeights3d::Automatic ||
         !host::winograd_convolution_applies(geometry))
       return false;
-    std::int64_t tiles = geometry.batch;
-    for (auto extent : geometry.output_size) tiles *= (extent + 1) / 2;
-    if (tiles < kWinogradFromTiles) return false;
+    if (tiles(geometry) < kWinogradFromTiles) return false;
     if (winograd_recorded_.insert(geometry.without_activation()).second)
       context_.record("convolution forward and backward data " + geometry.without_activation().to_string(),
                       "tessera winograd F(2x2x2, 3x3x3) (plain layout)");
     return true;
+  }
+
+  /// Whether they also run its backward-weights: from kWinogradWeightsFromTiles tiles per thread.
+  bool winograd_weights(const ConvolutionGeometry& geometry) {
+    if (!winograd(geometry) || tiles(geometry) < kWinogradWeightsFromTiles * omp_get_max_threads()) return false;
+    if (winograd_weights_recorded_.insert(geometry.without_activation()).second)
+      context_.record("convolution backward weights " + geometry.without_activation().to_string(),
+                      "tessera winograd F(2x2x2, 3x3x3) (plain layout)");
+    return true;
+  }
+
+  /// The 2 x 2 x 2 output tiles of a 3-D convolution.
+  static std::int64_t tiles(const ConvolutionGeometry& geometry) {
+    std::int64_t count = geometry.batch;
+    for (auto extent : geometry.output_size) count *= (extent + 1) / 2;
+    return count;
   }
 
   bool blocked_for(const ConvolutionGeometry& geometry) const {
@@ -644,7 +671,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
   host::DirectConvolution direct_;
   std::set<ConvolutionGeometry> direct_recorded_;
   host::WinogradConvolution winograd_;
-  std::set<ConvolutionGeometry> winograd_recorded_;
+  std::set<ConvolutionGeometry> winograd_recorded_, winograd_weights_recorded_;
 };
 
 }  // namespace

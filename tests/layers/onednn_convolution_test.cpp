@@ -334,11 +334,20 @@ TEST(WinogradConvolution, MatchesADoublePrecisionLoop) {
         set_backend_threads(thread_count);
         host::WinogradConvolution kernels;
         std::vector<float> output(expected.output.size(), 123.0f), grad_input(expected.grad_input.size(), 123.0f);
+        std::vector<float> grad_weights(expected.grad_weights.size(), 123.0f), grad_bias(expected.grad_bias.size(), 123.0f);
         kernels.forward(g, input.data(), weights.data(), bias.data(), output.data());
         kernels.backward_data(g, grad_output.data(), weights.data(), grad_input.data());
-        // Winograd's transforms add rounding: measured up to 3e-7 of the largest value here (fp32 sums: 1e-7).
+        kernels.backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data());
+        // Winograd's transforms add rounding: measured up to 3e-7 of the largest value here, in all
+        // three passes (fp32 sums: 1e-7).
         EXPECT_LT(relative_difference(output, expected.output), 2e-6);
         EXPECT_LT(relative_difference(grad_input, expected.grad_input), 2e-6);
+        EXPECT_LT(relative_difference(grad_weights, expected.grad_weights), 2e-6);
+        if (g.bias) {
+          EXPECT_LT(relative_difference(grad_bias, expected.grad_bias), 1e-6);
+        } else {
+          EXPECT_EQ(grad_bias, std::vector<float>(grad_bias.size(), 123.0f));  // untouched
+        }
       }
     }
   }
@@ -346,19 +355,28 @@ TEST(WinogradConvolution, MatchesADoublePrecisionLoop) {
 }
 
 TEST(WinogradConvolution, TheBackendRunsItWhereItAppliesOnAvx512) {
-  // 8^3 tiles of 2 x 2 x 2 outputs take the Winograd kernels on AVX-512; 3^3 are too few.
-  for (std::int64_t extent : {16, 6}) {
+  // On AVX-512: 3^3 tiles of 2 x 2 x 2 outputs are too few; 8^3 take the Winograd forward and
+  // backward-data; 16^3 (2 048 or more per thread) its backward-weights too.
+  const int threads = backend_threads();
+  set_backend_threads(2);
+  for (std::int64_t extent : {6, 16, 32}) {
     ConvolutionGeometry g = geometry_of({1, 16, 16, {extent, extent, extent}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true});
     onednn::Context context;
     auto kernels = onednn::make_convolution_kernels(context, HostConvolutionLayout::Automatic, BackwardWeights3d::Automatic);
     const auto input = random_values(g.input_elements(), 1), weights = random_values(g.weight_elements(), 2);
-    const auto bias = random_values(g.out_channels, 3);
-    std::vector<float> output(static_cast<std::size_t>(g.output_elements()));
+    const auto bias = random_values(g.out_channels, 3), grad_output = random_values(g.output_elements(), 4);
+    std::vector<float> output(grad_output.size()), grad_input(input.size()), grad_weights(weights.size()), grad_bias(bias.size());
     kernels->forward(g, input.data(), weights.data(), bias.data(), output.data());
+    kernels->backward(g, input.data(), grad_output.data(), weights.data(), grad_input.data(), grad_weights.data(),
+                      grad_bias.data());
     ASSERT_FALSE(context.implementations.empty());
+    const bool avx512 = __builtin_cpu_supports("avx512f");
     const bool winograd = context.implementations.front().find("tessera winograd") != std::string::npos;
-    EXPECT_EQ(winograd, extent == 16 && __builtin_cpu_supports("avx512f")) << context.implementations.front();
+    EXPECT_EQ(winograd, extent >= 16 && avx512) << context.implementations.front();
+    const std::string weights_by = weights_line(context.implementations);
+    EXPECT_EQ(weights_by.find("tessera winograd") != std::string::npos, extent == 32 && avx512) << weights_by;
   }
+  set_backend_threads(threads);
   for (auto change : {0, 1, 2, 3, 4}) {
     ConvolutionGeometry other = geometry_of({1, change == 0 ? 4 : 16, 16, {6, 6, 6}, {3, 3, change == 1 ? 5 : 3},
                                               {1, change == 2 ? 2 : 1, 1}, {1, 1, change == 4 ? 3 : 1}, {change == 3 ? 2 : 1, 1, 1}, true});
@@ -413,7 +431,7 @@ TEST(OneDnnConvolution3d, DISABLED_BenchmarkCosmoFlowBackwardWeights) {
   set_backend_threads(threads);
 }
 
-/// Not a check: times forward and backward-data of CosmoFlow's convolutions 2-5 (batch 2, one
+/// Not a check: times the three passes of CosmoFlow's convolutions 2-5 (batch 2, one
 /// thread, as bench_train runs at 2 ranks), oneDNN's blocked kernels (with their reorders) against
 /// the Winograd kernels, interleaved; prints the fastest of several runs. Run with
 /// --gtest_also_run_disabled_tests.
@@ -431,24 +449,27 @@ TEST(WinogradConvolution, DISABLED_BenchmarkCosmoFlow) {
     onednn::Context context;
     auto blocked = onednn::make_convolution_kernels(context, HostConvolutionLayout::Blocked, BackwardWeights3d::Automatic);
     host::WinogradConvolution winograd;
-    double best[4] = {1e30, 1e30, 1e30, 1e30};
+    std::vector<float> grad_weights(static_cast<std::size_t>(g.weight_elements())), grad_bias(64);
+    double best[6] = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30};
     auto time = [](auto&& call) {
       const auto start = std::chrono::steady_clock::now();
       call();
       return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     };
     for (int repeat = 0; repeat < 6; ++repeat) {
-      const double ms[4] = {
+      const double ms[6] = {
           time([&] { blocked->forward(g, input.data(), weights.data(), bias.data(), output.data()); }),
           time([&] { winograd.forward(g, input.data(), weights.data(), bias.data(), output.data()); }),
           time([&] { blocked->backward_data(g, grad_output.data(), weights.data(), grad_input.data()); }),
-          time([&] { winograd.backward_data(g, grad_output.data(), weights.data(), grad_input.data()); })};
-      for (int i = 0; i < 4 && repeat > 0; ++i) best[i] = std::min(best[i], ms[i]);
+          time([&] { winograd.backward_data(g, grad_output.data(), weights.data(), grad_input.data()); }),
+          time([&] { blocked->backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data()); }),
+          time([&] { winograd.backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data()); })};
+      for (int i = 0; i < 6 && repeat > 0; ++i) best[i] = std::min(best[i], ms[i]);
     }
-    std::printf("conv%d C=%lld F=%lld %lld^3: forward oneDNN %.2f ms, Winograd %.2f ms; backward-data oneDNN %.2f ms, "
-                "Winograd %.2f ms\n",
+    std::printf("conv%d C=%lld F=%lld %lld^3, ms oneDNN / Winograd: forward %.2f / %.2f, backward-data %.2f / %.2f, "
+                "backward-weights %.2f / %.2f\n",
                 layer + 2, static_cast<long long>(g.in_channels), static_cast<long long>(g.out_channels),
-                static_cast<long long>(s), best[0], best[1], best[2], best[3]);
+                static_cast<long long>(s), best[0], best[1], best[2], best[3], best[4], best[5]);
   }
   set_backend_threads(threads);
 }
