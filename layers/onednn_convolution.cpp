@@ -22,6 +22,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -265,12 +266,18 @@ class OneDnnConvolution final : public ConvolutionKernels {
     return true;
   }
 
+  /// On a CPU with AVX-512, unless TESSERA_WINOGRAD=0 turns the Winograd kernels off.
+  static bool winograd_available() {
+    const char* setting = std::getenv("TESSERA_WINOGRAD");
+    return __builtin_cpu_supports("avx512f") && !(setting && std::string(setting) == "0");
+  }
+
   /// Whether Tessera's Winograd kernels run this convolution's forward and backward-data: where
   /// they apply on a CPU with AVX-512 to at least kWinogradFromTiles tiles (where they measured
   /// faster), unless a test forced a layout or a 3-D backward-weights mode.
   bool winograd(const ConvolutionGeometry& geometry) {
-    static const bool avx512 = __builtin_cpu_supports("avx512f");
-    if (!avx512 || layout_ != HostConvolutionLayout::Automatic || backward_weights_3d_ != BackwardWeights3d::Automatic ||
+    static const bool available = winograd_available();
+    if (!available || layout_ != HostConvolutionLayout::Automatic || backward_weights_3d_ != BackwardWeights3d::Automatic ||
         !host::winograd_convolution_applies(geometry))
       return false;
     if (tiles(geometry) < kWinogradFromTiles) return false;

@@ -269,6 +269,7 @@ enum class HostConvolutionLayout {
   /// forward and backward-data on Tessera's Winograd kernels (plain layout) where a call has 128 or
   /// more 2 x 2 x 2 output tiles: 1.4-2x faster than oneDNN's direct blocked kernels on
   /// CosmoFlow's layers (docs/benchmarks.md); rounding within ~3e-7 of the largest output.
+  /// Their backward-weights from 1 024 tiles per thread. TESSERA_WINOGRAD=0 turns them off.
   Automatic,
   /// The library picks blocked layouts; cached reorders convert at the call boundary.
   Blocked,
