@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -35,7 +36,9 @@ parser.add_argument("--steps", type=int, default=1200)
 args = parser.parse_args()
 
 env = slurm_env(args.env)
-os.makedirs(args.workdir, exist_ok=True)
+# A fresh folder: an earlier run's final checkpoints would make the job resume with nothing to train.
+shutil.rmtree(args.workdir, ignore_errors=True)
+os.makedirs(args.workdir)
 name = "tessera-heal"
 
 
