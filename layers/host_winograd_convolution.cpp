@@ -31,29 +31,39 @@ using Mask = int __attribute__((vector_size(64)));
 [[gnu::always_inline]] inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }
 [[gnu::always_inline]] inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
 
-// Lane selections: the even and odd elements of two vectors, and two vectors interleaved.
-constexpr Mask kEvens = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-constexpr Mask kOdds = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-constexpr Mask kLow = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
-constexpr Mask kHigh = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+// Lane selections of two vectors a, b (GCC and Clang both build __builtin_shufflevector).
+/// The even elements of a then b, and the odd ones.
+[[gnu::always_inline]] inline void evens(const Vec& a, const Vec& b, Vec& out) {
+  out = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+}
+[[gnu::always_inline]] inline void odds(const Vec& a, const Vec& b, Vec& out) {
+  out = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+/// a's and b's first 8 lanes interleaved, and their last 8.
+[[gnu::always_inline]] inline void interleave_low(const Vec& a, const Vec& b, Vec& out) {
+  out = __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+}
+[[gnu::always_inline]] inline void interleave_high(const Vec& a, const Vec& b, Vec& out) {
+  out = __builtin_shufflevector(a, b, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+}
 
 /// The 16 lane sums of 16 vectors, lane i holding v[i]'s: four rounds, each adding two vectors'
 /// halves of every group (16 groups of 1 lane, 8 of 2, 4 of 4, 2 of 8 at the end).
 [[gnu::always_inline]] inline void lane_sums(const Vec* v, Vec& sums) {
-  constexpr Mask kHalves0 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  constexpr Mask kHalves1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-  constexpr Mask kQuarters0 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-  constexpr Mask kQuarters1 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-  constexpr Mask kPairs0 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-  constexpr Mask kPairs1 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
   Vec r[8], q[4], w[2];
   for (int i = 0; i < 8; ++i)
-    r[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], kHalves0) + __builtin_shuffle(v[2 * i], v[2 * i + 1], kHalves1);
+    r[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
   for (int i = 0; i < 4; ++i)
-    q[i] = __builtin_shuffle(r[2 * i], r[2 * i + 1], kQuarters0) + __builtin_shuffle(r[2 * i], r[2 * i + 1], kQuarters1);
+    q[i] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(r[2 * i], r[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
   for (int i = 0; i < 2; ++i)
-    w[i] = __builtin_shuffle(q[2 * i], q[2 * i + 1], kPairs0) + __builtin_shuffle(q[2 * i], q[2 * i + 1], kPairs1);
-  sums = __builtin_shuffle(w[0], w[1], kEvens) + __builtin_shuffle(w[0], w[1], kOdds);
+    w[i] = __builtin_shufflevector(q[2 * i], q[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           __builtin_shufflevector(q[2 * i], q[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  Vec even, odd;
+  evens(w[0], w[1], even);
+  odds(w[0], w[1], odd);
+  sums = even + odd;
 }
 
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
@@ -254,10 +264,10 @@ struct Lanes {
           load(a2, a + 2);
           load(b2, b + 2);
           // Lanes 0-7 take a's elements, lanes 8-15 b's: only the first 16 of each matter.
-          d[r * 4] = __builtin_shuffle(a0, b0, kEvens);
-          d[r * 4 + 1] = __builtin_shuffle(a0, b0, kOdds);
-          d[r * 4 + 2] = __builtin_shuffle(a2, b2, kEvens);
-          d[r * 4 + 3] = __builtin_shuffle(a2, b2, kOdds);
+          evens(a0, b0, d[r * 4]);
+          odds(a0, b0, d[r * 4 + 1]);
+          evens(a2, b2, d[r * 4 + 2]);
+          odds(a2, b2, d[r * 4 + 3]);
         }
       } else {
         for (int i = 0; i < 16; ++i) {
@@ -314,8 +324,11 @@ void run_blocks(const Shape& s, const float* padded, const float* U, const float
       if (lanes.two_rows && lanes.all_valid) {
         for (int ab = 0; ab < 4; ++ab) {
           const std::int64_t row = ab / 2 * O12 + ab % 2 * O2;
-          store(out + lanes.out_at[0] + row, __builtin_shuffle(y[ab * 2], y[ab * 2 + 1], kLow));
-          store(out + lanes.out_at[8] + row, __builtin_shuffle(y[ab * 2], y[ab * 2 + 1], kHigh));
+          Vec low, high;
+          interleave_low(y[ab * 2], y[ab * 2 + 1], low);
+          interleave_high(y[ab * 2], y[ab * 2 + 1], high);
+          store(out + lanes.out_at[0] + row, low);
+          store(out + lanes.out_at[8] + row, high);
         }
       } else {
         for (int l = 0; l < kLanes; ++l)
@@ -353,8 +366,8 @@ void weight_gradient_blocks(const Shape& s, const float* padded, const float* gr
             Vec lo, hi;
             load(lo, dy + lanes.out_at[0] + row);
             load(hi, dy + lanes.out_at[8] + row);
-            y[ab * 2] = __builtin_shuffle(lo, hi, kEvens);
-            y[ab * 2 + 1] = __builtin_shuffle(lo, hi, kOdds);
+            evens(lo, hi, y[ab * 2]);
+            odds(lo, hi, y[ab * 2 + 1]);
           }
         } else {
           for (int abc = 0; abc < 8; ++abc) {
