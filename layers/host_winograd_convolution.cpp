@@ -1,10 +1,13 @@
-// Winograd kernels for 3 x 3 x 3 convolutions (see host_winograd_convolution.hpp). A block is 16
-// tiles of 2 x 2 x 2 outputs, one per vector lane. Per input channel the block's 4 x 4 x 4 input
-// windows are read (two deinterleaved row loads where the lanes' tiles lie in at most two rows,
-// else lane by lane) and transformed into 64 points; per point, the products with the transformed
-// weights of 16 output channels at a time are summed over the input channels in registers; per
-// output channel the 64 sums are transformed back into the 8 outputs of each lane's tile.
-// Built for AVX-512, AVX2 and the baseline, the variant chosen when the library loads.
+// Winograd kernels for 3 x 3 x 3 convolutions (see host_winograd_convolution.hpp). The input is
+// first copied with its padding written out. A block is 16 tiles of 2 x 2 x 2 outputs, one per
+// vector lane. Per input channel the block's 4 x 4 x 4 input windows are read (two deinterleaved
+// row loads where lanes 0-7 and 8-15 each lie along one row of tiles, else lane by lane) and
+// transformed into 64 points. Forward: per point, the products with the transformed weights of 16
+// output channels at a time are summed over the input channels in registers; per output channel
+// the 64 sums are transformed back into the 8 outputs of each lane's tile. Backward-weights: per
+// chunk of blocks, per point, the products of transformed inputs and output gradients summed over
+// the chunk's tiles, then over lanes. Built for AVX-512, AVX2 and the baseline, the variant chosen
+// when the library loads.
 #include "layers/host_winograd_convolution.hpp"
 
 #include <omp.h>
@@ -169,7 +172,7 @@ struct WinogradShape {
   std::int64_t in[3], out[3], pad[3], tiles[3], padded[3];
 
   WinogradShape(std::int64_t n, std::int64_t c, std::int64_t k, const std::vector<std::int64_t>& input_size,
-        const std::int64_t* padding)
+                const std::int64_t* padding)
       : batch(n), in_channels(c), out_channels(k) {
     for (int i = 0; i < 3; ++i) {
       in[i] = input_size[static_cast<std::size_t>(i)];
@@ -436,6 +439,12 @@ void weight_gradient_blocks(const Shape& s, const float* padded, const float* gr
 }  // namespace
 
 void WinogradConvolution::AlignedFree::operator()(float* p) const { std::free(p); }
+
+std::int64_t winograd_tiles(const ConvolutionGeometry& g) {
+  std::int64_t count = g.batch;
+  for (auto extent : g.output_size) count *= (extent + 1) / 2;
+  return count;
+}
 
 bool winograd_convolution_applies(const ConvolutionGeometry& g) {
   if (g.input_size.size() != 3 || g.precision != Precision::F32 || g.in_channels < 8 || g.out_channels < 8)

@@ -17,6 +17,9 @@ struct WinogradShape;
 /// dilation 1, padding at most 2, at least 8 input and 8 output channels.
 bool winograd_convolution_applies(const ConvolutionGeometry& geometry);
 
+/// The 2 x 2 x 2 output tiles the kernels compute a 3-D convolution in (the last ones partial).
+std::int64_t winograd_tiles(const ConvolutionGeometry& geometry);
+
 /// The Winograd kernels. Tiles of 2 x 2 x 2 outputs start at even positions of the region a call
 /// computes; each output sums its 64 transformed products in one fixed order, so a result depends
 /// on the tile's position in that region only through rounding (about 1e-7 relative).

@@ -44,8 +44,8 @@ using dnnl::prop_kind;
 constexpr std::int64_t kDecomposeFromMultiplyAdds = std::int64_t{1} << 20;
 
 /// Automatic mode runs the Winograd kernels from this many 2 x 2 x 2 output tiles per call (at 16,
-/// CosmoFlow's conv5 at 4^3 and batch 2, they measured 1.7x slower than oneDNN, the weights'
-/// transform as long as the products; at 128, its conv4 at 8^3, 1.4x faster).
+/// CosmoFlow's conv5 at 4^3 and batch 2, they measured 1.4-1.7x slower than oneDNN, the weights'
+/// transform as long as the products; at 128, its conv4 at 8^3, 1.3-1.4x faster).
 constexpr std::int64_t kWinogradFromTiles = 128;
 /// ... and their backward-weights from this many tiles per thread (CosmoFlow's conv3 at 16^3 and
 /// batch 2, 1 024 tiles: 1.3x faster than oneDNN; its conv4 at 8^3, 128 tiles: 1.9x slower, the
@@ -280,7 +280,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
     if (!available || layout_ != HostConvolutionLayout::Automatic || backward_weights_3d_ != BackwardWeights3d::Automatic ||
         !host::winograd_convolution_applies(geometry))
       return false;
-    if (tiles(geometry) < kWinogradFromTiles) return false;
+    if (host::winograd_tiles(geometry) < kWinogradFromTiles) return false;
     if (winograd_recorded_.insert(geometry.without_activation()).second)
       context_.record("convolution forward and backward data " + geometry.without_activation().to_string(),
                       "tessera winograd F(2x2x2, 3x3x3) (plain layout)");
@@ -289,18 +289,12 @@ class OneDnnConvolution final : public ConvolutionKernels {
 
   /// Whether they also run its backward-weights: from kWinogradWeightsFromTiles tiles per thread.
   bool winograd_weights(const ConvolutionGeometry& geometry) {
-    if (!winograd(geometry) || tiles(geometry) < kWinogradWeightsFromTiles * omp_get_max_threads()) return false;
+    if (!winograd(geometry) || host::winograd_tiles(geometry) < kWinogradWeightsFromTiles * omp_get_max_threads())
+      return false;
     if (winograd_weights_recorded_.insert(geometry.without_activation()).second)
       context_.record("convolution backward weights " + geometry.without_activation().to_string(),
                       "tessera winograd F(2x2x2, 3x3x3) (plain layout)");
     return true;
-  }
-
-  /// The 2 x 2 x 2 output tiles of a 3-D convolution.
-  static std::int64_t tiles(const ConvolutionGeometry& geometry) {
-    std::int64_t count = geometry.batch;
-    for (auto extent : geometry.output_size) count *= (extent + 1) / 2;
-    return count;
   }
 
   bool blocked_for(const ConvolutionGeometry& geometry) const {
