@@ -25,6 +25,8 @@ namespace {
 constexpr std::int64_t kLanes = 16;   ///< tiles per block, one per lane
 constexpr std::int64_t kPoints = 64;  ///< transformed points of a tile (4 x 4 x 4)
 constexpr std::int64_t kGroup = 16;   ///< output channels summed at once
+constexpr std::int64_t kSegment = 8;  ///< consecutive tiles of a row in half a block
+constexpr std::int64_t kSlack = 32;   ///< floats past the padded input that a short segment's loads may read
 constexpr std::int64_t kChunk = 16;  ///< blocks whose weight-gradient products are summed at once
 
 using Vec = float __attribute__((vector_size(64)));
@@ -186,6 +188,13 @@ struct WinogradShape {
   std::int64_t out_volume() const { return out[0] * out[1] * out[2]; }
   std::int64_t padded_volume() const { return padded[0] * padded[1] * padded[2]; }
   std::int64_t tile_count() const { return batch * tiles[0] * tiles[1] * tiles[2]; }
+  /// Rows of 8 or more tiles are cut into segments of 8 (the last may be shorter), two per block;
+  /// shorter rows are taken 16 consecutive tiles a block, across rows.
+  bool by_segments() const { return tiles[2] >= kSegment; }
+  std::int64_t segments_per_row() const { return (tiles[2] + kSegment - 1) / kSegment; }
+  std::int64_t block_count() const {
+    return by_segments() ? (batch * tiles[0] * tiles[1] * segments_per_row() + 1) / 2 : (tile_count() + kLanes - 1) / kLanes;
+  }
   /// Floats of one block's buffers: transformed inputs [64][in channels] and sums
   /// [64][out channels], one vector each.
   std::int64_t block_floats() const { return kPoints * (odd(in_channels) + odd(round_up(out_channels, kGroup))) * kLanes; }
@@ -214,31 +223,44 @@ template <int G>
 
 /// Where a block's 16 tiles lie: each lane's window in the padded input and first output, which
 /// of its 8 outputs exist, and whether lanes 0-7 and 8-15 each run along one row of tiles (their
-/// windows are then two row loads, their outputs two row stores when all exist).
+/// windows are then two row loads, their outputs two row stores when all exist). Lanes past a
+/// short segment's end (or the last block's missing segment) compute nothing that is kept.
 struct Lanes {
   std::int64_t in_at[kLanes], out_at[kLanes];
   unsigned valid[kLanes];
   bool two_rows, all_valid;
 
   [[gnu::always_inline]] Lanes(const Shape& s, std::int64_t block) {
-    const std::int64_t T1 = s.tiles[1], T2 = s.tiles[2], T012 = s.tiles[0] * T1 * T2, total = s.tile_count();
+    const std::int64_t T0 = s.tiles[0], T1 = s.tiles[1], T2 = s.tiles[2], total = s.tile_count();
     const std::int64_t P2 = s.padded[2], P12 = s.padded[1] * P2, O1 = s.out[1], O2 = s.out[2];
-    std::int64_t tx_of[kLanes];
+    const std::int64_t per_row = s.segments_per_row(), segments = s.batch * T0 * T1 * per_row;
     all_valid = true;
+    two_rows = s.by_segments();
     for (std::int64_t l = 0; l < kLanes; ++l) {
-      const std::int64_t index = block * kLanes + l, f = std::min(index, total - 1);
-      const std::int64_t n = f / T012, tz = f % T012 / (T1 * T2), ty = f % (T1 * T2) / T2, tx = f % T2;
+      std::int64_t row, tx;  // row: (n, tz, ty) flattened
+      bool exists;
+      if (two_rows) {
+        std::int64_t segment = 2 * block + l / kSegment;
+        exists = segment < segments;
+        if (!exists) segment = 2 * block;
+        row = segment / per_row;
+        tx = segment % per_row * kSegment + l % kSegment;
+        exists = exists && tx < T2;
+      } else {
+        const std::int64_t index = block * kLanes + l, f = std::min(index, total - 1);
+        row = f / T2, tx = f % T2;
+        exists = index < total;
+      }
+      const std::int64_t n = row / (T0 * T1), tz = row % (T0 * T1) / T1, ty = row % T1;
       in_at[l] = n * s.in_channels * s.padded_volume() + 2 * tz * P12 + 2 * ty * P2 + 2 * tx;
       out_at[l] = n * s.out_channels * s.out_volume() + 2 * tz * O1 * O2 + 2 * ty * O2 + 2 * tx;
-      tx_of[l] = tx;
       unsigned bits = 0;
-      if (index < total)
+      if (exists)
         for (int abc = 0; abc < 8; ++abc)
           if (2 * tz + abc / 4 < s.out[0] && 2 * ty + abc / 2 % 2 < O1 && 2 * tx + abc % 2 < O2) bits |= 1u << abc;
       valid[l] = bits;
       all_valid = all_valid && bits == 0xFFu;
     }
-    two_rows = block * kLanes + kLanes <= s.tile_count() && tx_of[7] == tx_of[0] + 7 && tx_of[15] == tx_of[8] + 7;
   }
   /// Offset of output (a, b, c) of a tile from its first.
   static std::int64_t output_offset(const Shape& s, int abc) {
@@ -469,7 +491,8 @@ float* WinogradConvolution::buffer(std::unique_ptr<float[], AlignedFree>& kept, 
 
 const float* WinogradConvolution::pad(const WinogradShape& s, const float* input) {
   const std::int64_t planes = s.batch * s.in_channels, pvol = s.padded_volume();
-  float* padded = buffer(padded_, padded_capacity_, planes * pvol);
+  float* padded = buffer(padded_, padded_capacity_, planes * pvol + kSlack);
+  std::memset(padded + planes * pvol, 0, kSlack * sizeof(float));
   const std::int64_t ivol = s.in_volume(), P2 = s.padded[2], P12 = s.padded[1] * P2;
 #pragma omp parallel for schedule(static)
   for (std::int64_t plane = 0; plane < planes; ++plane) {
@@ -497,7 +520,7 @@ void WinogradConvolution::run(const WinogradShape& s, const float* input, const 
   const int threads = omp_get_max_threads();
   const std::int64_t block_floats = s.block_floats();
   float* buffers = buffer(blocks_, blocks_capacity_, threads * block_floats);
-  const std::int64_t blocks = (s.tile_count() + kLanes - 1) / kLanes;
+  const std::int64_t blocks = s.block_count();
   const float* U = transformed_.data();
 #pragma omp parallel num_threads(threads)
   {
@@ -541,7 +564,7 @@ void WinogradConvolution::backward_weights(const ConvolutionGeometry& geometry, 
   const std::int64_t sums = kPoints * C * K;
   const std::int64_t thread_floats = round_up(sums, kLanes) + kPoints * (odd(C * kChunk) + odd(K * kChunk)) * kLanes;
   float* buffers = buffer(blocks_, blocks_capacity_, threads * thread_floats);
-  const std::int64_t blocks = (s.tile_count() + kLanes - 1) / kLanes;
+  const std::int64_t blocks = s.block_count();
 #pragma omp parallel num_threads(threads)
   {
     const std::int64_t count = omp_get_num_threads(), thread = omp_get_thread_num();
