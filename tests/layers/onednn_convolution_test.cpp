@@ -252,6 +252,22 @@ Reference reference_convolution(const ConvolutionGeometry& g, const std::vector<
   return r;
 }
 
+/// Random operands of a convolution and what the double-precision loop computes from them.
+struct Problem {
+  std::vector<float> input, weights, bias, grad_output;
+  Reference expected;
+};
+
+Problem random_problem(const ConvolutionGeometry& g, std::uint64_t& stream) {
+  Problem p;
+  p.input = random_values(g.input_elements(), stream++);
+  p.weights = random_values(g.weight_elements(), stream++);
+  p.bias = random_values(g.out_channels, stream++);
+  p.grad_output = random_values(g.output_elements(), stream++);
+  p.expected = reference_convolution(g, p.input, p.weights, p.bias, p.grad_output);
+  return p;
+}
+
 TEST(DirectConvolution, OneInputChannelMatchesADoublePrecisionLoop) {
   // 2-D and 3-D; filter counts below, at and past the blocks of 8 and 16; rows shorter than, equal
   // to and past a vector of 16 (and its multiples); padding 0 to 2 with kernels up to 5; one thread
@@ -276,11 +292,8 @@ TEST(DirectConvolution, OneInputChannelMatchesADoublePrecisionLoop) {
         g.leaky_relu = leaky == 1;
         g.leaky_slope = leaky ? 0.01f : 0.0f;
         ASSERT_TRUE(host::direct_convolution_applies(g)) << g.to_string();
-        const auto input = random_values(g.input_elements(), stream++);
-        const auto weights = random_values(g.weight_elements(), stream++);
-        const auto bias = random_values(g.out_channels, stream++);
-        const auto grad_output = random_values(g.output_elements(), stream++);
-        const Reference expected = reference_convolution(g, input, weights, bias, grad_output);
+        const Problem p = random_problem(g, stream);
+        const auto& [input, weights, bias, grad_output, expected] = p;
         for (int thread_count : {1, 2}) {
           SCOPED_TRACE(g.to_string() + (leaky ? " leaky" : "") + " threads " + std::to_string(thread_count));
           set_backend_threads(thread_count);
@@ -308,8 +321,8 @@ TEST(DirectConvolution, OneInputChannelMatchesADoublePrecisionLoop) {
 
 TEST(WinogradConvolution, MatchesADoublePrecisionLoop) {
   // Channel counts below, at and past a group of 16 output channels; outputs of odd and even
-  // extents, rows of tiles shorter than, equal to and past a block of 16 lanes (the row loads and
-  // the lane-by-lane path, partial tiles and a partial last block); padding 0 to 2; one thread and
+  // extents; rows of 4 tiles (lane by lane), of 8 and 16 (whole segments of 8) and of 19 (a short
+  // last segment), partial tiles and a last block of one segment; padding 0 to 2; one thread and
   // two. The kernels are called directly, so that every CPU runs them.
   const std::vector<Case> winograd_cases = {
       {2, 16, 32, {8, 8, 32}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true},
@@ -325,11 +338,8 @@ TEST(WinogradConvolution, MatchesADoublePrecisionLoop) {
       g.leaky_relu = leaky == 1;
       g.leaky_slope = leaky ? 0.01f : 0.0f;
       ASSERT_TRUE(host::winograd_convolution_applies(g)) << g.to_string();
-      const auto input = random_values(g.input_elements(), stream++);
-      const auto weights = random_values(g.weight_elements(), stream++);
-      const auto bias = random_values(g.out_channels, stream++);
-      const auto grad_output = random_values(g.output_elements(), stream++);
-      const Reference expected = reference_convolution(g, input, weights, bias, grad_output);
+      const Problem p = random_problem(g, stream);
+      const auto& [input, weights, bias, grad_output, expected] = p;
       for (int thread_count : {1, 2}) {
         SCOPED_TRACE(g.to_string() + (leaky ? " leaky" : "") + " threads " + std::to_string(thread_count));
         set_backend_threads(thread_count);
