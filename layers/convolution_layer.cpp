@@ -1,4 +1,6 @@
 // "conv": 2-D or 3-D convolution (the spatial rank comes from the input), weights F x C x k...
+#include <algorithm>
+
 #include "layers/layer_common.hpp"
 
 namespace tessera {
@@ -162,6 +164,8 @@ class ConvolutionLayer final : public Layer {
     // The region is a convolution of its own (no padding: the window holds it) over the part of
     // the window its outputs read, copied out; its outputs are copied into place.
     region_geometry_ = with_activation(g, ctx);  // a copy: its sizes change below
+    region_geometry_.data_begin.clear();
+    region_geometry_.data_extent.clear();
     std::vector<std::int64_t> input_begin(begin.size());
     for (std::size_t i = 0; i < begin.size(); ++i) {
       TESSERA_CHECK(extent[i] > 0 && begin[i] >= 0 && begin[i] + extent[i] <= g.output_size[i],
@@ -209,7 +213,7 @@ class ConvolutionLayer final : public Layer {
  private:
   /// The geometry of this call: the layer's own, or on a spatial tile a convolution without
   /// padding over the local window (which already holds the padding as zeros) that yields
-  /// exactly the tile's outputs.
+  /// exactly the tile's outputs, naming the part of the window that holds data.
   const ConvolutionGeometry& geometry_for(const Tensor& input, const LayerContext& ctx) {
     if (!ctx.tile) {
       geometry_.batch = input.dim(0);
@@ -220,12 +224,23 @@ class ConvolutionLayer final : public Layer {
     tile_geometry_.input_size = spatial_extents(input.shape());
     tile_geometry_.padding.assign(geometry_.padding.size(), 0);
     tile_geometry_.output_size = ctx.tile->output_extent;
+    bool padded = false;
+    std::vector<std::int64_t> data_begin, data_extent;
     for (std::size_t i = 0; i < tile_geometry_.input_size.size(); ++i) {
       const std::int64_t reach = (geometry_.kernel[i] - 1) * geometry_.dilation[i] + 1;
-      const std::int64_t out = tile_geometry_.output_size[i];
-      if (out > 0 && tile_geometry_.input_size[i] != (out - 1) * geometry_.stride[i] + reach)
+      const std::int64_t out = tile_geometry_.output_size[i], window = tile_geometry_.input_size[i];
+      if (out > 0 && window != (out - 1) * geometry_.stride[i] + reach)
         fail_layer(*this, "spatial tile with {} outputs in dimension {} got an input window of {} (executor bug)",
-                   out, i, tile_geometry_.input_size[i]);
+                   out, i, window);
+      const std::int64_t first = std::max<std::int64_t>(0, -ctx.tile->window_begin[i]);
+      const std::int64_t end = std::min(window, ctx.tile->input_global[i] - ctx.tile->window_begin[i]);
+      data_begin.push_back(first);
+      data_extent.push_back(std::max<std::int64_t>(0, end - first));
+      padded = padded || first > 0 || end < window;
+    }
+    if (padded && std::ranges::all_of(data_extent, [](std::int64_t e) { return e > 0; })) {
+      tile_geometry_.data_begin = std::move(data_begin);
+      tile_geometry_.data_extent = std::move(data_extent);
     }
     return tile_geometry_;
   }

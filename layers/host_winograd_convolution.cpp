@@ -168,10 +168,12 @@ void transform_weights(const float* weights, std::int64_t filters, std::int64_t 
 }  // namespace
 
 /// One convolution as the kernels see it: backward-data is the forward convolution of the output
-/// gradient with the flipped, transposed weights.
+/// gradient with the flipped, transposed weights. A call computes the outputs of a region of its
+/// output array: `out` extents from `origin` in an array of `dims` extents (by default all of it),
+/// its input padded by `pad` before the first element and by zeros after the last.
 struct WinogradShape {
   std::int64_t batch, in_channels, out_channels;
-  std::int64_t in[3], out[3], pad[3], tiles[3], padded[3];
+  std::int64_t in[3], out[3], pad[3], tiles[3], padded[3], dims[3], origin[3];
 
   WinogradShape(std::int64_t n, std::int64_t c, std::int64_t k, const std::vector<std::int64_t>& input_size,
                 const std::int64_t* padding)
@@ -179,13 +181,28 @@ struct WinogradShape {
     for (int i = 0; i < 3; ++i) {
       in[i] = input_size[static_cast<std::size_t>(i)];
       pad[i] = padding[i];
-      out[i] = in[i] + 2 * pad[i] - 2;
+      out[i] = dims[i] = in[i] + 2 * pad[i] - 2;
+      origin[i] = 0;
       tiles[i] = (out[i] + 1) / 2;
       padded[i] = 2 * tiles[i] + 2;  // every tile's window lies inside
     }
   }
+  /// The outputs [begin, begin + extent) of this shape's output array only, per dimension.
+  WinogradShape region(const std::int64_t* begin, const std::int64_t* extent) const {
+    WinogradShape r = *this;
+    for (int i = 0; i < 3; ++i) {
+      r.pad[i] = pad[i] - begin[i];
+      r.origin[i] = begin[i];
+      r.out[i] = extent[i];
+      r.tiles[i] = (extent[i] + 1) / 2;
+      r.padded[i] = 2 * r.tiles[i] + 2;
+    }
+    return r;
+  }
   std::int64_t in_volume() const { return in[0] * in[1] * in[2]; }
   std::int64_t out_volume() const { return out[0] * out[1] * out[2]; }
+  std::int64_t dims_volume() const { return dims[0] * dims[1] * dims[2]; }
+  std::int64_t origin_offset() const { return (origin[0] * dims[1] + origin[1]) * dims[2] + origin[2]; }
   std::int64_t padded_volume() const { return padded[0] * padded[1] * padded[2]; }
   std::int64_t tile_count() const { return batch * tiles[0] * tiles[1] * tiles[2]; }
   /// Rows of 8 or more tiles are cut into segments of 8 (the last may be shorter), two per block;
@@ -232,7 +249,7 @@ struct Lanes {
 
   [[gnu::always_inline]] Lanes(const Shape& s, std::int64_t block) {
     const std::int64_t T0 = s.tiles[0], T1 = s.tiles[1], T2 = s.tiles[2], total = s.tile_count();
-    const std::int64_t P2 = s.padded[2], P12 = s.padded[1] * P2, O1 = s.out[1], O2 = s.out[2];
+    const std::int64_t P2 = s.padded[2], P12 = s.padded[1] * P2, D1 = s.dims[1], D2 = s.dims[2];
     const std::int64_t per_row = s.segments_per_row(), segments = s.batch * T0 * T1 * per_row;
     all_valid = true;
     two_rows = s.by_segments();
@@ -253,18 +270,19 @@ struct Lanes {
       }
       const std::int64_t n = row / (T0 * T1), tz = row % (T0 * T1) / T1, ty = row % T1;
       in_at[l] = n * s.in_channels * s.padded_volume() + 2 * tz * P12 + 2 * ty * P2 + 2 * tx;
-      out_at[l] = n * s.out_channels * s.out_volume() + 2 * tz * O1 * O2 + 2 * ty * O2 + 2 * tx;
+      out_at[l] = n * s.out_channels * s.dims_volume() + s.origin_offset() + 2 * tz * D1 * D2 + 2 * ty * D2 + 2 * tx;
       unsigned bits = 0;
       if (exists)
         for (int abc = 0; abc < 8; ++abc)
-          if (2 * tz + abc / 4 < s.out[0] && 2 * ty + abc / 2 % 2 < O1 && 2 * tx + abc % 2 < O2) bits |= 1u << abc;
+          if (2 * tz + abc / 4 < s.out[0] && 2 * ty + abc / 2 % 2 < s.out[1] && 2 * tx + abc % 2 < s.out[2])
+            bits |= 1u << abc;
       valid[l] = bits;
       all_valid = all_valid && bits == 0xFFu;
     }
   }
   /// Offset of output (a, b, c) of a tile from its first.
   static std::int64_t output_offset(const Shape& s, int abc) {
-    return abc / 4 * s.out[1] * s.out[2] + abc / 2 % 2 * s.out[2] + abc % 2;
+    return abc / 4 * s.dims[1] * s.dims[2] + abc / 2 % 2 * s.dims[2] + abc % 2;
   }
 };
 
@@ -319,7 +337,7 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 void run_blocks(const Shape& s, const float* padded, const float* U, const float* bias, bool leaky, float slope,
                 float* output, float* buffer, std::int64_t begin, std::int64_t end) {
   const std::int64_t C = s.in_channels, K = s.out_channels, VS = odd(C), MS = odd(round_up(K, kGroup));
-  const std::int64_t O2 = s.out[2], O12 = s.out[1] * O2, ovol = s.out_volume();
+  const std::int64_t O2 = s.dims[2], O12 = s.dims[1] * O2, ovol = s.dims_volume();
   Vec* V = reinterpret_cast<Vec*>(buffer);  // [64][C], points VS apart
   Vec* M = V + kPoints * VS;                // [64][K], points MS apart
   for (std::int64_t block = begin; block < end; ++block) {
@@ -371,8 +389,8 @@ void run_blocks(const Shape& s, const float* padded, const float* U, const float
 __attribute__((target_clones("avx512f", "avx2", "default")))
 void weight_gradient_blocks(const Shape& s, const float* padded, const float* grad_output, float* buffer,
                             std::int64_t begin, std::int64_t end) {
-  const std::int64_t C = s.in_channels, K = s.out_channels, ovol = s.out_volume();
-  const std::int64_t O2 = s.out[2], O12 = s.out[1] * O2, VcS = odd(C * kChunk), GcS = odd(K * kChunk);
+  const std::int64_t C = s.in_channels, K = s.out_channels, ovol = s.dims_volume();
+  const std::int64_t O2 = s.dims[2], O12 = s.dims[1] * O2, VcS = odd(C * kChunk), GcS = odd(K * kChunk);
   float* S = buffer;
   Vec* Vc = reinterpret_cast<Vec*>(buffer + round_up(kPoints * C * K, kLanes));
   Vec* Gc = Vc + kPoints * VcS;
@@ -458,6 +476,29 @@ void weight_gradient_blocks(const Shape& s, const float* padded, const float* gr
   }
 }
 
+/// Zeros in the output array of `s` (of out_channels channels) outside the region it computes.
+void zero_outside_region(const Shape& s, float* output) {
+  const std::int64_t planes = s.batch * s.out_channels, D1 = s.dims[1], D2 = s.dims[2], volume = s.dims_volume();
+  auto zero = [](float* p, std::int64_t n) {
+    if (n > 0) std::memset(p, 0, static_cast<std::size_t>(n) * sizeof(float));
+  };
+#pragma omp parallel for schedule(static)
+  for (std::int64_t plane = 0; plane < planes; ++plane) {
+    float* p = output + plane * volume;
+    zero(p, s.origin[0] * D1 * D2);
+    zero(p + (s.origin[0] + s.out[0]) * D1 * D2, (s.dims[0] - s.origin[0] - s.out[0]) * D1 * D2);
+    for (std::int64_t z = s.origin[0]; z < s.origin[0] + s.out[0]; ++z) {
+      float* slice = p + z * D1 * D2;
+      zero(slice, s.origin[1] * D2);
+      zero(slice + (s.origin[1] + s.out[1]) * D2, (D1 - s.origin[1] - s.out[1]) * D2);
+      for (std::int64_t y = s.origin[1]; y < s.origin[1] + s.out[1]; ++y) {
+        zero(slice + y * D2, s.origin[2]);
+        zero(slice + y * D2 + s.origin[2] + s.out[2], D2 - s.origin[2] - s.out[2]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void WinogradConvolution::AlignedFree::operator()(float* p) const { std::free(p); }
@@ -494,6 +535,7 @@ const float* WinogradConvolution::pad(const WinogradShape& s, const float* input
   float* padded = buffer(padded_, padded_capacity_, planes * pvol + kSlack);
   std::memset(padded + planes * pvol, 0, kSlack * sizeof(float));
   const std::int64_t ivol = s.in_volume(), P2 = s.padded[2], P12 = s.padded[1] * P2;
+  const std::int64_t copied = std::min(s.in[2], P2 - s.pad[2]);  // a region's windows may end before the row
 #pragma omp parallel for schedule(static)
   for (std::int64_t plane = 0; plane < planes; ++plane) {
     // Each padded row written once: zeros, or zeros around an input row.
@@ -507,8 +549,8 @@ const float* WinogradConvolution::pad(const WinogradShape& s, const float* input
           continue;
         }
         std::memset(row, 0, static_cast<std::size_t>(s.pad[2]) * sizeof(float));
-        std::memcpy(row + s.pad[2], from + (iz * s.in[1] + iy) * s.in[2], static_cast<std::size_t>(s.in[2]) * sizeof(float));
-        std::memset(row + s.pad[2] + s.in[2], 0, static_cast<std::size_t>(P2 - s.pad[2] - s.in[2]) * sizeof(float));
+        std::memcpy(row + s.pad[2], from + (iz * s.in[1] + iy) * s.in[2], static_cast<std::size_t>(copied) * sizeof(float));
+        std::memset(row + s.pad[2] + copied, 0, static_cast<std::size_t>(P2 - s.pad[2] - copied) * sizeof(float));
       }
   }
   return padded;
@@ -547,10 +589,27 @@ void WinogradConvolution::backward_data(const ConvolutionGeometry& geometry, con
                 geometry.to_string());
   const std::int64_t C = geometry.in_channels, K = geometry.out_channels;
   const std::int64_t padding[3] = {2 - geometry.padding[0], 2 - geometry.padding[1], 2 - geometry.padding[2]};
-  const WinogradShape s(geometry.batch, K, C, geometry.output_size, padding);
+  const WinogradShape whole(geometry.batch, K, C, geometry.output_size, padding);
+  // Only the input window's data region, where it starts within the padding of grad_output's copy.
+  std::int64_t begin[3] = {0, 0, 0}, extent[3] = {whole.out[0], whole.out[1], whole.out[2]};
+  bool part = false;
+  if (!geometry.data_begin.empty()) {
+    TESSERA_CHECK(geometry.data_begin.size() == 3 && geometry.data_extent.size() == 3,
+                  "Winograd backward-data: a data region of {} dimensions", geometry.data_begin.size());
+    for (std::size_t i = 0; i < 3; ++i) {
+      const std::int64_t b = geometry.data_begin[i], e = geometry.data_extent[i];
+      TESSERA_CHECK(b >= 0 && e > 0 && b + e <= whole.out[i], "Winograd backward-data: data region outside {}",
+                    geometry.to_string());
+      if (b > whole.pad[i]) continue;
+      begin[i] = b, extent[i] = e;
+      part = part || b > 0 || e < whole.out[i];
+    }
+  }
+  const WinogradShape s = part ? whole.region(begin, extent) : whole;
   transformed_.resize(static_cast<std::size_t>(kPoints * C * K));
   transform_weights(weights, K, C, true, transformed_.data());
   run(s, grad_output, nullptr, false, 0.0f, grad_input);
+  if (part) zero_outside_region(s, grad_input);
 }
 
 void WinogradConvolution::backward_weights(const ConvolutionGeometry& geometry, const float* input,

@@ -28,7 +28,9 @@ class WinogradConvolution {
   /// geometry.leaky_relu: the activation applied as leaky_relu_forward does (slopes > 0).
   void forward(const ConvolutionGeometry& geometry, const float* input, const float* weights, const float* bias,
                float* output);
-  /// grad_input = the convolution of grad_output with the flipped, transposed weights.
+  /// grad_input = the convolution of grad_output with the flipped, transposed weights; where the
+  /// geometry names a data region within 2 - padding of the window's start, only that region
+  /// (zeros around it).
   void backward_data(const ConvolutionGeometry& geometry, const float* grad_output, const float* weights,
                      float* grad_input);
   /// Overwrites grad_weights, and grad_bias when the geometry has a bias. Each thread sums its

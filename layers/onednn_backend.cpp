@@ -9,10 +9,12 @@
 namespace tessera {
 
 std::string ConvolutionGeometry::to_string() const {
-  return fmt::format("N={} C={} F={} input={} kernel={} stride={} padding={} dilation={} output={}{}{}{}", batch,
+  return fmt::format("N={} C={} F={} input={} kernel={} stride={} padding={} dilation={} output={}{}{}{}{}", batch,
                      in_channels, out_channels, input_size, kernel, stride, padding, dilation, output_size,
                      bias ? " +bias" : "", precision == Precision::BF16 ? " bf16" : "",
-                     leaky_relu ? fmt::format(" +leaky_relu({})", leaky_slope) : std::string());
+                     leaky_relu ? fmt::format(" +leaky_relu({})", leaky_slope) : std::string(),
+                     data_begin.empty() ? std::string()
+                                        : fmt::format(" data={} from {}", data_extent, data_begin));
 }
 
 std::int64_t ConvolutionGeometry::input_elements() const {

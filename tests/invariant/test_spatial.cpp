@@ -93,6 +93,14 @@ TEST(SpatialInvariant, Conv3dThreeDimensions) {
       plan_for({"pre", "t"}, fmt::format("{{sample: 1, spatial: {}}}", three_dims())), 4);
 }
 
+TEST(SpatialInvariant, Conv3dLargeEnoughForWinogradOverThreeDimensions) {
+  // 8 channels in and out, 128 or more output tiles of 2 x 2 x 2 per rank: on AVX-512 hosts the
+  // Winograd kernels, whose backward-data computes only the part of a tile's window that holds data.
+  expect_same_as_one_rank(
+      model_around("[8, 16, 16, 16]", "{name: t, type: conv, filters: 8, kernel: 3, padding: 1}", 8),
+      plan_for({"pre", "t"}, fmt::format("{{sample: 1, spatial: {}}}", three_dims())), 3);
+}
+
 TEST(SpatialInvariant, Conv3dWithSampleSplit) {
   // Sample x spatial: at 4 ranks two sample groups of two spatial tiles each.
   const std::string split = ranks() == 4 ? "{sample: 2, spatial: [2, 1, 1]}"

@@ -365,6 +365,59 @@ TEST(WinogradConvolution, MatchesADoublePrecisionLoop) {
   set_backend_threads(threads);
 }
 
+TEST(WinogradConvolution, BackwardDataComputesTheDataRegionOfAWindow) {
+  // A spatial tile's convolution has no padding of its own: its window holds the padding as zeros,
+  // and the geometry names the part that holds data. Backward-data computes the input gradient
+  // there (rows of segments and lane by lane; a region starting past 2 - padding in one
+  // dimension, which the kernels then compute whole) and writes zeros around it.
+  struct RegionCase {
+    Case convolution;
+    std::vector<std::int64_t> begin, extent;
+  };
+  const std::vector<RegionCase> region_cases = {
+      {{1, 16, 8, {10, 12, 36}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, true}, {1, 1, 1}, {9, 10, 34}},
+      {{2, 8, 16, {9, 7, 11}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, false}, {0, 2, 1}, {8, 5, 9}},
+      {{1, 12, 9, {8, 6, 20}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, true}, {3, 0, 2}, {5, 6, 17}},
+  };
+  std::uint64_t stream = 500;
+  const int threads = backend_threads();
+  for (const RegionCase& c : region_cases) {
+    ConvolutionGeometry g = geometry_of(c.convolution);
+    const Problem p = random_problem(g, stream);
+    g.data_begin = c.begin;
+    g.data_extent = c.extent;
+    ASSERT_TRUE(host::winograd_convolution_applies(g)) << g.to_string();
+    const auto& in = g.input_size;
+    for (int thread_count : {1, 2}) {
+      SCOPED_TRACE(g.to_string() + " threads " + std::to_string(thread_count));
+      set_backend_threads(thread_count);
+      host::WinogradConvolution kernels;
+      std::vector<float> grad_input(p.expected.grad_input.size(), 123.0f);
+      kernels.backward_data(g, p.grad_output.data(), p.weights.data(), grad_input.data());
+      std::vector<float> inside, expected_inside;
+      std::size_t nonzero_outside = 0;
+      for (std::int64_t nc = 0; nc < g.batch * g.in_channels; ++nc)
+        for (std::int64_t z = 0; z < in[0]; ++z)
+          for (std::int64_t y = 0; y < in[1]; ++y)
+            for (std::int64_t x = 0; x < in[2]; ++x) {
+              const auto i = static_cast<std::size_t>(((nc * in[0] + z) * in[1] + y) * in[2] + x);
+              const bool within_d = z >= c.begin[0] && z < c.begin[0] + c.extent[0];
+              const bool within_hw = y >= c.begin[1] && y < c.begin[1] + c.extent[1] && x >= c.begin[2] &&
+                                     x < c.begin[2] + c.extent[2];
+              if (within_d && within_hw) {
+                inside.push_back(grad_input[i]);
+                expected_inside.push_back(p.expected.grad_input[i]);
+              } else if (grad_input[i] != 0.0f && (!within_hw || c.begin[0] <= 2)) {  // else computed along D
+                ++nonzero_outside;
+              }
+            }
+      EXPECT_LT(relative_difference(inside, expected_inside), 2e-6);
+      EXPECT_EQ(nonzero_outside, 0u);
+    }
+  }
+  set_backend_threads(threads);
+}
+
 TEST(WinogradConvolution, TheBackendRunsItWhereItAppliesOnAvx512) {
   // On AVX-512: 3^3 tiles of 2 x 2 x 2 outputs are too few; 8^3 take the Winograd forward and
   // backward-data; 16^3 (2 048 or more per thread) its backward-weights too.

@@ -42,6 +42,10 @@ struct ConvolutionGeometry {
   /// leaky_relu_after); the result is what that layer computes.
   bool leaky_relu = false;
   float leaky_slope = 0;
+  /// On a spatial tile, the part of the input window that holds input data, per spatial dimension
+  /// (the rest holds the layer's padding as zeros); both empty: all of it. Outside it no caller
+  /// reads the input gradient: backward-data may skip it (Tessera's Winograd kernels write zeros).
+  std::vector<std::int64_t> data_begin, data_extent;
 
   auto operator<=>(const ConvolutionGeometry&) const = default;
   /// The same geometry without the fused activation (the convolution itself).
