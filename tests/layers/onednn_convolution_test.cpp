@@ -53,6 +53,14 @@ std::vector<float> random_values(std::int64_t count, std::uint64_t stream) {
   return values;
 }
 
+/// Milliseconds one call of `call` takes (the timing benchmarks below).
+template <class Call>
+double time_ms(Call&& call) {
+  const auto start = std::chrono::steady_clock::now();
+  call();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
 /// max |a - b| / max |b|.
 double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
   double difference = 0, scale = 0;
@@ -482,9 +490,8 @@ TEST(OneDnnConvolution3d, DISABLED_BenchmarkCosmoFlowBackwardWeights) {
     for (int repeat = 0; repeat < 6; ++repeat) {
       int which = 0;
       for (auto* kernels : {direct.get(), automatic.get()}) {
-        const auto start = std::chrono::steady_clock::now();
-        kernels->backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data());
-        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        const double ms = time_ms(
+            [&] { kernels->backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data()); });
         if (repeat > 0) best[which] = std::min(best[which], ms);
         ++which;
       }
@@ -516,25 +523,64 @@ TEST(WinogradConvolution, DISABLED_BenchmarkCosmoFlow) {
     host::WinogradConvolution winograd;
     std::vector<float> grad_weights(static_cast<std::size_t>(g.weight_elements())), grad_bias(64);
     double best[6] = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30};
-    auto time = [](auto&& call) {
-      const auto start = std::chrono::steady_clock::now();
-      call();
-      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    };
     for (int repeat = 0; repeat < 6; ++repeat) {
       const double ms[6] = {
-          time([&] { blocked->forward(g, input.data(), weights.data(), bias.data(), output.data()); }),
-          time([&] { winograd.forward(g, input.data(), weights.data(), bias.data(), output.data()); }),
-          time([&] { blocked->backward_data(g, grad_output.data(), weights.data(), grad_input.data()); }),
-          time([&] { winograd.backward_data(g, grad_output.data(), weights.data(), grad_input.data()); }),
-          time([&] { blocked->backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data()); }),
-          time([&] { winograd.backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data()); })};
+          time_ms([&] { blocked->forward(g, input.data(), weights.data(), bias.data(), output.data()); }),
+          time_ms([&] { winograd.forward(g, input.data(), weights.data(), bias.data(), output.data()); }),
+          time_ms([&] { blocked->backward_data(g, grad_output.data(), weights.data(), grad_input.data()); }),
+          time_ms([&] { winograd.backward_data(g, grad_output.data(), weights.data(), grad_input.data()); }),
+          time_ms([&] { blocked->backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data()); }),
+          time_ms([&] { winograd.backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data()); })};
       for (int i = 0; i < 6 && repeat > 0; ++i) best[i] = std::min(best[i], ms[i]);
     }
     std::printf("conv%d C=%lld F=%lld %lld^3, ms oneDNN / Winograd: forward %.2f / %.2f, backward-data %.2f / %.2f, "
                 "backward-weights %.2f / %.2f\n",
                 layer + 2, static_cast<long long>(g.in_channels), static_cast<long long>(g.out_channels),
                 static_cast<long long>(s), best[0], best[1], best[2], best[3], best[4], best[5]);
+  }
+  set_backend_threads(threads);
+}
+
+/// Not a check: times the Winograd kernels on rank 0's tile of CosmoFlow 128^3's conv2-conv4
+/// split along D over 2 ranks (one thread): the whole sample's half (padding 1), the tile's window
+/// (padding held as zeros, no data region named) and the same window naming its data region, as
+/// the layer does. Run with --gtest_also_run_disabled_tests.
+TEST(WinogradConvolution, DISABLED_BenchmarkTileOfCosmoFlow128) {
+  const int threads = backend_threads();
+  set_backend_threads(1);
+  const std::int64_t sizes[] = {64, 32, 16}, in[] = {16, 32, 64}, out[] = {32, 64, 64};
+  for (int layer = 0; layer < 3; ++layer) {
+    const std::int64_t s = sizes[layer];
+    const ConvolutionGeometry half =
+        geometry_of({1, in[layer], out[layer], {s / 2, s, s}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true});
+    const ConvolutionGeometry window =
+        geometry_of({1, in[layer], out[layer], {s / 2 + 2, s + 2, s + 2}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, true});
+    ConvolutionGeometry region = window;
+    region.data_begin = {1, 1, 1};
+    region.data_extent = {s / 2 + 1, s, s};
+    double best[3][3];
+    for (auto& b : best) std::fill(std::begin(b), std::end(b), 1e30);
+    const ConvolutionGeometry* geometries[] = {&half, &window, &region};
+    for (int repeat = 0; repeat < 6; ++repeat)
+      for (int k = 0; k < 3; ++k) {
+        const ConvolutionGeometry& g = *geometries[k];
+        const auto input = random_values(g.input_elements(), 1), grad_output = random_values(g.output_elements(), 2);
+        const auto weights = random_values(g.weight_elements(), 3), bias = random_values(g.out_channels, 4);
+        std::vector<float> output(grad_output.size()), grad_input(input.size());
+        std::vector<float> grad_weights(static_cast<std::size_t>(g.weight_elements())), grad_bias(g.out_channels);
+        host::WinogradConvolution winograd;
+        winograd.backward_data(g, grad_output.data(), weights.data(), grad_input.data());  // buffers allocated
+        const double ms[3] = {
+            time_ms([&] { winograd.forward(g, input.data(), weights.data(), bias.data(), output.data()); }),
+            time_ms([&] { winograd.backward_data(g, grad_output.data(), weights.data(), grad_input.data()); }),
+            time_ms([&] { winograd.backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data()); })};
+        for (int i = 0; i < 3; ++i) best[k][i] = std::min(best[k][i], ms[i]);
+      }
+    std::printf("conv%d C=%lld F=%lld tile %lld x %lld^2, ms (half sample / window / data region): forward %.2f / %.2f / "
+                "%.2f, backward-data %.2f / %.2f / %.2f, backward-weights %.2f / %.2f / %.2f\n",
+                layer + 2, static_cast<long long>(in[layer]), static_cast<long long>(out[layer]),
+                static_cast<long long>(s / 2), static_cast<long long>(s), best[0][0], best[1][0], best[2][0], best[0][1],
+                best[1][1], best[2][1], best[0][2], best[1][2], best[2][2]);
   }
   set_backend_threads(threads);
 }
