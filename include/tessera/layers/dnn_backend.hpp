@@ -271,7 +271,7 @@ enum class HostConvolutionLayout {
   /// forward and backward-weights on Tessera's direct kernels instead, in the plain layout. On
   /// CPUs with AVX-512, 3 x 3 x 3 convolutions at stride 1 with 8 or more channels in and out run
   /// forward and backward-data on Tessera's Winograd kernels (plain layout) where a call has 128 or
-  /// more 2 x 2 x 2 output tiles: 1.3-2x faster than oneDNN's direct blocked kernels on
+  /// more 2 x 2 x 2 output tiles: 1.2-2x faster than oneDNN's direct blocked kernels on
   /// CosmoFlow's layers (docs/benchmarks.md); rounding within ~3e-7 of the largest output.
   /// Their backward-weights from 1 024 tiles per thread. TESSERA_WINOGRAD=0 turns them off.
   Automatic,
