@@ -224,6 +224,10 @@ class ConvolutionLayer final : public Layer {
     tile_geometry_.input_size = spatial_extents(input.shape());
     tile_geometry_.padding.assign(geometry_.padding.size(), 0);
     tile_geometry_.output_size = ctx.tile->output_extent;
+    TESSERA_CHECK(ctx.tile->window_begin.size() == geometry_.input_size.size() &&
+                      ctx.tile->input_global.size() == geometry_.input_size.size(),
+                  "{}: a spatial tile without its window's position or the global extents (executor bug)",
+                  describe(*this));
     bool padded = false;
     std::vector<std::int64_t> data_begin, data_extent;
     for (std::size_t i = 0; i < tile_geometry_.input_size.size(); ++i) {

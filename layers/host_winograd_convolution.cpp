@@ -1,5 +1,6 @@
 // Winograd kernels for 3 x 3 x 3 convolutions (see host_winograd_convolution.hpp). The input is
-// first copied with its padding written out. A block is 16 tiles of 2 x 2 x 2 outputs, one per
+// first copied with its padding written out (unless it is that already: a spatial tile's window
+// of whole tiles). A block is 16 tiles of 2 x 2 x 2 outputs, one per
 // vector lane. Per input channel the block's 4 x 4 x 4 input windows are read (two deinterleaved
 // row loads where lanes 0-7 and 8-15 each lie along one row of tiles, else lane by lane) and
 // transformed into 64 points. Forward: per point, the products with the transformed weights of 16
@@ -209,6 +210,13 @@ struct WinogradShape {
   /// shorter rows are taken 16 consecutive tiles a block, across rows.
   bool by_segments() const { return tiles[2] >= kSegment; }
   std::int64_t segments_per_row() const { return (tiles[2] + kSegment - 1) / kSegment; }
+  /// Whether the input itself is its padded copy: no padding, every tile whole, and no short
+  /// segment whose row loads would read past the input's end (a spatial tile's window usually).
+  bool padded_in_place() const {
+    for (int i = 0; i < 3; ++i)
+      if (pad[i] != 0 || padded[i] != in[i]) return false;
+    return !by_segments() || tiles[2] % kSegment == 0;
+  }
   std::int64_t block_count() const {
     return by_segments() ? (batch * tiles[0] * tiles[1] * segments_per_row() + 1) / 2 : (tile_count() + kLanes - 1) / kLanes;
   }
@@ -531,6 +539,7 @@ float* WinogradConvolution::buffer(std::unique_ptr<float[], AlignedFree>& kept, 
 }
 
 const float* WinogradConvolution::pad(const WinogradShape& s, const float* input) {
+  if (s.padded_in_place()) return input;
   const std::int64_t planes = s.batch * s.in_channels, pvol = s.padded_volume();
   float* padded = buffer(padded_, padded_capacity_, planes * pvol + kSlack);
   std::memset(padded + planes * pvol, 0, kSlack * sizeof(float));

@@ -44,7 +44,8 @@ class WinogradConvolution {
     void operator()(float* p) const;
   };
   static float* buffer(std::unique_ptr<float[], AlignedFree>& kept, std::int64_t& capacity, std::int64_t floats);
-  /// The input with its padding written out as zeros, every tile's window inside.
+  /// The input with its padding written out as zeros, every tile's window inside (the input
+  /// itself where it needs no padding and no slack: WinogradShape::padded_in_place).
   const float* pad(const WinogradShape& shape, const float* input);
   void run(const WinogradShape& shape, const float* input, const float* bias, bool leaky, float slope, float* output);
 

@@ -80,6 +80,7 @@ TEST(LayerForward, ConvolutionRegionsOfATileEqualTheWholeTile) {
       SpatialTile tile;
       tile.output_extent = {6, 3, 5};
       tile.window_begin = {0, 0, 0};
+      tile.input_global = {12, 12, 9};
       LayerContext context;
       context.backend = backend.get();
       context.tile = &tile;

@@ -337,6 +337,11 @@ TEST(WinogradConvolution, MatchesADoublePrecisionLoop) {
       {1, 8, 24, {5, 7, 16}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true},
       {3, 12, 8, {4, 9, 5}, {3, 3, 3}, {1, 1, 1}, {0, 1, 2}, {1, 1, 1}, false},
       {1, 17, 9, {6, 5, 37}, {3, 3, 3}, {1, 1, 1}, {2, 0, 1}, {1, 1, 1}, true},
+      // No padding and whole tiles (a spatial tile's window): the input is read in place, along
+      // rows of segments and lane by lane; with a short last segment it is copied.
+      {2, 8, 16, {10, 6, 34}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, true},
+      {1, 9, 8, {6, 6, 10}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, false},
+      {1, 8, 8, {4, 4, 22}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, true},
   };
   std::uint64_t stream = 300;
   const int threads = backend_threads();
