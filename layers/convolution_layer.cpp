@@ -228,8 +228,10 @@ class ConvolutionLayer final : public Layer {
                       ctx.tile->input_global.size() == geometry_.input_size.size(),
                   "{}: a spatial tile without its window's position or the global extents (executor bug)",
                   describe(*this));
-    bool padded = false;
-    std::vector<std::int64_t> data_begin, data_extent;
+    // The data region, written in place (no allocation once the vectors have grown).
+    auto& data_begin = tile_geometry_.data_begin;
+    auto& data_extent = tile_geometry_.data_extent;
+    bool padded = false, empty = false;
     for (std::size_t i = 0; i < tile_geometry_.input_size.size(); ++i) {
       const std::int64_t reach = (geometry_.kernel[i] - 1) * geometry_.dilation[i] + 1;
       const std::int64_t out = tile_geometry_.output_size[i], window = tile_geometry_.input_size[i];
@@ -239,12 +241,13 @@ class ConvolutionLayer final : public Layer {
       const std::int64_t first = std::max<std::int64_t>(0, -ctx.tile->window_begin[i]);
       const std::int64_t end = std::min(window, ctx.tile->input_global[i] - ctx.tile->window_begin[i]);
       data_begin.push_back(first);
-      data_extent.push_back(std::max<std::int64_t>(0, end - first));
+      data_extent.push_back(end - first);
       padded = padded || first > 0 || end < window;
+      empty = empty || end <= first;
     }
-    if (padded && std::ranges::all_of(data_extent, [](std::int64_t e) { return e > 0; })) {
-      tile_geometry_.data_begin = std::move(data_begin);
-      tile_geometry_.data_extent = std::move(data_extent);
+    if (!padded || empty) {  // all of the window holds data, or none of it
+      data_begin.clear();
+      data_extent.clear();
     }
     return tile_geometry_;
   }

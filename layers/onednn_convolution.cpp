@@ -256,13 +256,22 @@ class OneDnnConvolution final : public ConvolutionKernels {
  private:
   /// Whether Tessera's direct kernels run this convolution's forward and backward-weights: where
   /// they apply, unless a test forced a layout or a 3-D backward-weights mode.
+  /// Records, once per convolution (with or without a fused activation), which kernels run it;
+  /// `recorded` holds both forms, so that later calls find theirs without a copy.
+  void record_once(std::set<ConvolutionGeometry>& recorded, const ConvolutionGeometry& geometry, const char* what,
+                   const char* implementation) {
+    if (recorded.contains(geometry)) return;
+    const ConvolutionGeometry plain = geometry.without_activation();
+    if (recorded.insert(plain).second) context_.record(what + plain.to_string(), implementation);
+    recorded.insert(geometry);
+  }
+
   bool direct(const ConvolutionGeometry& geometry) {
     if (layout_ != HostConvolutionLayout::Automatic || backward_weights_3d_ != BackwardWeights3d::Automatic ||
         !host::direct_convolution_applies(geometry))
       return false;
-    if (direct_recorded_.insert(geometry.without_activation()).second)
-      context_.record("convolution forward and backward weights " + geometry.without_activation().to_string(),
-                      "tessera direct (one input channel, plain layout)");
+    record_once(direct_recorded_, geometry, "convolution forward and backward weights ",
+                "tessera direct (one input channel, plain layout)");
     return true;
   }
 
@@ -281,9 +290,8 @@ class OneDnnConvolution final : public ConvolutionKernels {
         !host::winograd_convolution_applies(geometry))
       return false;
     if (host::winograd_tiles(geometry) < kWinogradFromTiles) return false;
-    if (winograd_recorded_.insert(geometry.without_activation()).second)
-      context_.record("convolution forward and backward data " + geometry.without_activation().to_string(),
-                      "tessera winograd F(2x2x2, 3x3x3) (plain layout)");
+    record_once(winograd_recorded_, geometry, "convolution forward and backward data ",
+                "tessera winograd F(2x2x2, 3x3x3) (plain layout)");
     return true;
   }
 
@@ -291,9 +299,8 @@ class OneDnnConvolution final : public ConvolutionKernels {
   bool winograd_weights(const ConvolutionGeometry& geometry) {
     if (!winograd(geometry) || host::winograd_tiles(geometry) < kWinogradWeightsFromTiles * omp_get_max_threads())
       return false;
-    if (winograd_weights_recorded_.insert(geometry.without_activation()).second)
-      context_.record("convolution backward weights " + geometry.without_activation().to_string(),
-                      "tessera winograd F(2x2x2, 3x3x3) (plain layout)");
+    record_once(winograd_weights_recorded_, geometry, "convolution backward weights ",
+                "tessera winograd F(2x2x2, 3x3x3) (plain layout)");
     return true;
   }
 

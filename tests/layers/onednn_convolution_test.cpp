@@ -71,6 +71,16 @@ double relative_difference(const std::vector<float>& a, const std::vector<float>
   return scale > 0 ? difference / scale : difference;
 }
 
+/// The bias gradient matches `want` where the convolution has a bias, and is left untouched (123,
+/// as the tests fill it) where not.
+void expect_bias_gradient(bool bias, const std::vector<float>& got, const std::vector<float>& want, double tolerance) {
+  if (bias) {
+    EXPECT_LT(relative_difference(got, want), tolerance);
+  } else {
+    EXPECT_EQ(got, std::vector<float>(got.size(), 123.0f));
+  }
+}
+
 std::int64_t product(const std::vector<std::int64_t>& values) {
   std::int64_t result = 1;
   for (auto v : values) result *= v;
@@ -154,11 +164,7 @@ TEST(OneDnnConvolution3d, DecomposedBackwardWeightsMatchesDirect) {
         // Twice: the second call reuses the plan built by the first.
         const Gradients decomposed = run(mode, g, input, grad_output, weights, with_input, &lines, 2);
         EXPECT_LT(relative_difference(decomposed.weights, direct.weights), 1e-5);
-        if (g.bias) {
-          EXPECT_LT(relative_difference(decomposed.bias, direct.bias), 1e-5);
-        } else {
-          EXPECT_EQ(decomposed.bias, std::vector<float>(decomposed.bias.size(), 123.0f));  // untouched
-        }
+        expect_bias_gradient(g.bias, decomposed.bias, direct.bias, 1e-5);
         if (with_input) {
           EXPECT_LT(relative_difference(decomposed.input, direct.input), 1e-5);
         }
@@ -276,6 +282,25 @@ Problem random_problem(const ConvolutionGeometry& g, std::uint64_t& stream) {
   return p;
 }
 
+/// Runs `check(g, problem)` on a random problem of `g` without and with a fused leaky ReLU, each at
+/// one thread and two; the backend's threads are restored after.
+template <class Check>
+void with_activations_and_threads(ConvolutionGeometry g, std::uint64_t& stream, Check&& check) {
+  const int threads = backend_threads();
+  for (int leaky = 0; leaky < 2; ++leaky) {
+    g.leaky_relu = leaky == 1;
+    g.leaky_slope = leaky ? 0.01f : 0.0f;
+    const Problem p = random_problem(g, stream);
+    for (int thread_count : {1, 2}) {
+      SCOPED_TRACE(g.to_string() + (leaky ? " leaky" : "") + " threads " + std::to_string(thread_count));
+      set_backend_threads(thread_count);
+      check(g, p);
+    }
+  }
+  set_backend_threads(threads);
+}
+
+
 TEST(DirectConvolution, OneInputChannelMatchesADoublePrecisionLoop) {
   // 2-D and 3-D; filter counts below, at and past the blocks of 8 and 16; rows shorter than, equal
   // to and past a vector of 16 (and its multiples); padding 0 to 2 with kernels up to 5; one thread
@@ -288,7 +313,6 @@ TEST(DirectConvolution, OneInputChannelMatchesADoublePrecisionLoop) {
       {1, 1, 24, {3, 6, 33}, {3, 1, 3}, {1, 1, 1}, {1, 0, 1}, {1, 1, 1}, true},
   };
   std::uint64_t stream = 100;
-  const int threads = backend_threads();
   for (const Case& c : direct_cases) {
     for (bool two_d : {false, true}) {
       if (two_d && c.input[0] != 1) continue;
@@ -296,35 +320,23 @@ TEST(DirectConvolution, OneInputChannelMatchesADoublePrecisionLoop) {
       if (two_d) {
         for (auto* v : {&g.input_size, &g.kernel, &g.stride, &g.padding, &g.dilation, &g.output_size}) v->erase(v->begin());
       }
-      for (int leaky = 0; leaky < 2; ++leaky) {
-        g.leaky_relu = leaky == 1;
-        g.leaky_slope = leaky ? 0.01f : 0.0f;
-        ASSERT_TRUE(host::direct_convolution_applies(g)) << g.to_string();
-        const Problem p = random_problem(g, stream);
+      ASSERT_TRUE(host::direct_convolution_applies(g)) << g.to_string();
+      with_activations_and_threads(g, stream, [](const ConvolutionGeometry& v, const Problem& p) {
         const auto& [input, weights, bias, grad_output, expected] = p;
-        for (int thread_count : {1, 2}) {
-          SCOPED_TRACE(g.to_string() + (leaky ? " leaky" : "") + " threads " + std::to_string(thread_count));
-          set_backend_threads(thread_count);
-          onednn::Context context;
-          auto kernels = onednn::make_convolution_kernels(context, HostConvolutionLayout::Automatic, BackwardWeights3d::Automatic);
-          std::vector<float> output(expected.output.size(), 123.0f), grad_weights(expected.grad_weights.size(), 123.0f);
-          std::vector<float> grad_bias(expected.grad_bias.size(), 123.0f);
-          kernels->forward(g, input.data(), weights.data(), bias.data(), output.data());
-          kernels->backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data());
-          EXPECT_LT(relative_difference(output, expected.output), 1e-6);
-          EXPECT_LT(relative_difference(grad_weights, expected.grad_weights), 1e-6);
-          if (g.bias) {
-            EXPECT_LT(relative_difference(grad_bias, expected.grad_bias), 1e-6);
-          } else {
-            EXPECT_EQ(grad_bias, std::vector<float>(grad_bias.size(), 123.0f));  // untouched
-          }
-          ASSERT_FALSE(context.implementations.empty());
-          EXPECT_NE(context.implementations.front().find("tessera direct"), std::string::npos);
-        }
-      }
+        onednn::Context context;
+        auto kernels = onednn::make_convolution_kernels(context, HostConvolutionLayout::Automatic, BackwardWeights3d::Automatic);
+        std::vector<float> output(expected.output.size(), 123.0f), grad_weights(expected.grad_weights.size(), 123.0f);
+        std::vector<float> grad_bias(expected.grad_bias.size(), 123.0f);
+        kernels->forward(v, input.data(), weights.data(), bias.data(), output.data());
+        kernels->backward_weights(v, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data());
+        EXPECT_LT(relative_difference(output, expected.output), 1e-6);
+        EXPECT_LT(relative_difference(grad_weights, expected.grad_weights), 1e-6);
+        expect_bias_gradient(v.bias, grad_bias, expected.grad_bias, 1e-6);
+        ASSERT_FALSE(context.implementations.empty());
+        EXPECT_NE(context.implementations.front().find("tessera direct"), std::string::npos);
+      });
     }
   }
-  set_backend_threads(threads);
 }
 
 TEST(WinogradConvolution, MatchesADoublePrecisionLoop) {
@@ -344,38 +356,25 @@ TEST(WinogradConvolution, MatchesADoublePrecisionLoop) {
       {1, 8, 8, {4, 4, 22}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, true},
   };
   std::uint64_t stream = 300;
-  const int threads = backend_threads();
   for (const Case& c : winograd_cases) {
-    ConvolutionGeometry g = geometry_of(c);
-    for (int leaky = 0; leaky < 2; ++leaky) {
-      g.leaky_relu = leaky == 1;
-      g.leaky_slope = leaky ? 0.01f : 0.0f;
-      ASSERT_TRUE(host::winograd_convolution_applies(g)) << g.to_string();
-      const Problem p = random_problem(g, stream);
+    const ConvolutionGeometry g = geometry_of(c);
+    ASSERT_TRUE(host::winograd_convolution_applies(g)) << g.to_string();
+    with_activations_and_threads(g, stream, [](const ConvolutionGeometry& v, const Problem& p) {
       const auto& [input, weights, bias, grad_output, expected] = p;
-      for (int thread_count : {1, 2}) {
-        SCOPED_TRACE(g.to_string() + (leaky ? " leaky" : "") + " threads " + std::to_string(thread_count));
-        set_backend_threads(thread_count);
-        host::WinogradConvolution kernels;
-        std::vector<float> output(expected.output.size(), 123.0f), grad_input(expected.grad_input.size(), 123.0f);
-        std::vector<float> grad_weights(expected.grad_weights.size(), 123.0f), grad_bias(expected.grad_bias.size(), 123.0f);
-        kernels.forward(g, input.data(), weights.data(), bias.data(), output.data());
-        kernels.backward_data(g, grad_output.data(), weights.data(), grad_input.data());
-        kernels.backward_weights(g, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data());
-        // Winograd's transforms add rounding: measured up to 3e-7 of the largest value here, in all
-        // three passes (fp32 sums: 1e-7).
-        EXPECT_LT(relative_difference(output, expected.output), 2e-6);
-        EXPECT_LT(relative_difference(grad_input, expected.grad_input), 2e-6);
-        EXPECT_LT(relative_difference(grad_weights, expected.grad_weights), 2e-6);
-        if (g.bias) {
-          EXPECT_LT(relative_difference(grad_bias, expected.grad_bias), 1e-6);
-        } else {
-          EXPECT_EQ(grad_bias, std::vector<float>(grad_bias.size(), 123.0f));  // untouched
-        }
-      }
-    }
+      host::WinogradConvolution kernels;
+      std::vector<float> output(expected.output.size(), 123.0f), grad_input(expected.grad_input.size(), 123.0f);
+      std::vector<float> grad_weights(expected.grad_weights.size(), 123.0f), grad_bias(expected.grad_bias.size(), 123.0f);
+      kernels.forward(v, input.data(), weights.data(), bias.data(), output.data());
+      kernels.backward_data(v, grad_output.data(), weights.data(), grad_input.data());
+      kernels.backward_weights(v, input.data(), grad_output.data(), grad_weights.data(), grad_bias.data());
+      // Winograd's transforms add rounding: measured up to 3e-7 of the largest value here, in all
+      // three passes (fp32 sums: 1e-7).
+      EXPECT_LT(relative_difference(output, expected.output), 2e-6);
+      EXPECT_LT(relative_difference(grad_input, expected.grad_input), 2e-6);
+      EXPECT_LT(relative_difference(grad_weights, expected.grad_weights), 2e-6);
+      expect_bias_gradient(v.bias, grad_bias, expected.grad_bias, 1e-6);
+    });
   }
-  set_backend_threads(threads);
 }
 
 TEST(WinogradConvolution, BackwardDataComputesTheDataRegionOfAWindow) {
