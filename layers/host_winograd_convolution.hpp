@@ -34,8 +34,8 @@ class WinogradConvolution {
   void backward_data(const ConvolutionGeometry& geometry, const float* grad_output, const float* weights,
                      float* grad_input);
   /// Overwrites grad_weights, and grad_bias when the geometry has a bias. Each thread sums its
-  /// tiles' products in fp32, per chunk of 512 tiles in 16 lanes, then the lanes across chunks;
-  /// the threads' sums are added in double.
+  /// tiles' products in fp32, per chunk of 256 tiles in 16 lanes whose sums are added up at the
+  /// chunk's end; the threads' sums are added in double.
   void backward_weights(const ConvolutionGeometry& geometry, const float* input, const float* grad_output,
                         float* grad_weights, float* grad_bias);
 
