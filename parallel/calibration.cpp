@@ -212,42 +212,49 @@ std::vector<CommPoint> alltoall_points(Communicator& comm, bool quick) {
 namespace {
 
 // Each rank alternates `work` seconds of work with an allreduce of every rank (as a step's
-// gradient allreduce, or its chain of halo exchanges, ties every rank together); a round's time
-// beyond the work (stretched by the node's oversubscription) and one small allreduce is the wait.
-// The median over `repeats`.
-double wait_after_work(Communicator& comm, const Machine& machine, int cores, int repeats, double work) {
-  const int size = comm.size();
-  std::int64_t iterations = 1 << 20;
-  double solo = 0;
-  on_rank0_alone(comm, [&] {
-    const auto start = Clock::now();
-    spin(iterations);
-    const double t = seconds_since(start);
-    iterations = std::max<std::int64_t>(
-        1000, static_cast<std::int64_t>(static_cast<double>(iterations) * work / std::max(t, 1e-6)));
-    const auto again = Clock::now();
-    spin(iterations);
-    solo = seconds_since(again);
-  });
-  comm.broadcast(&iterations, 1, DType::I64, 0);
-  comm.broadcast(&solo, 1, DType::F64, 0);
-  const int rounds = std::max(20, static_cast<int>(0.2 / std::max(solo, 1e-5)));  // about 0.2 s of work
-  std::vector<double> waits;
-  const double stretch = std::max(1.0, static_cast<double>(machine.ranks_on_node(size)) / cores);
-  const double expected =
-      solo * stretch + machine.intra.allreduce.alpha + sizeof(double) * machine.intra.allreduce.beta;
-  for (int repeat = 0; repeat < repeats; ++repeat) {
-    comm.barrier();
-    const auto start = Clock::now();
-    for (int round = 0; round < rounds; ++round) {
-      spin(iterations);
-      (void)comm.allreduce_value(1.0, ReduceOp::Sum);
-    }
-    const double per_round = comm.allreduce_value(seconds_since(start) / rounds, ReduceOp::Max);
-    waits.push_back(per_round - expected);
+// gradient allreduce, or its chain of halo exchanges, ties every rank together).
+class WaitProbe {
+ public:
+  WaitProbe(Communicator& comm, const Machine& machine, int cores, double work) : comm_(comm) {
+    on_rank0_alone(comm, [&] {
+      const auto start = Clock::now();
+      spin(iterations_);
+      const double t = seconds_since(start);
+      iterations_ = std::max<std::int64_t>(
+          1000, static_cast<std::int64_t>(static_cast<double>(iterations_) * work / std::max(t, 1e-6)));
+      const auto again = Clock::now();
+      spin(iterations_);
+      solo_ = seconds_since(again);
+    });
+    comm.broadcast(&iterations_, 1, DType::I64, 0);
+    comm.broadcast(&solo_, 1, DType::F64, 0);
+    rounds_ = std::max(20, static_cast<int>(0.2 / std::max(solo_, 1e-5)));  // about 0.2 s of work
+    const double stretch = std::max(1.0, static_cast<double>(machine.ranks_on_node(comm.size())) / cores);
+    work_ = solo_ * stretch;
+    expected_ = work_ + machine.intra.allreduce.alpha + sizeof(double) * machine.intra.allreduce.beta;
   }
-  return median(waits);  // the same on every rank (from allreduced values)
-}
+
+  /// A round's time beyond the work (stretched by the node's oversubscription) and one small
+  /// allreduce: the wait, the same on every rank.
+  double wait() {
+    comm_.barrier();
+    const auto start = Clock::now();
+    for (int round = 0; round < rounds_; ++round) {
+      spin(iterations_);
+      (void)comm_.allreduce_value(1.0, ReduceOp::Sum);
+    }
+    return comm_.allreduce_value(seconds_since(start) / rounds_, ReduceOp::Max) - expected_;
+  }
+
+  /// A rank's work as it takes on the shared node (as calibrate times the kernels, all ranks at once).
+  double work() const { return work_; }
+
+ private:
+  Communicator& comm_;
+  std::int64_t iterations_ = 1 << 20;
+  double solo_ = 0, work_ = 0, expected_ = 0;
+  int rounds_ = 0;
+};
 
 }  // namespace
 
@@ -255,13 +262,22 @@ SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int cores
   require_two_ranks(comm);
   // Two amounts of work, as short as a layer's kernel and as long as a small model's step: the
   // wait's fixed part and the part that grows with the work (a descheduled peer is late by a share
-  // of its work). They lie far apart, so that the share is not the difference of two noises.
-  constexpr double kShort = 1e-3, kLong = 16e-3;
-  const double short_wait = wait_after_work(comm, machine, cores, repeats, kShort);
-  const double long_wait = wait_after_work(comm, machine, cores, repeats, kLong);
+  // of its work, the work as the node's sharing stretches it, as the cost model's kernel timings
+  // are). They lie far apart, so that the share is not the difference of two noises; they
+  // alternate, pair by pair, so that a slow minute of the machine slows both; the share is the
+  // median of the pairs' (at least 9: how the scheduler places the ranks changes from pair to pair).
+  WaitProbe short_work(comm, machine, cores, 1e-3), long_work(comm, machine, cores, 16e-3);
+  const double apart = std::max(long_work.work() - short_work.work(), 1e-6);
+  std::vector<double> shares, short_waits;
+  for (int pair = 0; pair < std::max(9, repeats); ++pair) {
+    const double short_wait = short_work.wait();
+    const double long_wait = long_work.wait();
+    short_waits.push_back(short_wait);
+    shares.push_back((long_wait - short_wait) / apart);
+  }
   SyncWait w;
-  w.share = std::max(0.0, (long_wait - short_wait) / (kLong - kShort));
-  w.seconds = std::max(0.0, short_wait - w.share * kShort);
+  w.share = std::max(0.0, median(shares));  // the same on every rank (from allreduced values)
+  w.seconds = std::max(0.0, median(short_waits) - w.share * short_work.work());
   return w;
 }
 

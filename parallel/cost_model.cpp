@@ -80,17 +80,6 @@ bool CostModel::exact_on_tf32(const PlannerLayer& l) const {
   return gpu_bf16_convolution(l) && options_.exact_bf16_convolutions;
 }
 
-double CostModel::exchange_wait(const LayerEstimate& layer) const {
-  return options_.ranks > 1 ? machine_.sync_wait_share_for(options_.ranks) * layer.compute : 0.0;
-}
-
-double CostModel::input_exchange(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
-                                 const LayerEstimate& e) const {
-  const double moved = exchange_cost(producer, held, consumer, split);
-  // (A layer whose own exchanges already wait for its work does not wait for it again here.)
-  return moved > 0 ? moved + (e.waits_for_work ? 0.0 : exchange_wait(e)) : 0.0;
-}
-
 LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   const auto& l = graph_.layers.at(static_cast<std::size_t>(layer));
   const int P = options_.ranks;
@@ -170,6 +159,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   // convolution is timed as it runs by default, on bf16 tensors (tessera calibrate --device
   // cuda): run exact (--bf16-convolutions exact), it takes the roofline at its own rate.
   const auto found = exact_on_tf32(l) ? machine_.kernels.end() : machine_.kernels.find(w.key(graph_));
+  bool shares_cores = true;  // whether the largest tile's rank shares its cores with peers
   if (found != machine_.kernels.end()) {
     e.compute = found->second;
     e.measured = true;
@@ -186,7 +176,10 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
       if (l.output.rank() > 1) balance *= share(l.output[1], split.filter);
       for (std::size_t j = 0; j < w.output_extent.size(); ++j)
         balance *= share(l.output[static_cast<int>(j) + 2], parts[j]);
-      e.compute *= std::max(static_cast<double>(machine_.cores_per_node) / on_node, balance);
+      const double own_core = static_cast<double>(machine_.cores_per_node) / on_node;
+      e.compute *= std::max(own_core, balance);
+      // The largest tile on a core of its own is the last to finish: no peer keeps it waiting.
+      shares_cores = balance > own_core * (1 + 1e-9);
     }
   } else {
     const double sample_share = static_cast<double>(w.samples) / static_cast<double>(std::max<std::int64_t>(1, l.output[0]));
@@ -236,7 +229,6 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     const AlphaBeta& ab = stride * c > rpn ? machine_.inter.p2p : machine_.intra.p2p;
     e.model_comm += 2.0 * ((c - 1) * ab.alpha + (c - 1.0) / c * partial * ab.beta +
                            2.0 * partial / machine_.rank_memory_bandwidth(P) + machine_.sync_wait_for(P));
-    e.waits_for_work = true;
   }
   // Batch-norm statistics: an allreduce of 2 x channels values forward and one backward over the
   // sample x spatial group.
@@ -246,11 +238,11 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     const AlphaBeta& ab = P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce;
     if (g > 1) {
       e.model_comm += 2.0 * (allreduce_time(ab, g, bytes) + machine_.sync_wait_for(P));
-      e.waits_for_work = true;
     }
   }
-  // Those blocking exchanges wait for the layer's work once, however many there are.
-  if (e.waits_for_work) e.model_comm += exchange_wait(e);
+  // Its work, waited for once at the next blocking exchange (its own, a later layer's, or the
+  // step's closing loss allreduce): a descheduled peer is late by a share of it.
+  if (P > 1 && shares_cores) e.wait = machine_.sync_wait_share_for(P) * e.compute;
 
   // Gradient allreduce of the weight blocks over the ranks with the same filter and channel
   // coordinates (sample x spatial); it spans nodes when the group's last rank is off node 0.
@@ -282,13 +274,14 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
 
 void CostModel::finish(PlanEstimate& estimate) const {
   const int P = options_.ranks;
-  estimate.compute = estimate.exchange = estimate.model_comm = estimate.grad_allreduce = 0;
+  estimate.compute = estimate.exchange = estimate.model_comm = estimate.wait = estimate.grad_allreduce = 0;
   double optimizer = 0, last_grad = 0;
   for (const auto& l : estimate.layers) {
     optimizer += l.optimizer;
     estimate.compute += l.compute;
     estimate.exchange += l.exchange;
     estimate.model_comm += l.model_comm;
+    estimate.wait += l.wait;
     estimate.grad_allreduce += l.grad_allreduce;
     if (l.grad_allreduce > 0) last_grad = l.grad_allreduce;  // the first layer's: reduced last
   }
@@ -303,7 +296,7 @@ void CostModel::finish(PlanEstimate& estimate) const {
   estimate.other = allreduce_time(P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce, P, 16) + optimizer + waits;
   estimate.other += machine_.step_overhead_seconds();
   estimate.step_seconds =
-      estimate.compute + estimate.exchange + estimate.model_comm + estimate.grad_exposed + estimate.other;
+      estimate.compute + estimate.exchange + estimate.model_comm + estimate.wait + estimate.grad_exposed + estimate.other;
   estimate.memory_bytes = memory_bytes(estimate, &estimate.scratch_bytes);
   estimate.fits = estimate.memory_bytes <= machine_.memory_per_rank;
 }
@@ -340,7 +333,7 @@ PlanEstimate CostModel::estimate(const Plan& plan) const {
         const int dims = graph_.layers[static_cast<std::size_t>(input)].output.spatial_dims();
         held.spatial = held.spatial_product() > 1 ? spatial_parts(held, dims) : std::vector<int>{};
       }
-      le.exchange += input_exchange(input, held, static_cast<int>(i), split, le);
+      le.exchange += exchange_cost(input, held, static_cast<int>(i), split);
     }
     e.layers.push_back(std::move(le));
   }
@@ -349,16 +342,16 @@ PlanEstimate CostModel::estimate(const Plan& plan) const {
 }
 
 std::string format_estimate(const PlanEstimate& e) {
-  std::string s = fmt::format("{:<14} {:<34} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "layer", "split",
-                              "compute ms", "exch. ms", "model ms", "grad ms", "mem MiB");
+  std::string s = fmt::format("{:<14} {:<34} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "layer", "split",
+                              "compute ms", "exch. ms", "model ms", "wait ms", "grad ms", "mem MiB");
   for (const auto& l : e.layers)
-    s += fmt::format("{:<14} {:<34} {:>9.3f}{} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.1f}\n", l.name, l.split.to_string(),
-                     1e3 * l.compute, l.measured ? "m" : "r", 1e3 * l.exchange, 1e3 * l.model_comm,
-                     1e3 * l.grad_allreduce, l.memory / (1 << 20));
+    s += fmt::format("{:<14} {:<34} {:>9.3f}{} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.1f}\n", l.name,
+                     l.split.to_string(), 1e3 * l.compute, l.measured ? "m" : "r", 1e3 * l.exchange,
+                     1e3 * l.model_comm, 1e3 * l.wait, 1e3 * l.grad_allreduce, l.memory / (1 << 20));
   s += fmt::format(
-      "step {:.3f} ms = compute {:.3f} + exchange {:.3f} + model {:.3f} + exposed gradient allreduce {:.3f} (of {:.3f}) "
-      "+ loss/optimizer {:.3f}; memory per rank {:.1f} MiB{}\n",
-      1e3 * e.step_seconds, 1e3 * e.compute, 1e3 * e.exchange, 1e3 * e.model_comm, 1e3 * e.grad_exposed,
+      "step {:.3f} ms = compute {:.3f} + exchange {:.3f} + model {:.3f} + waits for late peers {:.3f} + exposed "
+      "gradient allreduce {:.3f} (of {:.3f}) + loss/optimizer {:.3f}; memory per rank {:.1f} MiB{}\n",
+      1e3 * e.step_seconds, 1e3 * e.compute, 1e3 * e.exchange, 1e3 * e.model_comm, 1e3 * e.wait, 1e3 * e.grad_exposed,
       1e3 * e.grad_allreduce, 1e3 * e.other, e.memory_bytes / (1 << 20), e.fits ? "" : " (does NOT fit)");
   s += "(compute: m = calibrated timing of this workload, r = roofline of the machine file; mem: the layer's "
        "weights, their gradients and optimizer state, its output and input while it runs; memory per rank counts "

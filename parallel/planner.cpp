@@ -278,7 +278,7 @@ SearchOutcome run_dp(const CostModel& model, const std::vector<std::vector<Layer
                                 (model.may_run_in_place(static_cast<int>(v)) ? 2.0 * consumer.output_bytes : 0.0);
       // And, where its halo exchange overlaps its forward, the region copies a convolution keeps.
       const double c =
-          model.input_exchange(u, held, static_cast<int>(v), cv[k], consumer) +
+          model.exchange_cost(u, held, static_cast<int>(v), cv[k]) +
           (penalty > 0 && model.copies_input(u, held, static_cast<int>(v), cv[k], consumer) ? penalty * copy_bytes
                                                                                            : 0.0) +
           (penalty > 0 && l.inputs.size() == 1 ? penalty * model.overlap_region_bytes(u, held, static_cast<int>(v), cv[k])

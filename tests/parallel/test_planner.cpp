@@ -489,9 +489,22 @@ TEST(CostModel, OversubscribedCpuNodes) {
   const CostModel waiting(g, m, {.ranks = 3});  // a cost model caches: a changed machine needs a new one
   EXPECT_NEAR(waiting.exchange_cost(1, t, 2, t), without + 2 * 0.01, 1e-15);
   EXPECT_EQ(waiting.exchange_cost(0, t, 1, t), 0.0);  // nothing moves: no wait
+  // And late by a share of its work, unless its largest tile has a core of its own (2 of the 4
+  // samples on 3 ranks): then it is the last to finish, and no peer keeps it waiting.
+  m.sync_wait_share[3] = 0.4;
+  EXPECT_EQ(CostModel(g, m, {.ranks = 3}).layer_cost(4, s).wait, 0.0);
+  const PlannerGraph even = small_chain(6);  // 2 samples on each of the 3 ranks: the cores are shared
+  const CostModel shared(even, m, {.ranks = 3});
+  m.kernels[shared.workload(4, s).key(even)] = 0.3;
+  const LayerEstimate e = CostModel(even, m, {.ranks = 3}).layer_cost(4, s);
+  EXPECT_NEAR(e.compute, 0.3, 1e-15);
+  EXPECT_NEAR(e.wait, 0.4 * 0.3, 1e-15);
 }
 
-TEST(CostModel, ALayerWaitsForItsWorkOnceHoweverManyOfItsExchangesBlock) {
+TEST(CostModel, EveryLayersWorkIsWaitedForOnce) {
+  // A descheduled peer is late at the next blocking exchange by a share of the work since the one
+  // before; every step ends in one (the loss allreduce), so each layer pays the share of its own
+  // work once, whether or not its own exchanges block, and exchanges pay only what they move.
   const PlannerGraph g = small_chain(4);
   const Machine no_wait = round_machine();
   const CostModel plain(g, no_wait, {.ranks = 2});
@@ -502,20 +515,23 @@ TEST(CostModel, ALayerWaitsForItsWorkOnceHoweverManyOfItsExchangesBlock) {
   by_sample.sample = 2;
   by_filter.filter = 2;
   by_channel.channel = 2;
-  // c2 split by sample, reading r1 split by filter: the redistribution waits for half c2's work.
-  const LayerEstimate sample = model.layer_cost(2, by_sample);
-  EXPECT_FALSE(sample.waits_for_work);
-  const double moved = model.exchange_cost(1, by_filter, 2, by_sample);
-  ASSERT_GT(moved, 0);
-  EXPECT_NEAR(model.input_exchange(1, by_filter, 2, by_sample, sample), moved + 0.5 * sample.compute, 1e-15);
-  // c2 split by channel: its reduce-scatter and gather wait for it, once; reading r1 split by
-  // sample then moves data without waiting again.
-  const LayerEstimate channel = model.layer_cost(2, by_channel);
-  EXPECT_TRUE(channel.waits_for_work);
-  EXPECT_NEAR(channel.model_comm - plain.layer_cost(2, by_channel).model_comm, 0.5 * channel.compute, 1e-15);
-  ASSERT_GT(model.exchange_cost(1, by_sample, 2, by_channel), 0);
-  EXPECT_NEAR(model.input_exchange(1, by_sample, 2, by_channel, channel), model.exchange_cost(1, by_sample, 2, by_channel),
-              1e-15);
+  for (const LayerSplit& s : {by_sample, by_filter, by_channel}) {
+    const LayerEstimate e = model.layer_cost(2, s), without = plain.layer_cost(2, s);
+    ASSERT_GT(e.compute, 0) << s.to_string();
+    EXPECT_NEAR(e.wait, 0.5 * e.compute, 1e-15) << s.to_string();
+    EXPECT_EQ(without.wait, 0.0) << s.to_string();
+    EXPECT_NEAR(e.total(), without.total() + 0.5 * e.compute, 1e-15) << s.to_string();
+  }
+  // A redistribution costs what it moves, the same with and without the share.
+  ASSERT_GT(plain.exchange_cost(1, by_filter, 2, by_sample), 0);
+  EXPECT_EQ(model.exchange_cost(1, by_filter, 2, by_sample), plain.exchange_cost(1, by_filter, 2, by_sample));
+  // A plan pays it once per layer: pure batch, with no exchange before the step's end, too.
+  const Plan pure = Plan::sample_parallel(2);
+  const PlanEstimate waited = model.estimate(pure), unwaited = plain.estimate(pure);
+  EXPECT_NEAR(waited.wait, 0.5 * waited.compute, 1e-15);
+  EXPECT_NEAR(waited.step_seconds, unwaited.step_seconds + 0.5 * waited.compute, 1e-15);
+  // One rank waits for no one.
+  EXPECT_EQ(CostModel(g, m, {.ranks = 1}).layer_cost(2, LayerSplit{}).wait, 0.0);
 }
 
 TEST(CostModel, HaloExchangeByHand) {

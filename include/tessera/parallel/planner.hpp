@@ -133,20 +133,21 @@ struct LayerEstimate {
   double input_bytes = 0;   ///< its input as a copy would hold it (window with halo, or block)
   bool halo = false;        ///< split spatially with a window larger than its block
   bool gathers = false;     ///< reads more (filter split) or other (channel split) channels than its producer holds
-  /// Its own blocking exchanges (channel split, batch-norm statistics) pay the wait for its work
-  /// (CostModel::exchange_wait) in model_comm; its input exchanges then do not pay it again.
-  bool waits_for_work = false;
+  /// Machine::sync_wait_share of its compute: a descheduled peer is late by that much at the next
+  /// blocking exchange after it (0 where its largest tile has cores of its own).
+  double wait = 0;
   /// bf16 operands: bytes of its rounded input, output gradient and weights. The backend keeps one
   /// scratch buffer per operand for its convolutions and another for its linear layers, each as
   /// large as the largest layer's, so a plan adds each one's maximum over the layers of its kind.
   double scratch_input = 0, scratch_output = 0, scratch_weights = 0;
   bool scratch_of_linear = false;  ///< whose buffers: the linear layers' (else the convolutions')
-  double total() const { return compute + exchange + model_comm; }
+  double total() const { return compute + exchange + model_comm + wait; }
 };
 
 struct PlanEstimate {
   std::vector<LayerEstimate> layers;
   double compute = 0, exchange = 0, model_comm = 0;
+  double wait = 0;            ///< waits for late peers (the layers' LayerEstimate::wait)
   double grad_allreduce = 0;  ///< all of it
   double grad_exposed = 0;    ///< what backward does not hide
   double other = 0;           ///< loss allreduce, optimizer update, the machine's step overhead
@@ -171,12 +172,6 @@ class CostModel {
   /// Seconds (forward + backward) to move the output of `producer` under `held` to what
   /// `consumer` reads under `split` (0 when nothing moves; the model's input: 0, read from the file).
   double exchange_cost(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
-  /// What the step pays for `consumer` (its estimate `e`) reading the output of `producer` held
-  /// under `held`: exchange_cost, and where anything moves, the wait of those blocking exchanges
-  /// beyond their fixed sync_wait (exchange_wait), unless the layer's own exchanges pay it
-  /// (LayerEstimate::waits_for_work). The search and estimate() both charge this.
-  double input_exchange(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
-                        const LayerEstimate& e) const;
   /// Bytes per rank of a plan's activations as the executor holds them: each tensor once (a
   /// layer's output, or its consumers' copies where every consumer copies it), every layer's
   /// output gradient, and the largest input copy's gradient in flight.
@@ -210,9 +205,6 @@ class CostModel {
   const PlannerOptions& options() const { return options_; }
 
  private:
-  /// What blocking exchanges around `layer` (forward and backward) wait beyond their fixed
-  /// sync_wait: Machine::sync_wait_share of its work (the peers' work before them).
-  double exchange_wait(const LayerEstimate& layer) const;
   /// A bf16 convolution on a GPU machine with bf16 tensor cores (bf16_flops set): Native or Exact
   /// as options().exact_bf16_convolutions says.
   bool gpu_bf16_convolution(const PlannerLayer& layer) const;
