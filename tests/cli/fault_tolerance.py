@@ -266,7 +266,9 @@ if "three-groups" in cases:
         compare_prefix(work, reference, kill_at)
 
 if "spatial" in cases:
-    steps, kill_at = 300, 150
+    # Group 0 must be back while group 1 still trains (450 steps after the kill), or there is
+    # nothing left to heal it for.
+    steps, kill_at = 600, 150
     work = f"{args.work}/spatial"
     deadline = time.time() + RUN_TIMEOUT_S
     process = launch(work, 2, 2, steps, ["--plan", f"{args.plans}/fashion_spatial_np2.yaml", "--inject-kill", "1:0"])
