@@ -39,8 +39,13 @@ std::string Workload::key(const PlannerGraph& graph) const {
 }
 
 CostModel::CostModel(const PlannerGraph& graph, const Machine& machine, PlannerOptions options)
-    : graph_(graph), machine_(machine), options_(options) {
+    : graph_(graph), machine_(machine), options_(options), intra_(machine.intra) {
   if (options_.ranks < 1) fail_input("the planner needs at least 1 rank, got {}", options_.ranks);
+  const double stretch = machine_.oversubscription(options_.ranks);
+  for (AlphaBeta* ab : {&intra_.p2p, &intra_.allreduce, &intra_.alltoall}) {
+    ab->alpha *= stretch;
+    ab->beta *= stretch;
+  }
   const std::int64_t capacity = static_cast<std::int64_t>(machine_.nodes) * machine_.ranks_per_node;
   if (options_.ranks > capacity)
     fail_input("machine '{}' has {} nodes x {} ranks per node = {} ranks; cannot plan for {}", machine_.name,
@@ -226,7 +231,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     const double partial = kBytes * out_local;
     // The channel group's ranks are adjacent in the grid unless spatial parts sit between them.
     const int stride = std::max(1, split.spatial_product());
-    const AlphaBeta& ab = stride * c > rpn ? machine_.inter.p2p : machine_.intra.p2p;
+    const AlphaBeta& ab = stride * c > rpn ? machine_.inter.p2p : intra_.p2p;
     e.model_comm += 2.0 * ((c - 1) * ab.alpha + (c - 1.0) / c * partial * ab.beta +
                            2.0 * partial / machine_.rank_memory_bandwidth(P) + machine_.sync_wait_for(P));
   }
@@ -235,7 +240,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   if (l.batch_norm) {
     const int g = P / (split.filter * split.channel);
     const double bytes = kBytes * 2.0 * static_cast<double>(ceil_div(l.output[1], split.filter));
-    const AlphaBeta& ab = P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce;
+    const AlphaBeta& ab = P > rpn ? machine_.inter.allreduce : intra_.allreduce;
     if (g > 1) {
       e.model_comm += 2.0 * (allreduce_time(ab, g, bytes) + machine_.sync_wait_for(P));
     }
@@ -250,7 +255,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     const int g = P / (split.filter * split.channel);
     const int span = (split.sample - 1) * split.filter * split.channel * split.spatial_product() +
                      (split.spatial_product() - 1) + 1;
-    const AlphaBeta& ab = span > rpn ? machine_.inter.allreduce : machine_.intra.allreduce;
+    const AlphaBeta& ab = span > rpn ? machine_.inter.allreduce : intra_.allreduce;
     if (l.parameters > 0) e.grad_allreduce = allreduce_time(ab, g, kBytes * params_local);
   }
 
@@ -293,7 +298,7 @@ void CostModel::finish(PlanEstimate& estimate) const {
   const int rpn = machine_.ranks_on_node(P);
   // The loss allreduce and the wait for the last gradient bucket are blocking.
   const double waits = P > 1 ? machine_.sync_wait_for(P) * (estimate.grad_allreduce > 0 ? 2.0 : 1.0) : 0.0;
-  estimate.other = allreduce_time(P > rpn ? machine_.inter.allreduce : machine_.intra.allreduce, P, 16) + optimizer + waits;
+  estimate.other = allreduce_time(P > rpn ? machine_.inter.allreduce : intra_.allreduce, P, 16) + optimizer + waits;
   estimate.other += machine_.step_overhead_seconds();
   estimate.step_seconds =
       estimate.compute + estimate.exchange + estimate.model_comm + estimate.wait + estimate.grad_exposed + estimate.other;

@@ -128,7 +128,7 @@ double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_sp
       const double own_elems = own_overlap(r, need);
       const double moved = kBytes * (needed - own_elems);
       if (moved == 0) continue;
-      const AlphaBeta& ab = P > rpn ? machine_.inter.alltoall : machine_.intra.alltoall;
+      const AlphaBeta& ab = P > rpn ? machine_.inter.alltoall : intra_.alltoall;
       worst = std::max(worst, (P - 1) * ab.alpha + moved * ab.beta + 2.0 * kBytes * needed / bandwidth +
                                   machine_.kernel_overhead);
       continue;
@@ -183,7 +183,7 @@ double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_sp
       else bytes_intra = moved, msgs_intra = messages;
     }
     if (bytes_intra + bytes_inter == 0 && own == needed) continue;  // nothing moves for this rank
-    double t = msgs_intra * machine_.intra.p2p.alpha + bytes_intra * machine_.intra.p2p.beta +
+    double t = msgs_intra * intra_.p2p.alpha + bytes_intra * intra_.p2p.beta +
                msgs_inter * machine_.inter.p2p.alpha + bytes_inter * machine_.inter.p2p.beta;
     // The window is assembled in a buffer of its own: copy in (and out, for the reverse); and the
     // exchange is one more call to dispatch.

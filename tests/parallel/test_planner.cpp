@@ -467,6 +467,32 @@ TEST(CostModel, CpuRanksShareTheirNode) {
   EXPECT_NEAR(model.layer_cost(4, s).compute, 3.0 * 2.0 * 1 * 256 * 10 / 0.25e9, 1e-15);
 }
 
+TEST(CostModel, TransfersOnAnOversubscribedCpuNodeStretchAsComputeDoes) {
+  // Within a CPU node a transfer is the work of the ranks' cores: 4 ranks sharing 2 cores move
+  // the same bytes at half the rate, as 2 ranks with a core each would not.
+  Machine shared = round_machine();
+  shared.device = "cpu";
+  shared.cores_per_node = 2;
+  shared.ranks_per_node = 16;
+  Machine own = shared;
+  own.cores_per_node = 4;
+  const PlannerGraph g = small_chain(4);
+  const LayerSplit s = by_sample(4);
+  const double stretched = CostModel(g, shared, {.ranks = 4}).layer_cost(4, s).grad_allreduce;
+  const double alone = CostModel(g, own, {.ranks = 4}).layer_cost(4, s).grad_allreduce;
+  ASSERT_GT(alone, 0);
+  EXPECT_NEAR(stretched, 2.0 * alone, 1e-15);
+  // Not oversubscribed, or on GPUs: the measured costs as they are.
+  EXPECT_EQ(CostModel(g, shared, {.ranks = 2}).layer_cost(4, by_sample(2)).grad_allreduce,
+            CostModel(g, own, {.ranks = 2}).layer_cost(4, by_sample(2)).grad_allreduce);
+  Machine gpu = shared;
+  gpu.device = "gpu";
+  Machine gpu_own = own;
+  gpu_own.device = "gpu";
+  EXPECT_EQ(CostModel(g, gpu, {.ranks = 4}).layer_cost(4, s).grad_allreduce,
+            CostModel(g, gpu_own, {.ranks = 4}).layer_cost(4, s).grad_allreduce);
+}
+
 TEST(CostModel, OversubscribedCpuNodes) {
   // 3 ranks on a 2-core node, batch 4 split 2/1/1: the timing of the 2-sample tile was taken with
   // all 3 ranks running it (6 samples' work on 2 cores); the node really does 4 samples' work,
