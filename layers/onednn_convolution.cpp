@@ -254,8 +254,6 @@ class OneDnnConvolution final : public ConvolutionKernels {
   }
 
  private:
-  /// Whether Tessera's direct kernels run this convolution's forward and backward-weights: where
-  /// they apply, unless a test forced a layout or a 3-D backward-weights mode.
   /// Records, once per convolution (with or without a fused activation), which kernels run it;
   /// `recorded` holds both forms, so that later calls find theirs without a copy.
   void record_once(std::set<ConvolutionGeometry>& recorded, const ConvolutionGeometry& geometry, const char* what,
@@ -266,6 +264,8 @@ class OneDnnConvolution final : public ConvolutionKernels {
     recorded.insert(geometry);
   }
 
+  /// Whether Tessera's direct kernels run this convolution's forward and backward-weights: where
+  /// they apply, unless a test forced a layout or a 3-D backward-weights mode.
   bool direct(const ConvolutionGeometry& geometry) {
     if (layout_ != HostConvolutionLayout::Automatic || backward_weights_3d_ != BackwardWeights3d::Automatic ||
         !host::direct_convolution_applies(geometry))

@@ -216,6 +216,7 @@ namespace {
 class WaitProbe {
  public:
   WaitProbe(Communicator& comm, const Machine& machine, int cores, double work) : comm_(comm) {
+    double solo = 0;  // the work's seconds on rank 0 alone
     on_rank0_alone(comm, [&] {
       const auto start = Clock::now();
       spin(iterations_);
@@ -224,13 +225,13 @@ class WaitProbe {
           1000, static_cast<std::int64_t>(static_cast<double>(iterations_) * work / std::max(t, 1e-6)));
       const auto again = Clock::now();
       spin(iterations_);
-      solo_ = seconds_since(again);
+      solo = seconds_since(again);
     });
     comm.broadcast(&iterations_, 1, DType::I64, 0);
-    comm.broadcast(&solo_, 1, DType::F64, 0);
-    rounds_ = std::max(20, static_cast<int>(0.2 / std::max(solo_, 1e-5)));  // about 0.2 s of work
+    comm.broadcast(&solo, 1, DType::F64, 0);
+    rounds_ = std::max(20, static_cast<int>(0.2 / std::max(solo, 1e-5)));  // about 0.2 s of work
     const double stretch = std::max(1.0, static_cast<double>(machine.ranks_on_node(comm.size())) / cores);
-    work_ = solo_ * stretch;
+    work_ = solo * stretch;
     expected_ = work_ + machine.intra.allreduce.alpha + sizeof(double) * machine.intra.allreduce.beta;
   }
 
@@ -252,7 +253,7 @@ class WaitProbe {
  private:
   Communicator& comm_;
   std::int64_t iterations_ = 1 << 20;
-  double solo_ = 0, work_ = 0, expected_ = 0;
+  double work_ = 0, expected_ = 0;
   int rounds_ = 0;
 };
 

@@ -300,7 +300,6 @@ void with_activations_and_threads(ConvolutionGeometry g, std::uint64_t& stream, 
   set_backend_threads(threads);
 }
 
-
 TEST(DirectConvolution, OneInputChannelMatchesADoublePrecisionLoop) {
   // 2-D and 3-D; filter counts below, at and past the blocks of 8 and 16; rows shorter than, equal
   // to and past a vector of 16 (and its multiples); padding 0 to 2 with kernels up to 5; one thread

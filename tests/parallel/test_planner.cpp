@@ -522,7 +522,7 @@ TEST(CostModel, OversubscribedCpuNodes) {
   const PlannerGraph even = small_chain(6);  // 2 samples on each of the 3 ranks: the cores are shared
   const CostModel shared(even, m, {.ranks = 3});
   m.kernels[shared.workload(4, s).key(even)] = 0.3;
-  const LayerEstimate e = CostModel(even, m, {.ranks = 3}).layer_cost(4, s);
+  const LayerEstimate e = shared.layer_cost(4, s);
   EXPECT_NEAR(e.compute, 0.3, 1e-15);
   EXPECT_NEAR(e.wait, 0.4 * 0.3, 1e-15);
 }
