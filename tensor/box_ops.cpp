@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <utility>
 
 #include "box_walk.hpp"
 #include "tessera/core/error.hpp"
@@ -11,10 +12,11 @@ namespace tessera {
 namespace {
 
 /// Walks `region` inside two dense row-major arrays that cover the boxes `src` and `dst`, calling
-/// fn(src_offset, dst_offset, length) once per contiguous run. Trailing dimensions that all three
-/// boxes span completely merge into one run, so a whole-tile copy is a single run.
-template <typename RunFn>
-void for_each_run(const Box& region, const Box& src, const Box& dst, RunFn fn) {
+/// fn(src_offset, dst_offset, rows, src_row, dst_row, run) once per set of `rows` contiguous runs of
+/// `run` elements, `src_row`/`dst_row` apart. Trailing dimensions that all three boxes span
+/// completely merge into one run, so a whole-tile copy is a single run.
+template <typename RowsFn>
+void for_each_rows(const Box& region, const Box& src, const Box& dst, RowsFn fn) {
   const int rank = static_cast<int>(region.extent.size());
   TESSERA_CHECK(rank >= 1 && rank <= kMaxBoxRank, "box operations take 1 to {} dimensions, got {}", kMaxBoxRank, rank);
   if (region.numel() == 0) return;
@@ -38,13 +40,13 @@ void for_each_run(const Box& region, const Box& src, const Box& dst, RunFn fn) {
     --outer;
     run *= region.extent[static_cast<std::size_t>(outer)];
   }
-  // The innermost outer dimension is a plain loop; an odometer walks the dimensions before it.
+  // The innermost outer dimension is the rows of a call; an odometer walks the dimensions before it.
   const int last = outer - 1;  // -1: the whole region is one run
   const auto l = static_cast<std::size_t>(std::max(last, 0));
   const std::int64_t rows = last >= 0 ? region.extent[l] : 1;
   const std::int64_t src_row = last >= 0 ? src_stride[l] : 0, dst_row = last >= 0 ? dst_stride[l] : 0;
   while (true) {
-    for (std::int64_t j = 0; j < rows; ++j) fn(s + j * src_row, t + j * dst_row, run);
+    fn(s, t, rows, src_row, dst_row, run);
     int d = last - 1;
     for (; d >= 0; --d) {
       const auto i = static_cast<std::size_t>(d);
@@ -57,6 +59,54 @@ void for_each_run(const Box& region, const Box& src, const Box& dst, RunFn fn) {
     }
     if (d < 0) return;
   }
+}
+
+/// Runs of up to this many elements get a loop of fixed length (halo strips, the rows of small
+/// tiles): a library call per run of a few elements costs more than the copy.
+constexpr std::int64_t kFixedRunUpTo = 16;
+
+enum class HostOp { Copy, Add, Fill };
+
+/// `rows` runs of N elements (N > 0), or of `run` elements (N == 0).
+template <HostOp Op, std::int64_t N>
+void host_rows(const float* __restrict src, float* __restrict dst, std::int64_t rows, std::int64_t src_row,
+               std::int64_t dst_row, std::int64_t run, float value) {
+  const std::int64_t n = N > 0 ? N : run;
+  for (std::int64_t j = 0; j < rows; ++j) {
+    float* __restrict to = dst + j * dst_row;
+    if constexpr (Op == HostOp::Fill) {
+      for (std::int64_t k = 0; k < n; ++k) to[k] = value;
+    } else {
+      const float* __restrict from = src + j * src_row;
+      if constexpr (Op == HostOp::Add) {
+        for (std::int64_t k = 0; k < n; ++k) to[k] += from[k];
+      } else if constexpr (N > 0) {
+        for (std::int64_t k = 0; k < n; ++k) to[k] = from[k];
+      } else {
+        std::memcpy(to, from, static_cast<std::size_t>(n) * sizeof(float));
+      }
+    }
+  }
+}
+
+using HostRowsFn = void (*)(const float*, float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float);
+
+template <HostOp Op, std::size_t... N>
+constexpr std::array<HostRowsFn, sizeof...(N)> host_rows_table(std::index_sequence<N...>) {
+  return {&host_rows<Op, static_cast<std::int64_t>(N)>...};
+}
+
+/// Op over `region` on the host: the rows of each call by the loop of their run's length.
+template <HostOp Op>
+void host_box_op(const Box& region, const float* src, const Box& src_box, float* dst, const Box& dst_box,
+                 float value = 0.0f) {
+  static constexpr auto kTable = host_rows_table<Op>(std::make_index_sequence<kFixedRunUpTo + 1>());
+  for_each_rows(region, src_box, dst_box,
+                [&](std::int64_t s, std::int64_t t, std::int64_t rows, std::int64_t src_row, std::int64_t dst_row,
+                    std::int64_t run) {
+                  const HostRowsFn rows_fn = kTable[static_cast<std::size_t>(run <= kFixedRunUpTo ? run : 0)];
+                  rows_fn(src ? src + s : nullptr, dst + t, rows, src_row, dst_row, run, value);
+                });
 }
 
 }  // namespace
@@ -111,13 +161,7 @@ void copy_box(const Box& region, const float* src, const Box& src_box, float* ds
     detail::cuda_box_op(detail::BoxOp::Copy, detail::box_walk(region, src_box, dst_box), src, dst, 0.0f, device.index);
     return;
   }
-  for_each_run(region, src_box, dst_box, [&](std::int64_t s, std::int64_t t, std::int64_t n) {
-    if (n <= 4) {  // halo strips of the innermost dimension: runs of one or two elements
-      for (std::int64_t k = 0; k < n; ++k) dst[t + k] = src[s + k];
-    } else {
-      std::memcpy(dst + t, src + s, static_cast<std::size_t>(n) * sizeof(float));
-    }
-  });
+  host_box_op<HostOp::Copy>(region, src, src_box, dst, dst_box);
 }
 
 void add_box(const Box& region, const float* src, const Box& src_box, float* dst, const Box& dst_box,
@@ -127,11 +171,7 @@ void add_box(const Box& region, const float* src, const Box& src_box, float* dst
     detail::cuda_box_op(detail::BoxOp::Add, detail::box_walk(region, src_box, dst_box), src, dst, 0.0f, device.index);
     return;
   }
-  for_each_run(region, src_box, dst_box, [&](std::int64_t s, std::int64_t t, std::int64_t n) {
-    const float* from = src + s;
-    float* to = dst + t;
-    for (std::int64_t k = 0; k < n; ++k) to[k] += from[k];
-  });
+  host_box_op<HostOp::Add>(region, src, src_box, dst, dst_box);
 }
 
 void fill_box(const Box& region, float* dst, const Box& dst_box, float value, const Device& device) {
@@ -141,8 +181,7 @@ void fill_box(const Box& region, float* dst, const Box& dst_box, float value, co
                         device.index);
     return;
   }
-  for_each_run(region, dst_box, dst_box,
-               [&](std::int64_t, std::int64_t t, std::int64_t n) { std::fill_n(dst + t, n, value); });
+  host_box_op<HostOp::Fill>(region, nullptr, dst_box, dst, dst_box, value);
 }
 
 }  // namespace tessera

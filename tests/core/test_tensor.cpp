@@ -314,17 +314,19 @@ void for_each_point(const Box& box, const std::function<void(const std::vector<s
 
 TEST(BoxOps, CopyAddAndFillTouchExactlyTheRegion) {
   // Regions of 1 to 6 dimensions inside two tiles of other boxes, some spanning whole trailing
-  // dimensions (merged runs), some strips of one element: against a point-by-point walk.
+  // dimensions (merged runs), some strips of one element, the last 30 with runs of up to 40
+  // elements (the fixed-length loops and the library copy): against a point-by-point walk.
   std::uint64_t state = 12345;
   auto next = [&](std::int64_t bound) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     return static_cast<std::int64_t>((state >> 33) % static_cast<std::uint64_t>(bound));
   };
-  for (int trial = 0; trial < 60; ++trial) {
-    const int rank = 1 + trial % kMaxBoxRank;
+  for (int trial = 0; trial < 90; ++trial) {
+    const bool long_runs = trial >= 60;
+    const int rank = long_runs ? 1 + trial % 3 : 1 + trial % kMaxBoxRank;
     Box region, src_box, dst_box;
     for (int d = 0; d < rank; ++d) {
-      const std::int64_t extent = 1 + next(rank > 4 ? 3 : 5);
+      const std::int64_t extent = 1 + (long_runs && d == rank - 1 ? next(40) : next(rank > 4 ? 3 : 5));
       const std::int64_t begin = next(4);
       region.begin.push_back(begin);
       region.extent.push_back(extent);
