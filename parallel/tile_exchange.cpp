@@ -395,8 +395,10 @@ void TileExchange::start_reverse(const Tensor& needed_in, Tensor& held_out, bool
     if (held_out.numel() == 0) held_out.resize(Shape(mine.extent, global_.kinds()), device_);
   } else {
     held_out.resize(Shape(mine.extent, global_.kinds()), device_);
-    held_out.zero();
+    // finish copies this rank's own part over its local box (a halo's: all of it); the rest starts at zero.
+    if (!(local_ == mine)) held_out.zero();
   }
+  overwrite_ = !accumulate;
   TESSERA_CHECK(needed_in.numel() == 0 || held_out.numel() == 0 || needed_in.data() != held_out.data(),
                 "TileExchange::reverse: needed_in and held_out share memory");
   target_ = held_out;
@@ -419,17 +421,24 @@ void TileExchange::finish_reverse() {
   wait_all();
   const Box& mine = held_box();
   const float* messages = received(outgoing_buffer_, outgoing_gpu_);
-  // Ascending source rank, this rank's own contribution in its place: outgoing_ is sorted by peer.
-  bool local_done = false;
-  auto add_local = [&] {
-    add_box(local_, source_.data(), needed_box(), target_.data(), mine, device_);
-    local_done = true;
-  };
-  for (const auto& t : outgoing_) {
-    if (!local_done && t.peer > me_) add_local();
-    add_box(t.region, messages + t.offset, t.region, target_.data(), mine, device_);
+  if (overwrite_) {
+    // This rank's own contribution first (onto zero it is itself: a copy), then the others in
+    // ascending source rank: outgoing_ is sorted by peer.
+    copy_box(local_, source_.data(), needed_box(), target_.data(), mine, device_);
+    for (const auto& t : outgoing_) add_box(t.region, messages + t.offset, t.region, target_.data(), mine, device_);
+  } else {
+    // Ascending source rank, this rank's own contribution in its place.
+    bool local_done = false;
+    auto add_local = [&] {
+      add_box(local_, source_.data(), needed_box(), target_.data(), mine, device_);
+      local_done = true;
+    };
+    for (const auto& t : outgoing_) {
+      if (!local_done && t.peer > me_) add_local();
+      add_box(t.region, messages + t.offset, t.region, target_.data(), mine, device_);
+    }
+    if (!local_done) add_local();
   }
-  if (!local_done) add_local();
   target_ = Tensor();
   source_ = Tensor();
   pending_ = Pending::None;

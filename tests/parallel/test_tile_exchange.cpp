@@ -4,7 +4,8 @@
 //
 // Each rank builds the same global tensor (its value encodes the global index) and takes its held
 // tile; forward must return exactly the needed slice (fill outside). Reverse must equal, bit for bit,
-// the serial sum of every rank's needed-gradient into the global tensor in ascending rank order.
+// the serial sum of every rank's needed-gradient into the global tensor: in ascending rank order
+// onto an accumulated gradient, the holder's own first when overwriting.
 // Every rank runs every test and no test returns before its last collective.
 #include <gtest/gtest.h>
 
@@ -170,19 +171,30 @@ Tensor check_forward(const Layout& l, Transport transport, float fill) {
   return out;
 }
 
-/// The serial reference of reverse: `base` plus every rank's gradient summed in ascending rank order.
-Tensor reverse_reference(const Layout& l, const Tensor& base) {
+/// The serial reference of reverse: `base` plus every rank's gradient summed in ascending rank
+/// order, or (`holder_first`, overwriting onto zero) each element's holder's own contribution first,
+/// then the others in ascending rank order.
+Tensor reverse_reference(const Layout& l, const Tensor& base, bool holder_first = false) {
   Tensor sum = base.clone();
-  for (std::size_t q = 0; q < l.needed.size(); ++q) {
-    const Box& box = l.needed[q];
-    const Tensor g = gradient_of(static_cast<int>(q), box);
-    std::int64_t k = 0;
-    for_each_index(box.extent, [&](const std::vector<std::int64_t>& local) {
-      std::vector<std::int64_t> index = local;
-      for (std::size_t d = 0; d < index.size(); ++d) index[d] += box.begin[d];
-      const float v = g.data()[k++];
-      if (in_shape(index, sum.shape())) sum.at(index) += v;
-    });
+  auto inside = [](const std::vector<std::int64_t>& index, const Box& box) {
+    for (std::size_t d = 0; d < index.size(); ++d)
+      if (index[d] < box.begin[d] || index[d] >= box.begin[d] + box.extent[d]) return false;
+    return true;
+  };
+  // Pass 0 (holder_first only): each rank's contribution to what it holds; pass 1: the rest.
+  for (int pass = holder_first ? 0 : 1; pass < 2; ++pass) {
+    for (std::size_t q = 0; q < l.needed.size(); ++q) {
+      const Box& box = l.needed[q];
+      const Tensor g = gradient_of(static_cast<int>(q), box);
+      std::int64_t k = 0;
+      for_each_index(box.extent, [&](const std::vector<std::int64_t>& local) {
+        std::vector<std::int64_t> index = local;
+        for (std::size_t d = 0; d < index.size(); ++d) index[d] += box.begin[d];
+        const float v = g.data()[k++];
+        const bool own = holder_first && inside(index, l.held[q]);
+        if (in_shape(index, sum.shape()) && own == (pass == 0)) sum.at(index) += v;
+      });
+    }
   }
   return sum;
 }
@@ -199,7 +211,7 @@ Tensor check_reverse(const Layout& l, Transport transport) {
   Tensor out(Shape({2}));  // wrong shape and stale values: overwritten
   out.fill(123.0f);
   exchange.reverse(grad, out);
-  expect_same(out, slice_of(reverse_reference(l, Tensor(l.global)), mine, 0.0f), context);
+  expect_same(out, slice_of(reverse_reference(l, Tensor(l.global), /*holder_first=*/true), mine, 0.0f), context);
 
   // accumulate = true adds onto what is there.
   Tensor initial = indexed(l.global);

@@ -82,10 +82,12 @@ class TileExchange {
   /// Reverse (the adjoint, for gradients): each element of `needed_in` (extents needed_box().extent)
   /// that lies inside the global tensor is summed into its holder; elements outside are dropped.
   /// `held_out` is resized to held_box().extent and overwritten, or added to when `accumulate` (then it
-  /// must already have that shape). Contributions are summed in ascending source rank (this rank's own
-  /// in its place), onto zero or onto the accumulated value, so results are reproducible and equal
-  /// for both transports. Refused when held boxes have replicas. `needed_in` (its local part is summed
-  /// in finish) and `held_out` must stay alive and unchanged until finish_reverse.
+  /// must already have that shape). Overwritten, an element is this rank's own contribution (a copy,
+  /// or zero where it has none) plus the others' in ascending source rank; accumulated, the
+  /// contributions are added to it in ascending source rank, this rank's own in its place. So results
+  /// are reproducible and equal for both transports. Refused when held boxes have replicas.
+  /// `needed_in` (its local part is taken in finish) and `held_out` must stay alive and unchanged
+  /// until finish_reverse.
   void start_reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate = false);
   void finish_reverse();
   /// Finishes whichever exchange is in flight (none: nothing).
@@ -162,7 +164,8 @@ class TileExchange {
   std::vector<Message> sends_, receives_;
   Pending pending_ = Pending::None;
   Tensor target_;  ///< shares memory with the tensor being written (needed_out / held_out)
-  Tensor source_;  ///< reverse: shares memory with needed_in (its local part is summed in finish)
+  Tensor source_;  ///< reverse: shares memory with needed_in (its local part is taken in finish)
+  bool overwrite_ = false;  ///< reverse: held_out is overwritten (this rank's own part copied first)
   Device device_ = Device::host();
   /// On a GPU: the packed messages there (sent by NCCL, or staged through the host buffers above).
   Tensor outgoing_gpu_, incoming_gpu_;
