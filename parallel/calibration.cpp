@@ -7,10 +7,12 @@
 #include <memory>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "tessera/core/clock.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/collective_guard.hpp"
+#include "tessera/tensor/box_ops.hpp"
 
 namespace tessera {
 namespace {
@@ -280,6 +282,37 @@ SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int cores
   w.share = std::max(0.0, median(shares));  // the same on every rank (from allreduced values)
   w.seconds = std::max(0.0, median(short_waits) - w.share * short_work.work());
   return w;
+}
+
+BoxCopyRate measure_box_copies(Communicator& comm, int repeats, std::size_t sweep_bytes) {
+  std::vector<float> sweep(std::max<std::size_t>(sweep_bytes / sizeof(float), 16), 1.0f);
+  constexpr std::int64_t kFloats = 1 << 20;
+  double seconds[2] = {0, 0}, runs[2] = {0, 0}, bytes[2] = {0, 0};
+  const std::int64_t rows_of[2] = {7, 1024};
+  for (int k = 0; k < 2; ++k) {
+    const std::int64_t row = rows_of[k], n = kFloats / row;
+    const Box tile{{0, 0}, {n, row}}, window{{0, -2}, {n, row + 4}};
+    std::vector<float> from(static_cast<std::size_t>(tile.numel()), 1.0f), to(static_cast<std::size_t>(window.numel()));
+    std::vector<double> times;
+    for (int call = -1; call < std::max(3, repeats); ++call) {  // one untimed call first
+      for (std::size_t i = 0; i < sweep.size(); i += 16) sweep[i] += 1.0f;  // a line each: the caches cold
+      comm.barrier();
+      const auto start = Clock::now();
+      copy_box(tile, from.data(), tile, to.data(), window);
+      const double t = comm.allreduce_value(seconds_since(start), ReduceOp::Max);
+      if (call >= 0) times.push_back(t);
+    }
+    seconds[k] = median(times);
+    runs[k] = static_cast<double>(n);
+    bytes[k] = static_cast<double>(tile.numel()) * sizeof(float);
+  }
+  // seconds = runs x run_seconds + bytes / bandwidth, solved for the two copies.
+  BoxCopyRate rate;
+  const double det = runs[0] * bytes[1] - runs[1] * bytes[0];
+  rate.run_seconds = std::max(0.0, (seconds[0] * bytes[1] - seconds[1] * bytes[0]) / det);
+  const double per_byte = std::max(1e-15, (seconds[1] - runs[1] * rate.run_seconds) / bytes[1]);
+  rate.bandwidth = 1.0 / per_byte;
+  return rate;
 }
 
 }  // namespace tessera

@@ -232,8 +232,11 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     // The channel group's ranks are adjacent in the grid unless spatial parts sit between them.
     const int stride = std::max(1, split.spatial_product());
     const AlphaBeta& ab = stride * c > rpn ? machine_.inter.p2p : intra_.p2p;
+    // The partial sums' box is copied in and out; a run per sample and filter plane (per sample
+    // for a dense layer's rows).
+    const double runs = static_cast<double>(w.samples) * (w.output_extent.empty() ? 1.0 : static_cast<double>(filter_block));
     e.model_comm += 2.0 * ((c - 1) * ab.alpha + (c - 1.0) / c * partial * ab.beta +
-                           2.0 * partial / machine_.rank_memory_bandwidth(P) + machine_.sync_wait_for(P));
+                           machine_.box_copy_seconds(P, partial, runs) + machine_.sync_wait_for(P));
   }
   // Batch-norm statistics: an allreduce of 2 x channels values forward and one backward over the
   // sample x spatial group.

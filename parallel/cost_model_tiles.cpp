@@ -59,7 +59,6 @@ double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_sp
   const auto axis = [dims](int j) { return static_cast<std::size_t>(spatial_axis(j, dims)); };
   const bool point_to_point = from_data || hs == split || P > TileExchange::kAllToAllVUpTo;
   const int rpn = machine_.ranks_on_node(P);
-  const double bandwidth = machine_.rank_memory_bandwidth(P);
   const std::int64_t channels = shape.rank() > 1 ? shape[1] : 1;
 
   // Per dimension of the tensor, the held partition's intervals and which grid coordinates own them.
@@ -123,14 +122,16 @@ double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_sp
     double needed = 1;
     for (const auto& n : need) needed *= static_cast<double>(n.size());
     if (needed == 0) continue;
+    // The window is assembled in a buffer of its own (and its gradient taken back, for the
+    // reverse): a box copy of it, a run per row of its last dimension.
+    const double copy = machine_.box_copy_seconds(P, kBytes * needed, needed / static_cast<double>(need.back().size()));
     if (!point_to_point) {
       // A redistribution (one alltoallv): what this rank does not hold itself, from anywhere.
       const double own_elems = own_overlap(r, need);
       const double moved = kBytes * (needed - own_elems);
       if (moved == 0) continue;
       const AlphaBeta& ab = P > rpn ? machine_.inter.alltoall : intra_.alltoall;
-      worst = std::max(worst, (P - 1) * ab.alpha + moved * ab.beta + 2.0 * kBytes * needed / bandwidth +
-                                  machine_.kernel_overhead);
+      worst = std::max(worst, (P - 1) * ab.alpha + moved * ab.beta + copy + machine_.kernel_overhead);
       continue;
     }
     // Intersections per dimension with the held parts.
@@ -185,9 +186,8 @@ double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_sp
     if (bytes_intra + bytes_inter == 0 && own == needed) continue;  // nothing moves for this rank
     double t = msgs_intra * intra_.p2p.alpha + bytes_intra * intra_.p2p.beta +
                msgs_inter * machine_.inter.p2p.alpha + bytes_inter * machine_.inter.p2p.beta;
-    // The window is assembled in a buffer of its own: copy in (and out, for the reverse); and the
-    // exchange is one more call to dispatch.
-    t += 2.0 * kBytes * needed / bandwidth + machine_.kernel_overhead;
+    // The window's copy; and the exchange is one more call to dispatch.
+    t += copy + machine_.kernel_overhead;
     worst = std::max(worst, t);
   }
   // Forward, and its reverse in backward; each waits for its peers.

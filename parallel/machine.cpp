@@ -145,6 +145,8 @@ Machine Machine::parse(const std::string& yaml_text, const std::string& source_n
       else if (key == "memory_bandwidth") m.memory_bandwidth = parse_number(v, where, false);
       else if (key == "memory_per_rank") m.memory_per_rank = parse_number(v, where, false);
       else if (key == "kernel_overhead") m.kernel_overhead = parse_number(v, where, true);
+      else if (key == "copy_bandwidth") m.copy_bandwidth = parse_number(v, where, false);
+      else if (key == "copy_run") m.copy_run = parse_number(v, where, true);
       else if (key == "grad_overlap") {
         m.grad_overlap = parse_number(v, where, true);
         if (m.grad_overlap > 1) fail_input("{}: a share between 0 and 1, got {}", where, m.grad_overlap);
@@ -184,7 +186,8 @@ Machine Machine::parse(const std::string& yaml_text, const std::string& source_n
               parse_number(k.second, fmt::format("{} '{}'", where, k.first.as<std::string>()), false);
       } else {
         fail_input("machine file '{}': unknown key '{}' (known: name, source, device, nodes, ranks_per_node, "
-                   "cores_per_node, flops, bf16_flops, memory_bandwidth, memory_per_rank, kernel_overhead, grad_overlap, intra, "
+                   "cores_per_node, flops, bf16_flops, memory_bandwidth, memory_per_rank, kernel_overhead, copy_bandwidth, "
+                   "copy_run, grad_overlap, intra, "
                    "inter, sync_wait, sync_wait_share, kernels, peak_flops, bf16_peak_flops, peak_memory_bandwidth, "
                    "efficiency, step_overhead)",
                    source_name, key);
@@ -218,6 +221,8 @@ std::string Machine::to_yaml() const {
                    yaml_number(memory_bandwidth), yaml_number(memory_per_rank));
   if (bf16_flops > 0) s += fmt::format("bf16_flops: {}\n", yaml_number(bf16_flops));
   s += fmt::format("kernel_overhead: {}\ngrad_overlap: {}\n", yaml_number(kernel_overhead), yaml_number(grad_overlap));
+  if (copy_bandwidth > 0)
+    s += fmt::format("copy_bandwidth: {}\ncopy_run: {}\n", yaml_number(copy_bandwidth), yaml_number(copy_run));
   s += fmt::format("intra: {}\ninter: {}\n", level_yaml(intra), level_yaml(inter));
   if (!sync_wait.empty()) {
     s += "sync_wait:\n";
@@ -305,6 +310,11 @@ double Machine::sync_wait_for(int ranks) const {
 double Machine::sync_wait_share_for(int ranks) const {
   const auto it = sync_wait_share.find(ranks_on_node(ranks));
   return it == sync_wait_share.end() ? 0.0 : it->second;
+}
+
+double Machine::box_copy_seconds(int ranks, double bytes, double runs) const {
+  if (copy_bandwidth <= 0) return 2.0 * bytes / rank_memory_bandwidth(ranks);
+  return oversubscription(ranks) * (runs * copy_run + bytes / copy_bandwidth);
 }
 
 double Machine::oversubscription(int ranks) const {

@@ -11,6 +11,9 @@
 // - memory_bandwidth: a triad a[i] = b[i] + s c[i] over arrays far larger than the caches, with
 //   all threads (STREAM's count: 3 x 4 bytes per element); the best of the repeats;
 // - kernel_overhead: half the forward + backward time of a tiny convolution (dispatch cost);
+// - copy_bandwidth and copy_run: box copies as the exchanges make them, every rank copying at
+//   once with its caches cold, fitted over two row lengths (with --base too; only with one rank
+//   per hardware thread, the node's every core copying);
 // - intra p2p: a ping-pong between ranks 0 and 1 over message sizes; alpha and beta fitted by
 //   least squares on relative errors; allreduce (all ranks, fitted to the allreduce formula of
 //   machine.hpp) and alltoallv (all ranks, (p-1) alpha + n beta) likewise;
@@ -423,6 +426,20 @@ void measure_sync(Communicator& world, int cores, int repeats, Machine& machine)
   }
 }
 
+/// Measures box copies as the exchanges make them into `machine.copy_bandwidth` and `copy_run`
+/// (a cpu node with one rank per core: every core copying, as every rank assembles its window).
+void measure_copies(Communicator& world, const CalibrateArgs& args, Machine& machine) {
+  BoxCopyRate rate;
+  collectively(world, [&] { rate = measure_box_copies(world, args.repeats, (args.quick ? 64u : 256u) << 20); });
+  machine.copy_bandwidth = rate.bandwidth;
+  machine.copy_run = rate.run_seconds;
+  if (world.rank() == 0) {
+    fmt::print("  copy_bandwidth   {:.4g} B/s per rank, copy_run {:.3g} ns per contiguous run (box copies, caches cold, "
+               "{} ranks copying)\n", rate.bandwidth, rate.run_seconds * 1e9, world.size());
+    std::fflush(stdout);
+  }
+}
+
 /// Writes the machine file on rank 0 (every rank takes part in agreeing on its failure).
 void write_machine(Communicator& world, const CalibrateArgs& args, const Machine& machine) {
   collectively(world, [&] {
@@ -475,6 +492,7 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
 
   if (measure) measure_node(world, args, cores, backend, device, cpus_for_timing, busy, machine);
   if (model) time_kernels(world, args, *model, rank_counts, cores, backend, device, machine);
+  if (!gpu && size == cores) measure_copies(world, args, machine);
   if (size >= 2) measure_sync(world, cores, args.repeats, machine);
   write_machine(world, args, machine);
 }

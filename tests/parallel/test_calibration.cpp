@@ -212,6 +212,17 @@ TEST(CalibrationProbes, SyncWaitIsFiniteAndTheSameOnEveryRank) {
   }
 }
 
+TEST(CalibrationProbes, BoxCopiesGiveAPositiveRateTheSameOnEveryRank) {
+  auto world = MpiCommunicator::world();
+  const BoxCopyRate rate = measure_box_copies(*world, 1, 1 << 20);
+  EXPECT_TRUE(std::isfinite(rate.bandwidth));
+  EXPECT_GT(rate.bandwidth, 0);
+  EXPECT_TRUE(std::isfinite(rate.run_seconds));
+  EXPECT_GE(rate.run_seconds, 0);
+  for (double part : {rate.bandwidth, rate.run_seconds})
+    for (double w : world->allgather_value(part)) EXPECT_EQ(w, part);
+}
+
 TEST(OnRank0Alone, RunsTheWorkOnRank0Only) {
   auto world = MpiCommunicator::world();
   int runs = 0;

@@ -126,6 +126,8 @@ TEST(Machine, WritesFloatsThatYaml11ReadsAsNumbers) {
   m.intra.p2p = {5e-6, 4e-11};
   m.sync_wait[2] = 1e-3;
   m.sync_wait_share[3] = 0.45;
+  m.copy_bandwidth = 1.1e10;
+  m.copy_run = 9e-10;
   m.kernels["model/layer|n1|t2"] = 2e-5;
   const std::string text = m.to_yaml();
   for (const char* expected : {"flops: 3.0e+13", "bf16_flops: 1.56e+14", "memory_per_rank: 4.0e+10",
@@ -135,6 +137,8 @@ TEST(Machine, WritesFloatsThatYaml11ReadsAsNumbers) {
   EXPECT_FALSE(std::regex_search(text, bare_exponent)) << text;
   const Machine again = Machine::parse(text, "again.yaml");
   EXPECT_EQ(again.sync_wait_share, m.sync_wait_share);
+  EXPECT_DOUBLE_EQ(again.copy_bandwidth, m.copy_bandwidth);
+  EXPECT_DOUBLE_EQ(again.copy_run, m.copy_run);
   EXPECT_DOUBLE_EQ(again.flops, m.flops);
   EXPECT_DOUBLE_EQ(again.intra.p2p.alpha, m.intra.p2p.alpha);
   EXPECT_EQ(again.kernels, m.kernels);

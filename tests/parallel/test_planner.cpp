@@ -493,6 +493,32 @@ TEST(CostModel, TransfersOnAnOversubscribedCpuNodeStretchAsComputeDoes) {
             CostModel(g, gpu_own, {.ranks = 4}).layer_cost(4, s).grad_allreduce);
 }
 
+TEST(CostModel, ExchangesCopyTheirWindowAtTheMeasuredBoxCopyRate) {
+  // conv c2 of the chain at 2 ranks, split along W: each rank's window holds 4 samples x 4
+  // channels x 8 rows x 5 columns inside the tensor (4 of its own, 1 of halo): 640 elements in
+  // 128 runs, copied forward and back.
+  Machine m = round_machine();
+  m.device = "cpu";
+  m.cores_per_node = 2;
+  m.ranks_per_node = 16;
+  const PlannerGraph g = small_chain(4);
+  LayerSplit t;
+  t.sample = 1;
+  t.spatial = {1, 2};
+  const double elements = 640, runs = 128;
+  const double triad = CostModel(g, m, {.ranks = 2}).exchange_cost(1, t, 2, t);
+  m.copy_bandwidth = 1e9;
+  const double measured = CostModel(g, m, {.ranks = 2}).exchange_cost(1, t, 2, t);
+  // Without copy_bandwidth: two passes at the rank's share of the memory bandwidth.
+  EXPECT_NEAR(measured - triad, 2.0 * (4.0 * elements / 1e9 - 2.0 * 4.0 * elements / m.rank_memory_bandwidth(2)),
+              1e-15);
+  m.copy_run = 1e-6;
+  const double with_runs = CostModel(g, m, {.ranks = 2}).exchange_cost(1, t, 2, t);
+  EXPECT_NEAR(with_runs - measured, 2.0 * runs * 1e-6, 1e-12);
+  // 4 ranks on the 2 cores copy at half the rate.
+  EXPECT_DOUBLE_EQ(m.box_copy_seconds(4, 4e3, 10), 2.0 * m.box_copy_seconds(2, 4e3, 10));
+}
+
 TEST(CostModel, OversubscribedCpuNodes) {
   // 3 ranks on a 2-core node, batch 4 split 2/1/1: the timing of the 2-sample tile was taken with
   // all 3 ranks running it (6 samples' work on 2 cores); the node really does 4 samples' work,

@@ -13,6 +13,8 @@
 //   memory_bandwidth: 900e9   # bytes/s of one device (gpu) or one node (cpu)
 //   memory_per_rank: 16e9     # bytes a rank may use
 //   kernel_overhead: 10e-6    # seconds per layer call (launch, primitive dispatch)
+//   copy_bandwidth: 8e9       # cpu, measured: bytes/s one rank copies between boxes (exchanges)
+//   copy_run: 2e-9            # cpu, measured: and seconds per contiguous run of such a copy
 //   grad_overlap: 0.8         # share of backward compute the gradient allreduce hides (0..1)
 //   intra: {p2p: {alpha: 5e-6, beta: 2e-11}, allreduce: {...}, alltoall: {...}}
 //   inter: {p2p: {alpha: 1.5e-6, beta: 4e-11}, ...}
@@ -90,6 +92,12 @@ struct Machine {
   double memory_per_rank = 1e10;
   /// Seconds per layer call (kernel launch, primitive dispatch), forward and backward each.
   double kernel_overhead = 0;
+  /// Box copies as the exchanges make them (a window assembled from a tile, its gradient taken
+  /// back), caches cold and one rank per core copying at once: the bytes/s one rank copies and the
+  /// seconds each contiguous run adds (cpu; measured by `tessera calibrate`). 0: a copy is priced
+  /// as two passes at the rank's share of memory_bandwidth.
+  double copy_bandwidth = 0;
+  double copy_run = 0;
   /// Share (0..1) of the backward compute before the last gradient bucket that the gradient
   /// allreduce hides.
   double grad_overlap = 0;
@@ -147,6 +155,9 @@ struct Machine {
   /// shared by the ranks on it; gpu: the device's).
   double rank_flops(int ranks, Precision precision = Precision::F32) const;
   double rank_memory_bandwidth(int ranks) const;
+  /// Seconds one rank of a job of `ranks` ranks takes to copy `bytes` in `runs` contiguous runs
+  /// between two boxes (copy_bandwidth and copy_run, stretched by the oversubscription).
+  double box_copy_seconds(int ranks, double bytes, double runs) const;
   /// How much slower one rank computes than with the node to itself when the ranks on a node
   /// outnumber its cores (cpu; 1 otherwise): `tessera calibrate` scales a kernel it times alone
   /// for a rank count other than its own job's by it.
