@@ -53,8 +53,8 @@ SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int cores
 /// Box copies as the exchanges make them, every rank copying at once with its caches cold (a
 /// sweep over `sweep_bytes` first): the bytes/s one rank copies and the seconds each contiguous
 /// run adds, from two copies of 4 MiB (rows of 7 floats into rows of 11, as a halo's window of a
-/// narrow tile; rows of 1024 into rows of 1028); the median of `repeats` calls each (the slowest
-/// rank's).
+/// narrow tile; rows of 1024 into rows of 1028); the median of `repeats` calls each (at least 3;
+/// the slowest rank's).
 struct BoxCopyRate {
   double bandwidth = 0;
   double run_seconds = 0;
