@@ -44,6 +44,15 @@ Machine round_machine(int ranks_per_node = 8) {
   return m;
 }
 
+/// round_machine as a CPU node of 2 cores that takes up to 16 ranks (oversubscribed above 2).
+Machine two_core_node() {
+  Machine m = round_machine();
+  m.device = "cpu";
+  m.cores_per_node = 2;
+  m.ranks_per_node = 16;
+  return m;
+}
+
 PlannerLayer conv(const std::string& name, int input, std::int64_t n, std::int64_t cin, std::int64_t cout,
                   std::int64_t hw) {
   PlannerLayer l;
@@ -445,10 +454,7 @@ TEST(CostModel, CalibratedBf16ConvolutionsOnGpusAreNativeOnes) {
 }
 
 TEST(CostModel, CpuRanksShareTheirNode) {
-  Machine m = round_machine();
-  m.device = "cpu";
-  m.cores_per_node = 2;
-  m.ranks_per_node = 16;
+  Machine m = two_core_node();
   EXPECT_EQ(m.threads_per_rank(1), 2);
   EXPECT_EQ(m.threads_per_rank(4), 1);
   EXPECT_DOUBLE_EQ(m.oversubscription(4), 2.0);
@@ -470,10 +476,7 @@ TEST(CostModel, CpuRanksShareTheirNode) {
 TEST(CostModel, TransfersOnAnOversubscribedCpuNodeStretchAsComputeDoes) {
   // Within a CPU node a transfer is the work of the ranks' cores: 4 ranks sharing 2 cores move
   // the same bytes at half the rate, as 2 ranks with a core each would not.
-  Machine shared = round_machine();
-  shared.device = "cpu";
-  shared.cores_per_node = 2;
-  shared.ranks_per_node = 16;
+  Machine shared = two_core_node();
   Machine own = shared;
   own.cores_per_node = 4;
   const PlannerGraph g = small_chain(4);
@@ -497,10 +500,7 @@ TEST(CostModel, ExchangesCopyTheirWindowAtTheMeasuredBoxCopyRate) {
   // conv c2 of the chain at 2 ranks, split along W: each rank's window holds 4 samples x 4
   // channels x 8 rows x 5 columns inside the tensor (4 of its own, 1 of halo): 640 elements in
   // 128 runs, copied forward and back.
-  Machine m = round_machine();
-  m.device = "cpu";
-  m.cores_per_node = 2;
-  m.ranks_per_node = 16;
+  Machine m = two_core_node();
   const PlannerGraph g = small_chain(4);
   LayerSplit t;
   t.sample = 1;
@@ -523,10 +523,7 @@ TEST(CostModel, OversubscribedCpuNodes) {
   // 3 ranks on a 2-core node, batch 4 split 2/1/1: the timing of the 2-sample tile was taken with
   // all 3 ranks running it (6 samples' work on 2 cores); the node really does 4 samples' work,
   // so the step takes 4/6 of it (at least the largest tile on a core of its own: 2/3).
-  Machine m = round_machine();
-  m.device = "cpu";
-  m.cores_per_node = 2;
-  m.ranks_per_node = 16;
+  Machine m = two_core_node();
   const PlannerGraph g = small_chain(4);
   CostModel model(g, m, {.ranks = 3});
   LayerSplit s;
