@@ -39,13 +39,8 @@ std::string Workload::key(const PlannerGraph& graph) const {
 }
 
 CostModel::CostModel(const PlannerGraph& graph, const Machine& machine, PlannerOptions options)
-    : graph_(graph), machine_(machine), options_(options), intra_(machine.intra) {
+    : graph_(graph), machine_(machine), options_(options), intra_(machine.intra_for(options.ranks)) {
   if (options_.ranks < 1) fail_input("the planner needs at least 1 rank, got {}", options_.ranks);
-  const double stretch = machine_.oversubscription(options_.ranks);
-  for (AlphaBeta* ab : {&intra_.p2p, &intra_.allreduce, &intra_.alltoall}) {
-    ab->alpha *= stretch;
-    ab->beta *= stretch;
-  }
   const std::int64_t capacity = static_cast<std::int64_t>(machine_.nodes) * machine_.ranks_per_node;
   if (options_.ranks > capacity)
     fail_input("machine '{}' has {} nodes x {} ranks per node = {} ranks; cannot plan for {}", machine_.name,

@@ -317,6 +317,16 @@ double Machine::box_copy_seconds(int ranks, double bytes, double runs) const {
   return oversubscription(ranks) * (runs * copy_run + bytes / copy_bandwidth);
 }
 
+CommLevel Machine::intra_for(int ranks) const {
+  CommLevel level = intra;
+  const double stretch = oversubscription(ranks);
+  for (AlphaBeta* ab : {&level.p2p, &level.allreduce, &level.alltoall}) {
+    ab->alpha *= stretch;
+    ab->beta *= stretch;
+  }
+  return level;
+}
+
 double Machine::oversubscription(int ranks) const {
   if (device == "gpu") return 1;
   return std::max(1.0, static_cast<double>(ranks_on_node(ranks)) / cores_per_node);

@@ -158,6 +158,9 @@ struct Machine {
   /// Seconds one rank of a job of `ranks` ranks takes to copy `bytes` in `runs` contiguous runs
   /// between two boxes (copy_bandwidth and copy_run, stretched by the oversubscription).
   double box_copy_seconds(int ranks, double bytes, double runs) const;
+  /// The costs within a node for a job of `ranks` ranks: on an oversubscribed CPU node a transfer
+  /// is the CPU work of ranks that share the cores, so alpha and beta stretch as compute does.
+  CommLevel intra_for(int ranks) const;
   /// How much slower one rank computes than with the node to itself when the ranks on a node
   /// outnumber its cores (cpu; 1 otherwise): `tessera calibrate` scales a kernel it times alone
   /// for a rank count other than its own job's by it.

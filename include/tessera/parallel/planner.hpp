@@ -214,8 +214,7 @@ class CostModel {
   const PlannerGraph& graph_;
   const Machine& machine_;
   PlannerOptions options_;
-  /// The machine's costs within a node at this job's rank count: on an oversubscribed CPU node a
-  /// transfer is the CPU work of ranks that share the cores, stretched as compute is.
+  /// The machine's costs within a node at this job's rank count (Machine::intra_for).
   CommLevel intra_;
   std::vector<bool> may_run_in_place_;
   /// overlap_region_bytes by (consumer, producer, split, held split): it looks at every rank,
