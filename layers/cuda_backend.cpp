@@ -622,11 +622,19 @@ class NativeBf16Convolution final : public ConvolutionKernels {
   Bf16Buffer input_, output_, weights_;
 };
 
+/// The CUDA kernels pool into dense outputs only (PoolingGeometry::output_within: host kernels).
+PoolBox dense_pool_box(const PoolingGeometry& g) {
+  const PoolBox box = pool_box(g);
+  TESSERA_CHECK(box.dense_output(), "pooling on a GPU into a larger tensor (output_within): the CUDA kernels "
+                "write dense outputs only (executor bug)");
+  return box;
+}
+
 class CudaPooling final : public PoolingKernels {
  public:
   std::size_t workspace_bytes(const PoolingGeometry& g) override { return pooling_workspace_bytes(g); }
   void forward(const PoolingGeometry& g, const float* input, float* output, void* workspace) override {
-    const PoolBox box = pool_box(g);
+    const PoolBox box = dense_pool_box(g);
     if (g.mode == PoolingMode::Max)
       cuda_kernels::max_pool_forward(box, input, output, static_cast<std::int32_t*>(workspace));
     else
@@ -634,12 +642,12 @@ class CudaPooling final : public PoolingKernels {
   }
   void max_backward_through_leaky_relu(const PoolingGeometry& g, const float* grad_output, const void* workspace,
                                        const float* output, float slope, float* grad_input) override {
-    cuda_kernels::max_pool_backward_leaky_relu(pool_box(g), grad_output, static_cast<const std::int32_t*>(workspace),
+    cuda_kernels::max_pool_backward_leaky_relu(dense_pool_box(g), grad_output, static_cast<const std::int32_t*>(workspace),
                                                output, slope, grad_input);
   }
 
   void backward(const PoolingGeometry& g, const float* grad_output, const void* workspace, float* grad_input) override {
-    const PoolBox box = pool_box(g);
+    const PoolBox box = dense_pool_box(g);
     if (g.mode == PoolingMode::Max)
       cuda_kernels::max_pool_backward(box, grad_output, static_cast<const std::int32_t*>(workspace), grad_input);
     else

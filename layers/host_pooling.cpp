@@ -27,7 +27,9 @@ inline Span window(const Box& b, int dim, std::int64_t out_index) {
           std::min(start + b.kernel[dim], b.limit[dim]) - b.in_origin[dim]};
 }
 
-/// Calls body(output_index, d_span, h_span, w_span) for every output element of one plane.
+/// Calls body(output_index, output_at, d_span, h_span, w_span) for every output element of one
+/// plane: its index among the plane's outputs (the maxima's positions are stored so) and its
+/// place in the plane's output layout (PoolBox::out_at).
 template <typename Body>
 inline void for_each_window(const Box& b, const Body& body) {
   std::int64_t o = 0;
@@ -35,9 +37,21 @@ inline void for_each_window(const Box& b, const Body& body) {
     const Span d = window(b, 0, od);
     for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
       const Span h = window(b, 1, oh);
-      for (std::int64_t ow = 0; ow < b.out[2]; ++ow, ++o) body(o, d, h, window(b, 2, ow));
+      const std::int64_t at = b.out_at(0, od, oh);
+      for (std::int64_t ow = 0; ow < b.out[2]; ++ow, ++o) body(o, at + ow, d, h, window(b, 2, ow));
     }
   }
+}
+
+/// Calls body(output_index, output_at) for every output element of one plane (as for_each_window).
+template <typename Body>
+inline void for_each_output(const Box& b, const Body& body) {
+  std::int64_t o = 0;
+  for (std::int64_t od = 0; od < b.out[0]; ++od)
+    for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
+      const std::int64_t at = b.out_at(0, od, oh);
+      for (std::int64_t ow = 0; ow < b.out[2]; ++ow, ++o) body(o, at + ow);
+    }
 }
 
 /// Whether no window is clipped: none reaches into the padding or past the global input or the
@@ -112,20 +126,20 @@ void max_pool_unclipped(const Box& b, const float* input, float* output, std::in
   for (int d = 0; d < 3; ++d) first[d] = b.out_origin[d] * b.stride[d] - b.padding[d] - b.in_origin[d];
   host_for("max pool forward", b.planes, [=](std::int64_t p) {
     const float* x = input + p * in_plane;
-    float* y = output + p * out_plane;
     std::int32_t* where = argmax + p * out_plane;
     std::int64_t o = 0;
     for (std::int64_t od = 0; od < b.out[0]; ++od) {
       const std::int64_t d0 = first[0] + od * b.stride[0];
       for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
         const std::int64_t base = d0 * rows + (first[1] + oh * b.stride[1]) * row + first[2];
+        float* y = output + b.out_at(p, od, oh);  // this output row
         if constexpr ((K0 == 1 || K0 == 2) && K1 == 2 && K2 == 2) {
           if ((K0 == 1 || b.stride[0] == 2) && b.stride[1] == 2 && b.stride[2] == 2) {
             const auto at = static_cast<std::int32_t>(base);
             const auto plane = static_cast<std::int32_t>(rows), width = static_cast<std::int32_t>(row);
-            if (b.out[2] < kWideRow) max_pool_row_2x2<K0 == 2>(x + base, at, plane, width, b.out[2], y + o, where + o);
-            else if constexpr (K0 == 2) max_pool_row_2x2x2_wide(x + base, at, plane, width, b.out[2], y + o, where + o);
-            else max_pool_row_2x2_wide(x + base, at, plane, width, b.out[2], y + o, where + o);
+            if (b.out[2] < kWideRow) max_pool_row_2x2<K0 == 2>(x + base, at, plane, width, b.out[2], y, where + o);
+            else if constexpr (K0 == 2) max_pool_row_2x2x2_wide(x + base, at, plane, width, b.out[2], y, where + o);
+            else max_pool_row_2x2_wide(x + base, at, plane, width, b.out[2], y, where + o);
             o += b.out[2];
             continue;
           }
@@ -145,7 +159,7 @@ void max_pool_unclipped(const Box& b, const float* input, float* output, std::in
                 best = larger ? value : best;
                 best_at = larger ? at : best_at;
               }
-          y[o] = best;
+          y[ow] = best;
           where[o] = static_cast<std::int32_t>(best_at);
         }
       }
@@ -190,9 +204,9 @@ void max_backward_tiled(const char* label, const Box& b, const std::int32_t* arg
     for (std::int64_t od = 0; od < b.out[0]; ++od)
       for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
         const std::int64_t o = (od * b.out[1] + oh) * b.out[2];
-        const float* g = grad_output + p * out_plane + o;
+        const float* g = grad_output + b.out_at(p, od, oh);
         if (output) {
-          const float* y = output + p * out_plane + o;
+          const float* y = output + b.out_at(p, od, oh);
           for (std::int64_t ow = 0; ow < b.out[2]; ++ow) through[static_cast<std::size_t>(ow)] = g[ow] * (y[ow] > 0 ? 1.0f : slope);
           g = through.data();
         }
@@ -226,9 +240,9 @@ class HostPooling final : public PoolingKernels {
       auto* argmax = static_cast<std::int32_t*>(workspace);
       host_for("max pool forward", b.planes, [=](std::int64_t p) {
         const float* x = input + p * in_plane;
-        float* y = output + p * out_plane;
+        float* y = output + p * b.out_planes;
         std::int32_t* where = argmax + p * out_plane;
-        for_each_window(b, [&](std::int64_t o, Span d, Span h, Span w) {
+        for_each_window(b, [&](std::int64_t o, std::int64_t at_y, Span d, Span h, Span w) {
           float best = -std::numeric_limits<float>::infinity();
           std::int64_t best_at = d.begin * rows + h.begin * row + w.begin;
           for (std::int64_t i = d.begin; i < d.end; ++i)
@@ -240,20 +254,20 @@ class HostPooling final : public PoolingKernels {
                   best_at = at;
                 }
               }
-          y[o] = best;
+          y[at_y] = best;
           where[o] = static_cast<std::int32_t>(best_at);
         });
       });
     } else {
       host_for("average pool forward", b.planes, [=](std::int64_t p) {
         const float* x = input + p * in_plane;
-        float* y = output + p * out_plane;
-        for_each_window(b, [&](std::int64_t o, Span d, Span h, Span w) {
+        float* y = output + p * b.out_planes;
+        for_each_window(b, [&](std::int64_t, std::int64_t at_y, Span d, Span h, Span w) {
           float sum = 0.0f;
           for (std::int64_t i = d.begin; i < d.end; ++i)
             for (std::int64_t j = h.begin; j < h.end; ++j)
               for (std::int64_t k = w.begin; k < w.end; ++k) sum += x[i * rows + j * row + k];
-          y[o] = sum / static_cast<float>((d.end - d.begin) * (h.end - h.begin) * (w.end - w.begin));
+          y[at_y] = sum / static_cast<float>((d.end - d.begin) * (h.end - h.begin) * (w.end - w.begin));
         });
       });
     }
@@ -269,11 +283,11 @@ class HostPooling final : public PoolingKernels {
                                 grad_input);
     host_for("max pool backward through leaky relu", b.planes, [=](std::int64_t p) {
       float* dx = grad_input + p * in_plane;
-      const float* y = output + p * out_plane;  // the input at each maximum
-      const float* dy = grad_output + p * out_plane;
+      const float* y = output + p * b.out_planes;  // the input at each maximum
+      const float* dy = grad_output + p * b.out_planes;
       const std::int32_t* where = argmax + p * out_plane;
       std::fill(dx, dx + in_plane, 0.0f);
-      for (std::int64_t o = 0; o < out_plane; ++o) dx[where[o]] += dy[o] * (y[o] > 0 ? 1.0f : slope);
+      for_each_output(b, [&](std::int64_t o, std::int64_t at) { dx[where[o]] += dy[at] * (y[at] > 0 ? 1.0f : slope); });
     });
   }
 
@@ -290,18 +304,18 @@ class HostPooling final : public PoolingKernels {
       const auto* argmax = static_cast<const std::int32_t*>(workspace);
       host_for("max pool backward", b.planes, [=](std::int64_t p) {
         float* dx = grad_input + p * in_plane;
-        const float* dy = grad_output + p * out_plane;
+        const float* dy = grad_output + p * b.out_planes;
         const std::int32_t* where = argmax + p * out_plane;
         std::fill(dx, dx + in_plane, 0.0f);
-        for (std::int64_t o = 0; o < out_plane; ++o) dx[where[o]] += dy[o];
+        for_each_output(b, [&](std::int64_t o, std::int64_t at) { dx[where[o]] += dy[at]; });
       });
     } else {
       host_for("average pool backward", b.planes, [=](std::int64_t p) {
         float* dx = grad_input + p * in_plane;
-        const float* dy = grad_output + p * out_plane;
+        const float* dy = grad_output + p * b.out_planes;
         std::fill(dx, dx + in_plane, 0.0f);
-        for_each_window(b, [&](std::int64_t o, Span d, Span h, Span w) {
-          const float share = dy[o] / static_cast<float>((d.end - d.begin) * (h.end - h.begin) * (w.end - w.begin));
+        for_each_window(b, [&](std::int64_t, std::int64_t at_y, Span d, Span h, Span w) {
+          const float share = dy[at_y] / static_cast<float>((d.end - d.begin) * (h.end - h.begin) * (w.end - w.begin));
           for (std::int64_t i = d.begin; i < d.end; ++i)
             for (std::int64_t j = h.begin; j < h.end; ++j)
               for (std::int64_t k = w.begin; k < w.end; ++k) dx[i * rows + j * row + k] += share;

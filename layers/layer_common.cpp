@@ -289,6 +289,24 @@ PoolBox pool_box(const PoolingGeometry& g) {
     b.limit[i + shift] = tile ? g.global_input_size[i] : g.input_size[i];
     b.out_origin[i + shift] = tile ? g.output_origin[i] : 0;
   }
+  // The output's layout: dense, or within a larger tensor (output_within, at output_offset).
+  std::int64_t within[3] = {b.out[0], b.out[1], b.out[2]}, offset[3] = {0, 0, 0};
+  if (!g.output_within.empty()) {
+    TESSERA_CHECK(g.output_within.size() == g.output_size.size() && g.output_offset.size() == g.output_size.size(),
+                  "pooling: an output within a tensor of {} dimensions at an offset of {}, for {} dimensions",
+                  g.output_within.size(), g.output_offset.size(), g.output_size.size());
+    for (std::size_t i = 0; i < g.output_size.size(); ++i) {
+      TESSERA_CHECK(g.output_offset[i] >= 0 && g.output_offset[i] + g.output_size[i] <= g.output_within[i],
+                    "pooling: {} outputs at offset {} do not fit in {}", g.output_size[i], g.output_offset[i],
+                    g.output_within[i]);
+      within[i + shift] = g.output_within[i];
+      offset[i + shift] = g.output_offset[i];
+    }
+  }
+  b.out_row = within[2];
+  b.out_rows = within[1] * within[2];
+  b.out_planes = within[0] * within[1] * within[2];
+  b.out_first = offset[0] * b.out_rows + offset[1] * b.out_row + offset[2];
   return b;
 }
 

@@ -28,6 +28,7 @@ class PoolingLayer final : public Layer {
     LayerTraits t;
     t.backward_reads_inputs = false;
     t.fuses_leaky_relu_backward = windows_apart();
+    t.writes_into_window = true;
     return t;
   }
   // Max pooling whose windows do not overlap (after setup: per dimension): each input takes one
@@ -95,7 +96,18 @@ class PoolingLayer final : public Layer {
       call_.global_input_size = ctx.tile->input_global;
       call_.output_origin = ctx.tile->output_begin;
     }
-    output.resize(Shape::image(call_.batch, call_.channels, call_.output_size), input.device());
+    const Shape shape = Shape::image(call_.batch, call_.channels, call_.output_size);
+    if (ctx.output_offset.empty()) {
+      output.resize(shape, input.device());
+    } else {
+      // Into the reader's window, which holds the output from output_offset.
+      TESSERA_CHECK(output.rank() == shape.rank() && output.dim(0) == shape[0] && output.dim(1) == shape[1] &&
+                        output.device() == input.device(),
+                    "{}: a window of {} to pool {} into (executor bug)", describe(*this), output.shape().to_string(),
+                    shape.to_string());
+      call_.output_within = spatial_extents(output.shape());
+      call_.output_offset = ctx.output_offset;
+    }
     if (call_.batch == 0) return;
     auto& kernels = backend_of(*this, ctx).pooling();
     const std::size_t bytes = kernels.workspace_bytes(call_);

@@ -303,6 +303,87 @@ TEST(LayerForward, MaxPoolingSendsTiesToTheFirstMaximum) {
     }
 }
 
+// Pooling into its reader's halo window (LayerContext::output_offset) writes exactly the output
+// it writes alone, into the window's part from the offset and nowhere else, and its backward,
+// reading the output and its gradient there, writes the same input gradient, to the bit: every
+// path (2x2x2 and 2x2 rows short and wide, the one-pass backward, clipped windows, average
+// pooling, through a leaky ReLU).
+TEST(LayerForward, PoolingIntoAWindowEqualsPoolingAlone) {
+  auto backend = make_host_backend();
+  const std::vector<std::pair<std::string, OptionList>> pools = {
+      {"maxpool", {{"kernel", {"2"}}}},
+      {"maxpool", {{"kernel", {"3"}}, {"stride", {"2"}}, {"padding", {"1"}}}},
+      {"avgpool", {{"kernel", {"2"}}}},
+      {"avgpool", {{"kernel", {"3"}}, {"stride", {"2"}}, {"padding", {"1"}}}}};
+  const std::vector<std::vector<std::int64_t>> extents = {{6, 7, 8}, {4, 4, 64}, {6, 9}, {6, 64}};
+  constexpr float kOutside = 7.5f;
+  for (const auto& extent : extents)
+    for (const auto& [type, options] : pools)
+      for (bool through : {false, true}) {
+        auto layer = make_layer(type, options);
+        const Tensor input = random_tensor(Shape::image(2, 3, extent), 60);
+        const Shape out_shape = layer->setup({input.shape()});
+        if (through && !layer->traits().fuses_leaky_relu_backward) continue;
+        SCOPED_TRACE(fmt::format("{} {} of {}{}", type, options[0].second[0], input.shape().to_string(),
+                                 through ? " through a leaky ReLU" : ""));
+        ASSERT_TRUE(layer->traits().writes_into_window);
+        LayerContext context;
+        context.backend = backend.get();
+        if (through) context.leaky_relu_before = 0.1f;
+        const Tensor* inputs[] = {&input};
+        Tensor alone, grad_alone;
+        layer->forward(inputs, alone, context);
+        const Tensor grad_output = random_tensor(out_shape, 61);
+        Tensor* grads[] = {&grad_alone};
+        layer->backward(inputs, alone, grad_output, grads, context);
+
+        // A window 1 to 3 wider per dimension, the output from offsets 1, 2, 0, ...
+        std::vector<std::int64_t> window_dims = {out_shape[0], out_shape[1]};
+        context.output_offset.clear();
+        for (std::size_t d = 0; d < extent.size(); ++d) {
+          context.output_offset.push_back(static_cast<std::int64_t>((d + 1) % 3));
+          window_dims.push_back(out_shape[static_cast<int>(d) + 2] + 1 + static_cast<std::int64_t>(d));
+        }
+        const auto inside = [&](const std::vector<std::int64_t>& index) {
+          for (std::size_t d = 0; d < extent.size(); ++d) {
+            const std::int64_t at = index[d + 2] - context.output_offset[d];
+            if (at < 0 || at >= out_shape[static_cast<int>(d) + 2]) return false;
+          }
+          return true;
+        };
+        const auto output_index = [&](std::vector<std::int64_t> index) {
+          for (std::size_t d = 0; d < extent.size(); ++d) index[d + 2] -= context.output_offset[d];
+          return index;
+        };
+        const auto each = [&](const auto& body) {
+          std::vector<std::int64_t> index(window_dims.size(), 0);
+          while (true) {
+            body(index);
+            std::size_t d = index.size();
+            while (d-- > 0 && ++index[d] == window_dims[d]) index[d] = 0;
+            if (d == static_cast<std::size_t>(-1)) return;
+          }
+        };
+        Tensor window{Shape(window_dims)}, grad_window{Shape(window_dims)};
+        window.fill(kOutside);
+        grad_window.fill(kOutside);
+        each([&](const std::vector<std::int64_t>& i) {
+          if (inside(i)) grad_window.at(i) = grad_output.at(output_index(i));
+        });
+        layer->forward(inputs, window, context);
+        std::int64_t wrong = 0;
+        each([&](const std::vector<std::int64_t>& i) {
+          wrong += window.at(i) != (inside(i) ? alone.at(output_index(i)) : kOutside);
+        });
+        EXPECT_EQ(wrong, 0) << "elements of the window other than the output alone's";
+        Tensor grad_input;
+        Tensor* window_grads[] = {&grad_input};
+        layer->backward(inputs, window, grad_window, window_grads, context);
+        ASSERT_EQ(grad_input.shape().dims(), grad_alone.shape().dims());
+        EXPECT_EQ(max_relative_difference(grad_input, grad_alone, 1.0), 0.0);
+      }
+}
+
 TEST(LayerForward, HeInitIsBoundedAndDeterministic) {
   auto a = make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}}, 7);
   auto b = make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}}, 7);

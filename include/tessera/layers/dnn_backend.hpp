@@ -78,6 +78,11 @@ struct PoolingGeometry {
   std::vector<std::int64_t> input_origin;
   std::vector<std::int64_t> global_input_size;
   std::vector<std::int64_t> output_origin;
+  /// Where the output (and its gradient) lie (both empty: a dense tensor of output_size): in a
+  /// tensor of the same samples and channels and these spatial extents, from this spatial offset
+  /// (a reader's halo window that the pooling writes into; host kernels only).
+  std::vector<std::int64_t> output_within;
+  std::vector<std::int64_t> output_offset;
 
   auto operator<=>(const PoolingGeometry&) const = default;
   std::string to_string() const;

@@ -64,6 +64,10 @@ struct LayerContext {
   /// gradient times that layer's factor (1 where the input > 0, else this slope); that layer's
   /// backward is then skipped (StepPlan::leaky_relu_before).
   std::optional<float> leaky_relu_before;
+  /// Non-empty: the output tensor forward writes (and backward's output and output gradient) is
+  /// its reader's halo window, which holds this layer's output from this spatial offset
+  /// (StepPlan::output_in_window; layers with LayerTraits::writes_into_window only).
+  std::vector<std::int64_t> output_offset;
 };
 
 /// A trainable tensor and its gradient. Under a model-parallel (filter/channel) split a rank

@@ -31,6 +31,9 @@ struct LayerTraits {
   bool computes_output_regions = false;
   /// Its backward splits into input gradients and parameter gradients (convolution).
   bool splits_backward = false;
+  /// Its host kernels can write its output into a part of a larger tensor, its reader's halo
+  /// window, and read the output and its gradient there in backward (pooling).
+  bool writes_into_window = false;
 };
 
 /// One layer of a step as this rank runs it (sizes in bytes).
