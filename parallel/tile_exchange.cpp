@@ -329,27 +329,42 @@ void TileExchange::check_device(const Tensor& tensor, const char* what) const {
 void TileExchange::start_forward(const Tensor& held_in, Tensor& needed_out, float fill) {
   TESSERA_CHECK(pending_ == Pending::None, "TileExchange::start_forward while another exchange is in flight");
   TESSERA_CHECK(&held_in != &needed_out, "TileExchange::forward: held_in and needed_out are the same tensor");
-  const Box& mine = held_box();
-  const Box& need = needed_box();
-  check_tile(held_in, mine, "forward's held_in");
+  check_tile(held_in, held_box(), "forward's held_in");
   check_device(held_in, "forward's held_in");
-  needed_out.resize(Shape(need.extent, global_.kinds()), device_);
+  needed_out.resize(Shape(needed_box().extent, global_.kinds()), device_);
   TESSERA_CHECK(needed_out.numel() == 0 || held_in.numel() == 0 || needed_out.data() != held_in.data(),
                 "TileExchange::forward: held_in and needed_out share memory");
+  send_forward(held_in, held_box(), needed_out, fill);
+}
+
+bool TileExchange::holds_own_tile() const { return local_ == held_box(); }
+
+void TileExchange::start_forward_in_place(Tensor& window, float fill) {
+  TESSERA_CHECK(pending_ == Pending::None, "TileExchange::start_forward_in_place while another exchange is in flight");
+  TESSERA_CHECK(holds_own_tile(), "TileExchange::forward in place: the needed box {} does not hold the held box {}",
+                box_string(needed_box()), box_string(held_box()));
+  check_tile(window, needed_box(), "forward's window");
+  check_device(window, "forward's window");
+  send_forward(window, needed_box(), window, fill);
+}
+
+void TileExchange::send_forward(const Tensor& source, const Box& source_box, Tensor& needed_out, float fill) {
+  const Box& need = needed_box();
   target_ = needed_out;
   pending_ = Pending::Forward;
 
   const auto sending = static_cast<std::size_t>(send_elements()), receiving = static_cast<std::size_t>(recv_elements());
   float* packed = packing_area(outgoing_buffer_, outgoing_gpu_, sending);
-  for (const auto& t : outgoing_) copy_box(t.region, held_in.data(), mine, packed + t.offset, t.region, device_);
+  for (const auto& t : outgoing_) copy_box(t.region, source.data(), source_box, packed + t.offset, t.region, device_);
   stage_to_host(outgoing_buffer_, outgoing_gpu_);
   post(outgoing_, message_area(outgoing_buffer_, outgoing_gpu_, sending), incoming_,
        message_area(incoming_buffer_, incoming_gpu_, receiving));
 
-  // While messages fly: the local overlap and the padding outside the global tensor, and zeros
-  // where the messages will land, so that a kernel over the whole window before finish (halo
-  // overlap) never reads stale values (a GPU's FFT or Winograd algorithm mixes every input).
-  copy_box(local_, held_in.data(), mine, needed_out.data(), need, device_);
+  // While messages fly: the local overlap (unless it is there already) and the padding outside
+  // the global tensor, and zeros where the messages will land, so that a kernel over the whole
+  // window before finish (halo overlap) never reads stale values (a GPU's FFT or Winograd
+  // algorithm mixes every input).
+  if (source.data() != needed_out.data()) copy_box(local_, source.data(), source_box, needed_out.data(), need, device_);
   for (const auto& slab : outside_) fill_box(slab, needed_out.data(), need, fill, device_);
   for (const auto& t : incoming_) fill_box(t.region, needed_out.data(), need, 0.0f, device_);
 
@@ -378,12 +393,16 @@ void TileExchange::forward(const Tensor& held_in, Tensor& needed_out, float fill
 // ---------------------------------------------------------------------------------------------
 // Reverse: the same transfers with the directions swapped, received sums added in source order.
 
-void TileExchange::start_reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate) {
+void TileExchange::check_reverse_allowed() const {
   TESSERA_CHECK(!has_replicas_,
                 "TileExchange::reverse over {}: held boxes have replicas (their sum would need a reduction "
                 "over each replica group)",
                 comm_.name());
   TESSERA_CHECK(pending_ == Pending::None, "TileExchange::start_reverse while another exchange is in flight");
+}
+
+void TileExchange::start_reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate) {
+  check_reverse_allowed();
   TESSERA_CHECK(&needed_in != &held_out, "TileExchange::reverse: needed_in and held_out are the same tensor");
   const Box& mine = held_box();
   const Box& need = needed_box();
@@ -396,12 +415,30 @@ void TileExchange::start_reverse(const Tensor& needed_in, Tensor& held_out, bool
   } else {
     held_out.resize(Shape(mine.extent, global_.kinds()), device_);
     // finish copies this rank's own part over its local box (a halo's: all of it); the rest starts at zero.
-    if (!(local_ == mine)) held_out.zero();
+    if (!holds_own_tile()) held_out.zero();
   }
   overwrite_ = !accumulate;
+  in_place_ = false;
   TESSERA_CHECK(needed_in.numel() == 0 || held_out.numel() == 0 || needed_in.data() != held_out.data(),
                 "TileExchange::reverse: needed_in and held_out share memory");
   target_ = held_out;
+  send_reverse(needed_in);
+}
+
+void TileExchange::start_reverse_in_place(Tensor& window) {
+  check_reverse_allowed();
+  TESSERA_CHECK(holds_own_tile(), "TileExchange::reverse in place: the needed box {} does not hold the held box {}",
+                box_string(needed_box()), box_string(held_box()));
+  check_tile(window, needed_box(), "reverse's window");
+  check_device(window, "reverse's window");
+  overwrite_ = true;
+  in_place_ = true;
+  target_ = window;
+  send_reverse(window);
+}
+
+void TileExchange::send_reverse(const Tensor& needed_in) {
+  const Box& need = needed_box();
   source_ = needed_in;
   pending_ = Pending::Reverse;
 
@@ -421,7 +458,11 @@ void TileExchange::finish_reverse() {
   wait_all();
   const Box& mine = held_box();
   const float* messages = received(outgoing_buffer_, outgoing_gpu_);
-  if (overwrite_) {
+  if (in_place_) {
+    // This rank's own contribution is in place; the others in ascending source rank.
+    for (const auto& t : outgoing_)
+      add_box(t.region, messages + t.offset, t.region, target_.data(), needed_box(), device_);
+  } else if (overwrite_) {
     // This rank's own contribution first (onto zero it is itself: a copy), then the others in
     // ascending source rank: outgoing_ is sorted by peer.
     copy_box(local_, source_.data(), needed_box(), target_.data(), mine, device_);

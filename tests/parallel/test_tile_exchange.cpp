@@ -23,6 +23,7 @@
 #include "tessera/parallel/mpi_communicator.hpp"
 #include "tessera/parallel/tile_exchange.hpp"
 #include "tessera/tensor/box.hpp"
+#include "tessera/tensor/box_ops.hpp"
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera {
@@ -222,19 +223,70 @@ Tensor check_reverse(const Layout& l, Transport transport) {
   return out;
 }
 
+/// Where this rank's needed box holds its held box: forward in place (the window holding the held
+/// tile, stale values elsewhere) gives `forwarded`, and reverse in place leaves `reversed` at the
+/// held box, the rest of the window untouched, to the bit; elsewhere both are refused.
+void check_in_place(const Layout& l, Transport transport, float fill, const Tensor& forwarded, const Tensor& reversed,
+                    bool with_reverse) {
+  auto comm = world();
+  const int me = comm->rank();
+  const Box& mine = l.held[static_cast<std::size_t>(me)];
+  const Box& need = l.needed[static_cast<std::size_t>(me)];
+  TileExchange exchange(*comm, l.global, l.held, l.needed, transport, /*tag=*/5);
+  const std::string context = fmt::format("in place ({}): {}", name(transport), describe(l, me));
+  // Every rank learns whether any rank cannot: the exchanges run on all ranks or none.
+  const bool all_hold = comm->allreduce_value(exchange.holds_own_tile() ? 0 : 1) == 0;
+  Tensor window{Shape(need.extent)};
+  if (!all_hold) {
+    if (!exchange.holds_own_tile()) {
+      EXPECT_THROW(exchange.start_forward_in_place(window, fill), Error) << context;
+      EXPECT_THROW(exchange.start_reverse_in_place(window), Error) << context;
+    }
+    return;
+  }
+  window.fill(31.0f);  // stale
+  Box local = mine;  // the held tile at its place in the window
+  for (std::size_t d = 0; d < local.begin.size(); ++d) local.begin[d] -= need.begin[d];
+  const Tensor held = slice_of(indexed(l.global), mine, 0.0f);
+  copy_box(mine, held.data(), mine, window.data(), need, Device::host());
+  Box window_box;  // the window in its own coordinates
+  window_box.begin.assign(need.extent.size(), 0);
+  window_box.extent = need.extent;
+  exchange.start_forward_in_place(window, fill);
+  exchange.finish_forward();
+  expect_same(window, forwarded, context + ", forward");
+  if (!with_reverse) return;
+  Tensor grads = gradient_of(me, need);
+  const Tensor before = grads.clone();
+  exchange.start_reverse_in_place(grads);
+  exchange.finish_reverse();
+  expect_same(slice_of(grads, local, 0.0f), reversed, context + ", reverse");
+  // Outside the held box the window's gradient is as it was.
+  Tensor restored = grads.clone();
+  copy_box(local, before.data(), window_box, restored.data(), window_box, Device::host());
+  expect_same(restored, before, context + ", reverse outside the held box");
+}
+
 /// Forward (fill 0 and a visible fill) and, when `with_reverse`, reverse with both transports; both
-/// transports must agree bit for bit.
+/// transports must agree bit for bit, and with them the exchanges in place where they apply.
 void check_layout(const Layout& l, bool with_reverse = true) {
   const int me = world()->rank();
+  std::vector<Tensor> forwarded;
   for (float fill : {0.0f, -7.5f}) {
     const Tensor a = check_forward(l, Transport::PointToPoint, fill);
     const Tensor b = check_forward(l, Transport::AllToAllV, fill);
     expect_same(a, b, "forward, transports differ: " + describe(l, me));
+    forwarded.push_back(a);
   }
-  if (!with_reverse) return;
-  const Tensor a = check_reverse(l, Transport::PointToPoint);
-  const Tensor b = check_reverse(l, Transport::AllToAllV);
-  expect_same(a, b, "reverse, transports differ: " + describe(l, me));
+  Tensor reversed;
+  if (with_reverse) {
+    const Tensor a = check_reverse(l, Transport::PointToPoint);
+    const Tensor b = check_reverse(l, Transport::AllToAllV);
+    expect_same(a, b, "reverse, transports differ: " + describe(l, me));
+    reversed = a;
+  }
+  for (Transport transport : {Transport::PointToPoint, Transport::AllToAllV})
+    check_in_place(l, transport, -7.5f, forwarded[1], reversed, with_reverse);
 }
 
 const Shape kImage5 = Shape::image(3, 2, {7, 5, 6});  // N x C x D x H x W

@@ -94,6 +94,19 @@ class TileExchange {
   void finish_pending();
   void reverse(const Tensor& needed_in, Tensor& held_out, bool accumulate = false);
 
+  /// Whether this rank's needed box holds its whole held box (local_box() == held_box()): then
+  /// the held tile can live inside the needed one, and the in-place exchanges below apply.
+  bool holds_own_tile() const;
+  /// Forward in place: `window` (extents needed_box().extent) already holds this rank's held
+  /// tile at its place, written there by its producer; the other ranks' parts and the padding
+  /// are filled in as forward fills them. finish_forward ends it. Refused unless holds_own_tile().
+  void start_forward_in_place(Tensor& window, float fill = 0.0f);
+  /// Reverse in place: the held gradient is the part of `window` (the needed box's gradient)
+  /// at the held box: the other ranks' contributions are added into it in ascending source rank
+  /// (this rank's own first: reverse's overwriting order, so the same values to the bit).
+  /// finish_reverse ends it. Refused unless holds_own_tile(), and with replicas.
+  void start_reverse_in_place(Tensor& window);
+
   /// Elements this rank sends to other ranks per forward (reverse receives as many).
   std::int64_t send_elements() const;
   /// Elements this rank receives from other ranks per forward (reverse sends as many).
@@ -134,6 +147,13 @@ class TileExchange {
   void post(const std::vector<Transfer>& sends, float* send_area, const std::vector<Transfer>& receives,
             float* receive_area);
   void wait_all();
+  /// Forward's start from `source` (a tensor over `source_box`: the held tile, or the window
+  /// itself in place) into `needed_out`.
+  void send_forward(const Tensor& source, const Box& source_box, Tensor& needed_out, float fill);
+  /// Refuses a reverse with replicas or while another exchange is in flight.
+  void check_reverse_allowed() const;
+  /// Reverse's start: packs and posts the contributions of `needed_in` to the other ranks.
+  void send_reverse(const Tensor& needed_in);
 
   Communicator& comm_;
   Shape global_;
@@ -166,6 +186,7 @@ class TileExchange {
   Tensor target_;  ///< shares memory with the tensor being written (needed_out / held_out)
   Tensor source_;  ///< reverse: shares memory with needed_in (its local part is taken in finish)
   bool overwrite_ = false;  ///< reverse: held_out is overwritten (this rank's own part copied first)
+  bool in_place_ = false;   ///< reverse: target_ is the window, holding the held gradient in place
   Device device_ = Device::host();
   /// On a GPU: the packed messages there (sent by NCCL, or staged through the host buffers above).
   Tensor outgoing_gpu_, incoming_gpu_;
