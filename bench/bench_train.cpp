@@ -102,6 +102,12 @@ int main(int argc, char** argv) {
                    "max pooling does the backward of the activation running in place before it (the default, as tessera train); off: the "
                    "activation runs its own passes")
         ->check(CLI::IsMember({"on", "off"}));
+    std::string into_windows = "on";
+    app.add_option("--into-windows", into_windows,
+                   "on: a layer whose one reader reads it through a halo window writes its output there (max and "
+                   "average pooling on the host; the default, as tessera train); off: into its own tensor, which the "
+                   "exchange copies (to measure what writing there saves)")
+        ->check(CLI::IsMember({"on", "off"}));
     double lr = 0.01, momentum = 0.9;
     app.add_option("--momentum", momentum, "SGD momentum (0: plain SGD)");
     app.add_option("--lr", lr, "SGD learning rate (momentum 0.9); lower it for models that diverge on random data");
@@ -132,6 +138,7 @@ int main(int argc, char** argv) {
     options.profile = profile;
     options.in_place = in_place == "on";
     options.fuse = fuse == "on";
+    options.into_windows = into_windows == "on";
     const tessera::Plan plan =
         plan_file.empty() ? tessera::Plan::sample_parallel(world->size()) : tessera::Plan::load(plan_file);
     tessera::Executor executor(model, plan, world, options);
@@ -204,6 +211,8 @@ int main(int argc, char** argv) {
                                                      tessera::ReduceOp::Max);
     const double bf16_kept = world->allreduce_value(static_cast<double>(executor.bf16_kept_layers(batch).size()),
                                                     tessera::ReduceOp::Max);
+    const double window_outputs = world->allreduce_value(
+        static_cast<double>(executor.window_output_layers(batch).size()), tessera::ReduceOp::Max);
     const double samples_per_s = static_cast<double>(steps * batch) / seconds;
     const double gflops = 3.0 * forward_flops(model, batch) * steps / seconds / 1e9;
     if (profile) {
@@ -224,14 +233,14 @@ int main(int argc, char** argv) {
       std::printf(
           "{\"framework\": \"tessera\", \"device\": \"%s\", \"gpu_comm\": \"%s\", \"precision\": \"%s\", \"bf16_convolutions\": \"%s\", \"ranks\": %d, \"threads\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, "
           "\"step_ms\": %.3f, \"comm_wait_ms\": %.3f, \"exchange_ms\": %.3f, \"exchange_critical_ms\": %.3f, \"halo_ms\": %.3f, \"halo_critical_ms\": %.3f, \"exchanged_mib\": %.2f, "
-          "\"gflops\": %.2f, \"activation_mib\": %.1f, \"scratch_mib\": %.1f, \"peak_rss_mib\": %.1f, \"gpu_peak_gib\": %.2f, \"overlapped_layers\": %d, \"bf16_kept_layers\": %d}\n",
+          "\"gflops\": %.2f, \"activation_mib\": %.1f, \"scratch_mib\": %.1f, \"peak_rss_mib\": %.1f, \"gpu_peak_gib\": %.2f, \"overlapped_layers\": %d, \"bf16_kept_layers\": %d, \"window_outputs\": %d}\n",
           executor.device().to_string().c_str(),
           options.device.is_host() ? "none" : executor.uses_nccl() ? "nccl" : "mpi",
           std::string(tessera::precision_name(model.precision())).c_str(),
           executor.backend().bf16_convolutions().c_str(),
           world->size(), threads, static_cast<long long>(batch), samples_per_s, 1e3 * seconds / steps,
           1e3 * comm_wait / steps, 1e3 * exchange / steps, 1e3 * critical_exchange / steps, 1e3 * halo / steps, 1e3 * critical_halo / steps, exchanged_mib, gflops, activation_mib, scratch_mib, peak_mib, gpu_peak_gib,
-          static_cast<int>(overlapped), static_cast<int>(bf16_kept));
+          static_cast<int>(overlapped), static_cast<int>(bf16_kept), static_cast<int>(window_outputs));
     } catch (const tessera::Error& e) {
       // Bad model or plan: every rank fails together (collectively); rank 0 says why.
       if (world->rank() == 0) std::fprintf(stderr, "bench_train: %s\n", e.what());

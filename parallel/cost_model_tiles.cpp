@@ -194,14 +194,34 @@ double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_sp
   return worst > 0 ? 2.0 * (worst + machine_.sync_wait_for(P)) : 0.0;
 }
 
+namespace {
+
+/// Whether a consumer split as `split` reads the tiles a producer split as `held` holds (before
+/// halos): a layer split by channel alone holds its summed output in channel-rank blocks of the
+/// output channels, the tiles of a filter split into as many parts.
+bool reads_held_tiles(const LayerSplit& held, const LayerSplit& split) {
+  LayerSplit tiles = normalised(held);
+  if (tiles.channel > 1 && tiles.filter == 1) std::swap(tiles.channel, tiles.filter);
+  return tiles == normalised(split);
+}
+
+}  // namespace
+
 bool CostModel::copies_input(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
                              const LayerEstimate& e) const {
   if (producer < 0) return e.halo || (graph_.layers[static_cast<std::size_t>(consumer)].model_splittable && split.channel > 1);
-  // A layer split by channel alone holds its summed output in channel-rank blocks of the output
-  // channels: the tiles of a filter split into as many parts.
-  LayerSplit tiles = normalised(held);
-  if (tiles.channel > 1 && tiles.filter == 1) std::swap(tiles.channel, tiles.filter);
-  return !(tiles == normalised(split)) || e.halo || e.gathers;
+  return !reads_held_tiles(held, split) || e.halo || e.gathers;
+}
+
+StepOptions CostModel::step_options() const {
+  StepOptions options;
+  options.outputs_into_windows = machine_.device != "gpu";  // the GPU's pooling writes dense outputs
+  return options;
+}
+
+bool CostModel::window_holds_tile(int producer, const LayerSplit& held, const LayerSplit& split,
+                                  const LayerEstimate& e) const {
+  return producer >= 0 && e.halo && !e.gathers && reads_held_tiles(held, split);
 }
 
 double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int consumer,
@@ -384,6 +404,7 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
       const bool copied = copies_input(j, held(j), static_cast<int>(i), e.split, e);
       l.copies_input.push_back(copied);
       l.input_copy_bytes.push_back(copied ? whole(input_copy_bytes(static_cast<int>(i), a, e)) : 0);
+      l.copy_holds_tile.push_back(copied && window_holds_tile(j, held(j), e.split, e));
     }
     l.output_bytes = whole(e.output_bytes);
     l.partial_bytes = whole(e.partial_bytes);
@@ -392,7 +413,7 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
     if (layer.inputs.size() == 1)
       bytes += overlap_region_bytes(layer.inputs[0], held(layer.inputs[0]), static_cast<int>(i), e.split);
   }
-  return bytes + static_cast<double>(plan_step(step, StepOptions{}).arena.layout.size);
+  return bytes + static_cast<double>(plan_step(step, step_options()).arena.layout.size);
 }
 
 }  // namespace tessera

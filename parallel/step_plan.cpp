@@ -39,9 +39,10 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
   std::vector<std::vector<int>> inputs;
   std::vector<LayerTraits> traits;
   for (const StepLayer& l : graph.layers) {
-    TESSERA_CHECK(l.copies_input.size() == l.inputs.size() && l.input_copy_bytes.size() == l.inputs.size(),
-                  "plan_step: a layer with {} inputs but {} copy flags and {} copy sizes", l.inputs.size(),
-                  l.copies_input.size(), l.input_copy_bytes.size());
+    TESSERA_CHECK(l.copies_input.size() == l.inputs.size() && l.input_copy_bytes.size() == l.inputs.size() &&
+                      (l.copy_holds_tile.empty() || l.copy_holds_tile.size() == l.inputs.size()),
+                  "plan_step: a layer with {} inputs but {} copy flags, {} copy sizes and {} tile flags",
+                  l.inputs.size(), l.copies_input.size(), l.input_copy_bytes.size(), l.copy_holds_tile.size());
     inputs.push_back(l.inputs);
     traits.push_back(l.traits);
   }
@@ -98,23 +99,61 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
   for (std::size_t j = 0; j < n; ++j)
     if (!copied_by_all[j] || static_cast<int>(j) == graph.output || plan.leaky_relu_before[j]) plan.release_after[j] = -1;
 
-  // The arena of the step's tensors.
-  TransientGraph tensors;
-  tensors.output = graph.output;
-  tensors.bf16_stash = graph.bf16_activations;
-  tensors.inputs = inputs;
-  tensors.in_place = plan.in_place;
-  for (std::size_t i = 0; i < n; ++i) {
-    const StepLayer& l = graph.layers[i];
-    tensors.output_bytes.push_back(l.output_bytes);
-    tensors.released.push_back(plan.release_after[i] >= 0);
-    tensors.input_copy_bytes.push_back(l.input_copy_bytes);
-    tensors.partial_bytes.push_back(l.partial_bytes);
-    tensors.backward_reads.emplace_back(l.inputs.size(), !plan.backward_fused[i] && l.traits.backward_reads_inputs);
-    tensors.reads_own_output.push_back(plan.leaky_relu_before[i].has_value());
-    tensors.backward_reads_fp32.push_back(l.traits.backward_reads_fp32);
+  // Outputs written into their one reader's window: a producer that can, not running in place,
+  // not summed from partial sums, not the loss's, whose only reader reads it through a halo
+  // window holding its whole tile. (Not with bf16 activations: their copies are kept apart.)
+  std::vector<int> into_window(n, -1);
+  bool any_into_window = false;
+  for (std::size_t k = 0; k < n && options.outputs_into_windows && !graph.bf16_activations; ++k) {
+    const StepLayer& reader = graph.layers[k];
+    if (inputs[k].size() != 1 || inputs[k][0] < 0 || !reader.copies_input[0] || reader.copy_holds_tile.empty() ||
+        !reader.copy_holds_tile[0])
+      continue;
+    const auto j = static_cast<std::size_t>(inputs[k][0]);
+    if (!traits[j].writes_into_window || readers[j] != 1 || static_cast<int>(j) == graph.output || plan.in_place[j] ||
+        graph.layers[j].channel_split)
+      continue;
+    into_window[j] = static_cast<int>(k);
+    any_into_window = true;
   }
-  plan.arena = transient_arena(tensors);
+
+  // The arena of the step's tensors, with the outputs in their readers' windows or apart.
+  const auto arena_with = [&](const std::vector<int>& in_window, const std::vector<int>& release_after) {
+    TransientGraph tensors;
+    tensors.output = graph.output;
+    tensors.bf16_stash = graph.bf16_activations;
+    tensors.inputs = inputs;
+    tensors.in_place = plan.in_place;
+    for (std::size_t i = 0; i < n; ++i) {
+      const StepLayer& l = graph.layers[i];
+      tensors.output_bytes.push_back(l.output_bytes);
+      tensors.released.push_back(release_after[i] >= 0);
+      tensors.input_copy_bytes.push_back(l.input_copy_bytes);
+      tensors.partial_bytes.push_back(l.partial_bytes);
+      tensors.backward_reads.emplace_back(l.inputs.size(), !plan.backward_fused[i] && l.traits.backward_reads_inputs);
+      tensors.reads_own_output.push_back(plan.leaky_relu_before[i].has_value());
+      tensors.backward_reads_fp32.push_back(l.traits.backward_reads_fp32);
+      tensors.output_in_copy.push_back(in_window[i]);
+    }
+    return transient_arena(tensors);
+  };
+  plan.output_in_window.assign(n, -1);
+  plan.arena = arena_with(plan.output_in_window, plan.release_after);
+  if (any_into_window) {
+    // A window outlives the tile it replaces (from the producer's forward) and its gradient the
+    // held one (to the producer's backward, halos and all): kept where the arena grows by
+    // kWindowArenaGrowth at most.
+    std::vector<int> release_after = plan.release_after;
+    for (std::size_t j = 0; j < n; ++j)
+      if (into_window[j] >= 0) release_after[j] = -1;
+    TransientArena windowed = arena_with(into_window, release_after);
+    if (static_cast<double>(windowed.layout.size) <=
+        (1.0 + kWindowArenaGrowth) * static_cast<double>(plan.arena.layout.size)) {
+      plan.arena = std::move(windowed);
+      plan.output_in_window = std::move(into_window);
+      plan.release_after = std::move(release_after);
+    }
+  }
   return plan;
 }
 

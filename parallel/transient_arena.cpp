@@ -92,7 +92,8 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
                     static_cast<std::size_t>(graph.output) < n &&
                     (graph.backward_reads.empty() || graph.backward_reads.size() == n) &&
                     (graph.reads_own_output.empty() || graph.reads_own_output.size() == n) &&
-                    (graph.backward_reads_fp32.empty() || graph.backward_reads_fp32.size() == n),
+                    (graph.backward_reads_fp32.empty() || graph.backward_reads_fp32.size() == n) &&
+                    (graph.output_in_copy.empty() || graph.output_in_copy.size() == n),
                 "transient_arena: a graph of {} layers with mismatched fields", n);
   // In half-steps (TransientArena): step s is time 2s.
   const int loss = 2 * static_cast<int>(n);
@@ -107,6 +108,16 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
       TESSERA_CHECK(u < i, "transient_arena: layer {} reads layer {}, not an earlier one", i, j);
       last_reader[u] = static_cast<int>(i);
     }
+  // The reader whose copy holds layer i's output (-1: none).
+  const auto in_copy = [&](std::size_t i) { return graph.output_in_copy.empty() ? -1 : graph.output_in_copy[i]; };
+  for (std::size_t i = 0; i < n; ++i) {
+    const int k = in_copy(i);
+    if (k < 0) continue;
+    const auto u = static_cast<std::size_t>(k);
+    TESSERA_CHECK(u < n && graph.inputs[u].size() == 1 && graph.inputs[u][0] == static_cast<int>(i) &&
+                      graph.input_copy_bytes[u].at(0) >= graph.output_bytes[i] && !graph.in_place[i],
+                  "transient_arena: layer {}'s output in the copy of layer {}, which does not copy it alone", i, k);
+  }
   for (std::size_t i = 0; i < n; ++i)
     if (graph.in_place[i])
       TESSERA_CHECK(graph.inputs[i].size() == 1 && graph.inputs[i][0] >= 0 && !graph.released[static_cast<std::size_t>(graph.inputs[i][0])],
@@ -163,6 +174,10 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
       arena.output[i] = b;
       buffers[b].last = std::max(buffers[b].last, last);
       buffers[b].size = std::max(buffers[b].size, graph.output_bytes[i]);
+    } else if (const int k = in_copy(i); k >= 0) {
+      // The reader's copy: from this forward to the copy's last read (its reader's backward).
+      const auto u = static_cast<std::size_t>(k);
+      arena.output[i] = add(graph.input_copy_bytes[u][0], forward(i), std::max(last, reads(u, 0) ? backward(u) : forward(u)));
     } else {
       arena.output[i] = add(graph.output_bytes[i], forward(i), last);
     }
@@ -177,7 +192,9 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
                         : last_reader[i] >= 0           ? backward(static_cast<std::size_t>(last_reader[i]))
                                                         : backward(i);
     if (b == TransientArena::kNone) {
-      b = add(graph.output_bytes[i], written, backward(i));
+      // (an output in its reader's copy: the copy's gradient, written by that reader)
+      const int k = in_copy(i);
+      b = add(k >= 0 ? graph.input_copy_bytes[static_cast<std::size_t>(k)][0] : graph.output_bytes[i], written, backward(i));
     } else {
       buffers[b].first = std::min(buffers[b].first, written);
       buffers[b].last = std::max(buffers[b].last, backward(i));
@@ -215,7 +232,7 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
     }
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t b = arena.output[i];
-      if (graph.in_place[i] || chain[b].fp32 || chain[b].backward_first == kNever ||
+      if (graph.in_place[i] || in_copy(i) >= 0 || chain[b].fp32 || chain[b].backward_first == kNever ||
           chain[b].backward_first - chain[b].forward_last < 4)
         continue;
       keep_in_bf16(i, TransientArena::kNone, b, chain[b].forward_last, chain[b].backward_first, buffers[b].last);
@@ -230,8 +247,15 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
                   "transient_arena: layer {} has {} inputs but {} copy sizes", k, graph.inputs[k].size(),
                   graph.input_copy_bytes[k].size());
     for (std::size_t a = 0; a < graph.inputs[k].size(); ++a) {
+      const int j = graph.inputs[k][a];
+      if (j >= 0 && in_copy(static_cast<std::size_t>(j)) == static_cast<int>(k)) {
+        // Its producer's output and gradient are this copy and its gradient.
+        arena.input_copy[k].push_back(arena.output[static_cast<std::size_t>(j)]);
+        arena.input_copy_grad[k].push_back(arena.output_grad[static_cast<std::size_t>(j)]);
+        continue;
+      }
       const std::int64_t size = graph.input_copy_bytes[k][a];
-      const bool graded = size > 0 && graph.inputs[k][a] >= 0;
+      const bool graded = size > 0 && j >= 0;
       arena.input_copy[k].push_back(size > 0 ? add(size, forward(k), reads(k, a) ? backward(k) : forward(k))
                                              : TransientArena::kNone);
       if (stash && size > 0 && reads(k, a) && !needs_fp32(k))

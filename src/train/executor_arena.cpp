@@ -38,8 +38,11 @@ void Executor::place_transients(const Exchanges& ex, bool grow) {
     return arena_view(arena, buffer, extent);
   };
   for (std::size_t i = 0; i < outputs_.size(); ++i) {
-    outputs_[i] = view(arena.output[i], ex.output_extent[i]);
-    grads_[i] = view(arena.output_grad[i], ex.output_extent[i]);
+    // (an output its reader's window holds is that window, and its gradient the window's)
+    const int reader = ex.step.output_in_window[i];
+    const auto& extent = reader >= 0 ? ex.copy_extent[static_cast<std::size_t>(reader)][0] : ex.output_extent[i];
+    outputs_[i] = view(arena.output[i], extent);
+    grads_[i] = view(arena.output_grad[i], extent);
     partials_[i] = view(arena.partial[i], ex.partial_extent[i]);
     partial_grads_[i] = view(arena.partial_grad[i], ex.partial_extent[i]);
     for (std::size_t a = 0; a < windows_[i].size(); ++a) {

@@ -154,6 +154,20 @@ Executor::Exchanges& Executor::exchanges(std::int64_t batch, const Tensor& targe
   return exchanges_.emplace(batch, std::move(ex)).first->second;
 }
 
+namespace {
+
+/// Whether an exchange's needed box has the samples and channels of its held box (differs in
+/// spatial extents only: a halo window).
+bool same_samples_and_channels(const TileExchange& exchange) {
+  const Box& held = exchange.held_box();
+  const Box& need = exchange.needed_box();
+  for (std::size_t d = 0; d < 2 && d < held.begin.size(); ++d)
+    if (held.begin[d] != need.begin[d] || held.extent[d] != need.extent[d]) return false;
+  return true;
+}
+
+}  // namespace
+
 void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
   const auto& nodes = model_.nodes();
   const std::size_t n = nodes.size();
@@ -181,6 +195,7 @@ void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
       if (exchange) ex.copy_extent[i][a] = exchange->needed_box().extent;
       l.copies_input.push_back(exchange != nullptr);
       l.input_copy_bytes.push_back(exchange ? bytes(ex.copy_extent[i][a]) : 0);
+      l.copy_holds_tile.push_back(exchange && exchange->holds_own_tile() && same_samples_and_channels(*exchange));
     }
     l.channel_split = ex.reduce[i] != nullptr;
     if (l.channel_split) ex.partial_extent[i] = partial_box(i, me, batch).extent;
@@ -190,7 +205,17 @@ void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
   options.in_place = options_.in_place;
   options.fuse = options_.fuse;
   options.fuses_zero_slope = backend_->convolution().fuses_leaky_relu(0.0f);
+  options.outputs_into_windows = options_.device.is_host() && options_.in_place && options_.into_windows;
   ex.step = plan_step(graph, options);
+  // Where each output written into its reader's window lies in it (spatial offsets).
+  ex.output_offset.assign(n, {});
+  for (std::size_t j = 0; j < n; ++j) {
+    const int k = ex.step.output_in_window[j];
+    if (k < 0) continue;
+    const TileExchange& exchange = *ex.inputs[static_cast<std::size_t>(k)][0];
+    for (std::size_t d = 2; d < exchange.held_box().begin.size(); ++d)
+      ex.output_offset[j].push_back(exchange.held_box().begin[d] - exchange.needed_box().begin[d]);
+  }
 }
 
 bool Executor::overlaps(const TileExchange& exchange) const {

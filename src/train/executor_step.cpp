@@ -99,10 +99,11 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
       const Tensor* source = j == Model::kModelInput ? &inputs : &outputs_[static_cast<std::size_t>(j)];
       if (TileExchange* exchange = ex.inputs[i][a].get()) {
         const auto start = Clock::now();
-        if (overlap)
-          exchange->start_forward(*source, windows_[i][a]);  // finished after the interior
+        if (j != Model::kModelInput && ex.step.output_in_window[static_cast<std::size_t>(j)] == static_cast<int>(i))
+          exchange->start_forward_in_place(windows_[i][a]);  // its producer wrote its tile there
         else
-          exchange->forward(*source, windows_[i][a]);
+          exchange->start_forward(*source, windows_[i][a]);
+        if (!overlap) exchange->finish_forward();  // else after the interior
         count_exchange(start, ex.halo[i][a]);
         source = &windows_[i][a];
       }
@@ -119,6 +120,14 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
     if (ex.step.fused[i]) continue;  // its producer computed its output
     LayerContext ctx = context(i, batch_size, step, training);
     ctx.leaky_relu_after = ex.step.leaky_relu_after[i];
+    if (const int reader = ex.step.output_in_window[i]; reader >= 0) {
+      // Into its reader's window (the arena's view; evaluating a batch larger than training's, a
+      // window of its own).
+      Tensor& window = windows_[static_cast<std::size_t>(reader)][0];
+      window.resize(Shape(ex.copy_extent[static_cast<std::size_t>(reader)][0]), options_.device);
+      outputs_[i] = window;
+      ctx.output_offset = ex.output_offset[i];
+    }
     if (TileExchange* reduce = ex.reduce[i].get()) {
       // A partial sum over this rank's input channels: summed over the channel group into the
       // output tiles (backward never reads a layer's output, so the partial sum goes).
@@ -242,6 +251,10 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
     }
     LayerContext ctx = context(k, batch_size, step, /*training=*/true);
     ctx.leaky_relu_before = ex.step.leaky_relu_before[k];
+    ctx.output_offset = ex.output_offset[k];
+    // Whether its one input's producer wrote into its window: the halo gradients are summed there.
+    const bool window_holds_input = node.inputs.size() == 1 && node.inputs[0] != Model::kModelInput &&
+                                    ex.step.output_in_window[static_cast<std::size_t>(node.inputs[0])] == static_cast<int>(k);
     if (TileExchange* reduce = ex.reduce[k].get()) {
       // The gradient of a partial sum is the output gradient over the whole partial box.
       const auto start = Clock::now();
@@ -255,7 +268,10 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
       peak_bytes_ = std::max(peak_bytes_, current_bytes());
       const auto uj = static_cast<std::size_t>(node.inputs[0]);
       auto start = Clock::now();
-      exchange->start_reverse(window_grads_[k][0], grads_[uj], /*accumulate=*/has_grad[uj]);
+      if (window_holds_input)
+        exchange->start_reverse_in_place(window_grads_[k][0]);  // grads_[uj] is that window's gradient
+      else
+        exchange->start_reverse(window_grads_[k][0], grads_[uj], /*accumulate=*/has_grad[uj]);
       count_exchange(start, ex.halo[k][0]);
       finishing_on_error(*exchange, [&] { node.layer->backward_parameters(in, grads_[k], ctx); });
       for (auto* p : node.layer->parameters()) reducer_.ready(p->grad);
@@ -277,7 +293,12 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
       if (TileExchange* exchange = ex.inputs[k][a].get()) {
         // Halo gradients go back to their owners and are summed there.
         const auto start = Clock::now();
-        exchange->reverse(window_grads_[k][a], grads_[uj], /*accumulate=*/has_grad[uj]);
+        if (window_holds_input) {
+          exchange->start_reverse_in_place(window_grads_[k][a]);  // grads_[uj] is that window's gradient
+          exchange->finish_reverse();
+        } else {
+          exchange->reverse(window_grads_[k][a], grads_[uj], /*accumulate=*/has_grad[uj]);
+        }
         count_exchange(start, ex.halo[k][a]);
         peak_bytes_ = std::max(peak_bytes_, current_bytes());
       } else if (has_grad[uj] && grad_in[a] == &extra[a]) {

@@ -148,8 +148,9 @@ TEST(MemoryEstimate, CoversWhatTheExecutorHolds) {
 
 // Running in place (LayerTraits::runs_in_place: relu and leaky_relu with a slope >= 0), a convolution
 // doing the forward of the leaky ReLU running in place over its output (fused), and max pooling
-// whose windows do not overlap doing its backward (backward fused), change nothing but memory and
-// passes: the same losses, gradients and weights to the bit as
+// whose windows do not overlap doing its backward (backward fused), and pooling writing into its
+// reader's halo window (the exchanges in place), change nothing but memory and passes: the same
+// losses, gradients and weights to the bit as
 // every layer keeping its own output and gradient and running its own forward, at 1-4 ranks
 // (halos overlapped: the fused activation in the boundary regions' recomputation too); less
 // held; and only where the executor may (the input's only reader, read as produced, a slope
@@ -174,6 +175,7 @@ loss: softmax_cross_entropy
   struct InPlaceCase {
     std::string model, plan;
     std::vector<std::string> expected, fused, backward_fused;
+    std::vector<std::string> window_outputs = {};  ///< Executor::window_output_layers
   };
   auto world = MpiCommunicator::world();
   const bool split = ranks() > 1;
@@ -186,6 +188,9 @@ loss: softmax_cross_entropy
   overlapping_cnn.replace(overlapping_cnn.find(pool), pool.size(), "type: maxpool, kernel: 3, stride: 2, padding: 1}");
   const std::string h_split = fmt::format("{{sample: 1, spatial: [{}, 1]}}", ranks());
   const std::string d_split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
+  // conv2 wider than conv1: the step's peak is not where pool1's window outlives its tile.
+  std::string wide_conv2 = testing::cosmo_style_model(10, "softmax_cross_entropy");
+  wide_conv2.replace(wide_conv2.find("filters: 8"), 10, "filters: 32");
   const std::vector<InPlaceCase> cases = {
       // conv1 has two readers (act1 and sum); act3's slope is negative; act2b runs in place over
       // act2, which runs in place over sum.
@@ -209,11 +214,13 @@ loss: softmax_cross_entropy
            fmt::format("  act2: {{sample: 1, filter: {}}}\n", ranks()),
        {"act1", "act2", "act3"}, split ? std::vector<std::string>{"act1"} : std::vector<std::string>{"act1", "act2"},
        split ? std::vector<std::string>{} : std::vector<std::string>{"act2"}},
-      {testing::cosmo_style_model(10, "softmax_cross_entropy"),
+      {wide_conv2,
        plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"}, d_split),
        {"act1", "act2", "act3"}, {"act1", "act2"},
        // Blocks of 16 and 8 in 3 do not line up with the pooling windows: those read a copy.
-       ranks() == 3 ? std::vector<std::string>{} : std::vector<std::string>{"act1", "act2"}},
+       ranks() == 3 ? std::vector<std::string>{} : std::vector<std::string>{"act1", "act2"},
+       // pool1 writes into conv2's halo window (pool2's reader, flatten, redistributes).
+       split ? std::vector<std::string>{"pool1"} : std::vector<std::string>{}},
   };
   for (const InPlaceCase& c : cases) {
     SCOPED_TRACE(c.plan);
@@ -226,7 +233,9 @@ loss: softmax_cross_entropy
     EXPECT_TRUE(own.in_place_layers.empty());
     EXPECT_TRUE(own.fused_layers.empty());
     EXPECT_TRUE(own.backward_fused_layers.empty());
+    EXPECT_TRUE(own.window_output_layers.empty());
     EXPECT_EQ(shared.backward_fused_layers, c.backward_fused);
+    EXPECT_EQ(shared.window_output_layers, c.window_outputs);
     EXPECT_EQ(shared.in_place_layers, c.expected);
     EXPECT_EQ(shared.fused_layers, c.fused);
     testing::expect_same_to_the_bit(own, shared);

@@ -186,6 +186,10 @@ class CostModel {
   /// with halos, another split (a redistribution), a gather of channels.
   bool copies_input(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
                     const LayerEstimate& e) const;
+  /// Whether that copy is a halo window holding the producer's whole tile (StepLayer::copy_holds_tile).
+  bool window_holds_tile(int producer, const LayerSplit& held, const LayerSplit& split, const LayerEstimate& e) const;
+  /// The step plan's options as the executor sets them on this machine's devices.
+  StepOptions step_options() const;
   /// Bytes of `consumer`'s copy of its input `input` (estimate `e`): LayerEstimate::input_bytes,
   /// the first input's, scaled by that input's channels (a concat's inputs differ in width).
   double input_copy_bytes(int consumer, std::size_t input, const LayerEstimate& e) const;

@@ -49,6 +49,9 @@ struct StepLayer {
   std::int64_t output_bytes = 0;
   /// Per input: the size of its copy (0 where it reads the tensor as produced).
   std::vector<std::int64_t> input_copy_bytes;
+  /// Per input: its copy is a halo window that holds the producer's whole tile (samples and
+  /// channels alike; TileExchange::holds_own_tile), so the producer may write into it. Empty: none.
+  std::vector<bool> copy_holds_tile;
   /// Its partial sums' size (channel splits; else 0).
   std::int64_t partial_bytes = 0;
 };
@@ -69,7 +72,15 @@ struct StepOptions {
   /// The backend's convolutions also fuse a slope of 0 (a plain ReLU): on GPUs; oneDNN's relu
   /// post-op drops NaNs, so on the host only slopes > 0 fuse.
   bool fuses_zero_slope = false;
+  /// Producers that can (LayerTraits::writes_into_window) write their output into their one
+  /// reader's halo window (the host; the GPU kernels write dense outputs).
+  bool outputs_into_windows = true;
 };
+
+/// How much larger (a share of its size) the arena may grow for outputs written into their
+/// readers' windows (StepPlan::output_in_window): CosmoFlow 128^3 on 2 ranks, +2.2 % for a step
+/// ~2 % faster (docs/benchmarks.md); tiles with halos as large as themselves grow far more.
+constexpr double kWindowArenaGrowth = 0.05;
 
 /// The step plan of one rank: per layer, what its forward and backward do with its tensors.
 struct StepPlan {
@@ -87,6 +98,9 @@ struct StepPlan {
   /// The reader after whose input exchange its output is let go (every reader copies it); -1:
   /// kept for the step.
   std::vector<int> release_after;
+  /// The reader whose halo window holds its output (it writes there, reads it and its gradient
+  /// there in backward, and the exchanges run in place: no copy of its tile either way); -1: none.
+  std::vector<int> output_in_window;
   /// Where every tensor of the step lives.
   TransientArena arena;
 };

@@ -67,6 +67,10 @@ struct TransientGraph {
   /// Per layer: its backward needs the fp32 values of what it reads (LayerTraits::backward_reads_fp32):
   /// no bf16 copy of those. Empty: none does.
   std::vector<bool> backward_reads_fp32;
+  /// Per layer: the reader whose copy of its one input holds this output (StepPlan::
+  /// output_in_window): output and copy are one buffer, from this layer's forward to the later
+  /// of their lives, and so are their gradients. -1: none. Empty: none has one.
+  std::vector<int> output_in_copy;
   /// Keep what backward reads in bf16 between its last forward read and its first backward read
   /// (Model::activation_precision; ArenaStash), where that makes the arena smaller (where the
   /// peak is a layer's backward with its fp32 input and gradients, the copies only add buffers).

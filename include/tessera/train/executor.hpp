@@ -59,9 +59,14 @@ struct ExecutorOptions {
   /// The CUDA backend's options (device on a GPU): TF32 for fp32, how bf16 convolutions run
   /// (Bf16Convolutions::Native by default: bf16 tensor cores, bf16 results), the workspace limit.
   CudaBackendOptions cuda;
-  /// Layers run in place where the step plan lets them (StepOptions::in_place). False: every
-  /// layer keeps an output and a gradient of its own, to check that this changes nothing but memory.
+  /// Layers run in place where the step plan lets them (StepOptions::in_place), and on the host
+  /// producers write into their reader's halo window where it lets them (StepOptions::
+  /// outputs_into_windows). False: every layer keeps an output and a gradient of its own, to
+  /// check that this changes nothing but memory.
   bool in_place = true;
+  /// With in_place: producers write into their reader's halo window where they can. False: to
+  /// measure what that saves (the window's copy of the tile, and of its gradient).
+  bool into_windows = true;
   /// Leaky ReLUs running in place fuse into their producer's forward and their reader's backward
   /// where the step plan lets them (StepOptions::fuse). False: to measure what fusing saves.
   bool fuse = true;
@@ -186,6 +191,9 @@ class Executor {
   /// The layers running in place whose backward their reader does, in the same pass (a leaky
   /// ReLU before max pooling whose windows do not overlap), for a batch of `batch_size`.
   std::vector<std::string> backward_fused_layers(std::int64_t batch_size) const;
+  /// The layers that write their output into their reader's halo window (StepPlan::
+  /// output_in_window) for a batch of `batch_size` (empty before its first step).
+  std::vector<std::string> window_output_layers(std::int64_t batch_size) const;
   /// The layers whose output, or a copy of whose inputs, a training step keeps in bf16 between
   /// forward and backward (Model::activation_precision, ArenaStash) for a batch of `batch_size`
   /// (empty before its first step, for fp32 activations, and where the copies would not make the
@@ -247,6 +255,9 @@ class Executor {
     /// input its copy's (exchanged inputs only), per channel-split node its partial sums'.
     std::vector<std::vector<std::int64_t>> output_extent, partial_extent;
     std::vector<std::vector<std::vector<std::int64_t>>> copy_extent;
+    /// Per node whose output its reader's window holds (StepPlan::output_in_window): where in
+    /// that window (spatial offsets; LayerContext::output_offset); else empty.
+    std::vector<std::vector<std::int64_t>> output_offset;
   };
 
   /// The tile of node `node`'s output that `rank` computes, for a batch of `batch`.
