@@ -52,6 +52,15 @@ CostModel::CostModel(const PlannerGraph& graph, const Machine& machine, PlannerO
     traits.push_back(layer.traits);
   }
   may_run_in_place_ = in_place_candidates(inputs, traits, graph_.output);
+  // Producers that may write into their one reader's halo window (StepPlan::output_in_window).
+  std::vector<int> readers(graph_.layers.size(), 0);
+  for (const auto& in : inputs)
+    for (int j : in)
+      if (j >= 0) ++readers[static_cast<std::size_t>(j)];
+  may_write_into_window_.assign(graph_.layers.size(), false);
+  for (std::size_t j = 0; j < graph_.layers.size(); ++j)
+    may_write_into_window_[j] = traits[j].writes_into_window && readers[j] == 1 && static_cast<int>(j) != graph_.output &&
+                                step_options().outputs_into_windows && !graph_.bf16_activations;
 }
 
 Workload CostModel::workload(int layer, const LayerSplit& split) const {
@@ -339,6 +348,20 @@ PlanEstimate CostModel::estimate(const Plan& plan) const {
       le.exchange += exchange_cost(input, held, static_cast<int>(i), split);
     }
     e.layers.push_back(std::move(le));
+  }
+  // Exchanges priced with the producer's tile in the window where the step plan keeps it apart
+  // (its arena would grow too much): priced again with the copy.
+  const StepPlan step = step_plan(e);
+  for (std::size_t i = 0; i < graph_.layers.size(); ++i) {
+    const auto& inputs = graph_.layers[i].inputs;
+    if (inputs.size() != 1 || inputs[0] < 0) continue;
+    const auto j = static_cast<std::size_t>(inputs[0]);
+    const LayerSplit& held = e.layers[j].split;
+    const LayerSplit& split = e.layers[i].split;
+    if (!into_window(inputs[0], held, static_cast<int>(i), split) || step.output_in_window[j] == static_cast<int>(i))
+      continue;
+    e.layers[i].exchange += exchange_cost(inputs[0], held, static_cast<int>(i), split, /*windows=*/false) -
+                            exchange_cost(inputs[0], held, static_cast<int>(i), split);
   }
   finish(e);
   return e;

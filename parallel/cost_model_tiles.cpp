@@ -20,8 +20,8 @@ namespace tessera {
 
 using namespace cost_detail;
 
-double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int consumer,
-                                const LayerSplit& split) const {
+double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int consumer, const LayerSplit& split,
+                                bool windows) const {
   const auto& c = graph_.layers.at(static_cast<std::size_t>(consumer));
   const bool from_data = producer < 0;
   const Shape& shape = from_data ? c.input : graph_.layers.at(static_cast<std::size_t>(producer)).output;
@@ -37,15 +37,24 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
     key.insert(key.end(), t->dims().begin(), t->dims().end());
   }
   for (const auto& w : c.windows) key.insert(key.end(), {w.kernel, w.stride, w.pad});
+  const bool in_window = windows && into_window(producer, held_split, consumer, split);
+  key.push_back(in_window);
   const auto cached = exchange_cache_.find(key);
   if (cached != exchange_cache_.end()) return cached->second;
-  const double seconds = exchange_cost_uncached(producer, held_split, consumer, split);
+  const double seconds = exchange_cost_uncached(producer, held_split, consumer, split, in_window);
   exchange_cache_.emplace(std::move(key), seconds);
   return seconds;
 }
 
+bool CostModel::into_window(int producer, const LayerSplit& held_split, int consumer, const LayerSplit& split) const {
+  // A halo window (the producer's split) of the same samples and channels, read by its only reader.
+  return producer >= 0 && may_write_into_window_[static_cast<std::size_t>(producer)] &&
+         graph_.layers.at(static_cast<std::size_t>(consumer)).inputs.size() == 1 && normalised(held_split) == normalised(split) &&
+         split.filter == 1 && split.channel == 1;
+}
+
 double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_split, int consumer,
-                                         const LayerSplit& split) const {
+                                         const LayerSplit& split, bool in_window) const {
   const auto& c = graph_.layers.at(static_cast<std::size_t>(consumer));
   const int P = options_.ranks;
   const bool from_data = producer < 0;
@@ -123,8 +132,11 @@ double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_sp
     for (const auto& n : need) needed *= static_cast<double>(n.size());
     if (needed == 0) continue;
     // The window is assembled in a buffer of its own (and its gradient taken back, for the
-    // reverse): a box copy of it, a run per row of its last dimension.
-    const double copy = machine_.box_copy_seconds(P, kBytes * needed, needed / static_cast<double>(need.back().size()));
+    // reverse): a box copy of it, a run per row of its last dimension; of what others hold only
+    // where the producer wrote its tile into the window (and its gradient is summed there).
+    const double rows = needed / static_cast<double>(need.back().size());
+    const auto copy_of = [&](double elements) { return machine_.box_copy_seconds(P, kBytes * elements, rows * elements / needed); };
+    const double copy = copy_of(needed);
     if (!point_to_point) {
       // A redistribution (one alltoallv): what this rank does not hold itself, from anywhere.
       const double own_elems = own_overlap(r, need);
@@ -187,7 +199,7 @@ double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_sp
     double t = msgs_intra * intra_.p2p.alpha + bytes_intra * intra_.p2p.beta +
                msgs_inter * machine_.inter.p2p.alpha + bytes_inter * machine_.inter.p2p.beta;
     // The window's copy; and the exchange is one more call to dispatch.
-    t += copy + machine_.kernel_overhead;
+    t += (in_window ? copy_of(needed - own) : copy) + machine_.kernel_overhead;
     worst = std::max(worst, t);
   }
   // Forward, and its reverse in backward; each waits for its peers.
@@ -386,13 +398,27 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
   // arena holds every output, copy, partial sum and gradient by lifetime; beside it, the layers'
   // own buffers (max pooling's maxima, dropout's scales, a convolution's boundary regions when its
   // halos overlap its forward).
+  double bytes = 0;
+  for (std::size_t i = 0; i < estimate.layers.size(); ++i) {
+    const LayerEstimate& e = estimate.layers[i];
+    const PlannerLayer& layer = graph_.layers[i];
+    if (layer.type == "maxpool" || layer.type == "dropout") bytes += e.output_bytes;
+    if (layer.inputs.size() == 1) {
+      const int j = layer.inputs[0];
+      bytes += overlap_region_bytes(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
+                                    static_cast<int>(i), e.split);
+    }
+  }
+  return bytes + static_cast<double>(step_plan(estimate).arena.layout.size);
+}
+
+StepPlan CostModel::step_plan(const PlanEstimate& estimate) const {
   const std::size_t n = estimate.layers.size();
   const auto whole = [](double bytes) { return static_cast<std::int64_t>(std::llround(bytes)); };
   const auto held = [&](int j) { return j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split; };
   StepGraph step;
   step.output = graph_.output;
   step.bf16_activations = graph_.bf16_activations;
-  double bytes = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const LayerEstimate& e = estimate.layers[i];
     const PlannerLayer& layer = graph_.layers[i];
@@ -409,11 +435,8 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
     l.output_bytes = whole(e.output_bytes);
     l.partial_bytes = whole(e.partial_bytes);
     l.channel_split = layer.model_splittable && e.split.channel > 1;
-    if (layer.type == "maxpool" || layer.type == "dropout") bytes += e.output_bytes;
-    if (layer.inputs.size() == 1)
-      bytes += overlap_region_bytes(layer.inputs[0], held(layer.inputs[0]), static_cast<int>(i), e.split);
   }
-  return bytes + static_cast<double>(plan_step(step, step_options()).arena.layout.size);
+  return plan_step(step, step_options());
 }
 
 }  // namespace tessera

@@ -519,6 +519,26 @@ TEST(CostModel, ExchangesCopyTheirWindowAtTheMeasuredBoxCopyRate) {
   EXPECT_DOUBLE_EQ(m.box_copy_seconds(4, 4e3, 10), 2.0 * m.box_copy_seconds(2, 4e3, 10));
 }
 
+TEST(CostModel, AProducerWritingIntoTheWindowLeavesOnlyTheHalosToCopy) {
+  // c2's window as above, but r1 a layer that writes into its reader's window (pooling): its 512
+  // own elements (4 columns of 5, 102.4 of the 128 runs) are not copied, forward or back. Not on
+  // GPUs, whose pooling writes dense outputs.
+  Machine m = two_core_node();
+  m.copy_bandwidth = 1e9;
+  m.copy_run = 1e-6;
+  PlannerGraph g = small_chain(4);
+  g.layers[1].traits.writes_into_window = true;
+  LayerSplit t;
+  t.sample = 1;
+  t.spatial = {1, 2};
+  const CostModel model(g, m, {.ranks = 2});
+  ASSERT_TRUE(model.into_window(1, t, 2, t));
+  const double copied = model.exchange_cost(1, t, 2, t, /*windows=*/false);
+  EXPECT_NEAR(copied - model.exchange_cost(1, t, 2, t), 2.0 * (512 * 4.0 / 1e9 + 102.4 * 1e-6), 1e-12);
+  m.device = "gpu";
+  EXPECT_FALSE(CostModel(g, m, {.ranks = 2}).into_window(1, t, 2, t));
+}
+
 TEST(CostModel, OversubscribedCpuNodes) {
   // 3 ranks on a 2-core node, batch 4 split 2/1/1: the timing of the 2-sample tile was taken with
   // all 3 ranks running it (6 samples' work on 2 cores); the node really does 4 samples' work,

@@ -30,6 +30,7 @@ LayerTraits pool_traits() {
   LayerTraits t;
   t.backward_reads_inputs = false;
   t.fuses_leaky_relu_backward = true;
+  t.writes_into_window = true;
   return t;
 }
 
@@ -65,6 +66,58 @@ TEST(StepPlan, LeakyReluRunsInPlaceAndFusesIntoItsProducerAndItsReader) {
   EXPECT_EQ(plan.arena.output[1], plan.arena.output[0]);
   EXPECT_EQ(plan.arena.output_grad[1], plan.arena.output_grad[0]);
   EXPECT_NE(plan.arena.output[2], plan.arena.output[0]);
+}
+
+/// A CosmoFlow block whose last convolution reads the pooling through a halo window of
+/// `window_bytes` holding the pooling's tile of 2048 bytes (`holds_tile`), then a dense tail; the
+/// first convolution's output of `first_bytes`.
+StepGraph windowed_block(std::int64_t window_bytes, bool holds_tile = true, std::int64_t first_bytes = 65536) {
+  StepGraph g = block(0.01f);
+  g.layers[0].output_bytes = first_bytes;
+  g.layers[2].output_bytes = 2048;
+  g.layers[3].copies_input = {true};
+  g.layers[3].input_copy_bytes = {window_bytes};
+  g.layers[3].copy_holds_tile = {holds_tile};
+  g.layers.push_back(layer({3}, LayerTraits{}, 64));
+  g.output = 4;
+  return g;
+}
+
+// Pooling writes into its reader's halo window where that window holds its tile and the arena
+// grows by kWindowArenaGrowth at most: its output and the window are one buffer, from the
+// pooling's forward to the later of their lives, and so are their gradients; the output is not
+// released. Not on GPUs (StepOptions::outputs_into_windows), with bf16 activations, with a
+// window that does not hold the tile, a second reader, or a window much larger than the tile.
+TEST(StepPlan, PoolingWritesIntoItsReadersWindowWhereTheArenaAllows) {
+  const StepPlan plan = plan_step(windowed_block(2304), StepOptions{});
+  EXPECT_EQ(plan.output_in_window, (std::vector<int>{-1, -1, 3, -1, -1}));
+  EXPECT_EQ(plan.release_after[2], -1);
+  EXPECT_EQ(plan.arena.output[2], plan.arena.input_copy[3][0]);
+  EXPECT_EQ(plan.arena.output_grad[2], plan.arena.input_copy_grad[3][0]);
+  const ArenaBuffer& window = plan.arena.buffers[plan.arena.output[2]];
+  EXPECT_EQ(window.size, 2304);
+  EXPECT_EQ(window.first, 2 * 2);             // the pooling's forward
+  EXPECT_EQ(window.last, 2 * (2 * 5 - 2));    // its backward (it reads its own output)
+  const ArenaBuffer& grad = plan.arena.buffers[plan.arena.output_grad[2]];
+  EXPECT_EQ(grad.first, 2 * (2 * 5 - 3));     // the reader's backward
+  EXPECT_EQ(grad.last, 2 * (2 * 5 - 2));
+
+  const auto windows = [](const StepGraph& g, const StepOptions& options = {}) {
+    return plan_step(g, options).output_in_window[2];
+  };
+  StepOptions gpu;
+  gpu.outputs_into_windows = false;
+  EXPECT_EQ(windows(windowed_block(2304), gpu), -1);
+  StepGraph bf16 = windowed_block(2304);
+  bf16.bf16_activations = true;
+  EXPECT_EQ(windows(bf16), -1);
+  EXPECT_EQ(windows(windowed_block(2304, /*holds_tile=*/false)), -1);
+  StepGraph two_readers = windowed_block(2304);
+  two_readers.layers.push_back(layer({2}, LayerTraits{}, 64));
+  EXPECT_EQ(windows(two_readers), -1);
+  // A window 4 times the tile, alive with its gradient at the pooling's backward beside the
+  // large gradient of its input: the arena would grow by far more.
+  EXPECT_EQ(windows(windowed_block(8192)), -1);
 }
 
 TEST(StepPlan, AZeroSlopeFusesForwardOnlyWhereTheBackendDoesIt) {

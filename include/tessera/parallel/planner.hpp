@@ -170,12 +170,17 @@ class CostModel {
   /// Cost of layer `layer` under `split` with its inputs already where it reads them.
   LayerEstimate layer_cost(int layer, const LayerSplit& split) const;
   /// Seconds (forward + backward) to move the output of `producer` under `held` to what
-  /// `consumer` reads under `split` (0 when nothing moves; the model's input: 0, read from the file).
-  double exchange_cost(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
+  /// `consumer` reads under `split` (0 when nothing moves; the model's input: 0, read from the file);
+  /// with the producer's tile written into the consumer's window where into_window says it may
+  /// be (`windows` false: never; estimate() asks the step plan).
+  double exchange_cost(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
+                       bool windows = true) const;
   /// Bytes per rank of a plan's activations as the executor holds them: each tensor once (a
   /// layer's output, or its consumers' copies where every consumer copies it), every layer's
   /// output gradient, and the largest input copy's gradient in flight.
   double activation_bytes(const PlanEstimate& estimate) const;
+  /// The step plan of an estimate's largest tiles, as the executor would make it.
+  StepPlan step_plan(const PlanEstimate& estimate) const;
   /// Bytes of the copies a convolution `consumer` under `split` keeps when its halo exchange from
   /// `producer` (held under `held`; < 0: the model's input) overlaps its forward on some rank, as
   /// the executor decides under options.halo_overlap: its largest boundary region's input and
@@ -186,6 +191,9 @@ class CostModel {
   /// with halos, another split (a redistribution), a gather of channels.
   bool copies_input(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
                     const LayerEstimate& e) const;
+  /// Whether `producer` (held under `held_split`) writes its tile into `consumer`'s halo window
+  /// under `split` (StepPlan::output_in_window): its exchange then copies only what others hold.
+  bool into_window(int producer, const LayerSplit& held_split, int consumer, const LayerSplit& split) const;
   /// Whether that copy is a halo window holding the producer's whole tile (StepLayer::copy_holds_tile).
   bool window_holds_tile(int producer, const LayerSplit& held, const LayerSplit& split, const LayerEstimate& e) const;
   /// The step plan's options as the executor sets them on this machine's devices.
@@ -221,13 +229,17 @@ class CostModel {
   /// The machine's costs within a node at this job's rank count (Machine::intra_for).
   CommLevel intra_;
   std::vector<bool> may_run_in_place_;
+  /// Per layer: it may write its output into its one reader's halo window (the step plan also
+  /// weighs the arena: priced as if it always did).
+  std::vector<bool> may_write_into_window_;
   /// overlap_region_bytes by (consumer, producer, split, held split): it looks at every rank,
   /// and the memory descents ask again and again.
   mutable std::map<std::vector<int>, double> overlap_cache_;
   /// exchange_cost by what it depends on (the tensor's shape, both splits, the consumer's windows
   /// and output): a network's repeated blocks ask the same question at every repetition.
   mutable std::map<std::vector<std::int64_t>, double> exchange_cache_;
-  double exchange_cost_uncached(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
+  double exchange_cost_uncached(int producer, const LayerSplit& held, int consumer, const LayerSplit& split,
+                                bool in_window) const;
 };
 
 struct PlanResult {

@@ -10,7 +10,8 @@
 // backward does not read it); an output gradient from the backward step that first writes it
 // (its last reader's, or the loss) to the layer's own backward; a copy's gradient and a
 // channel-split layer's partial sums (and their gradient) during their layer's forward or
-// backward only. Backward runs the layers in reverse order, so as it writes the large gradients
+// backward only; an output its reader's window holds is that window, from its own forward on
+// (TransientGraph::output_in_copy). Backward runs the layers in reverse order, so as it writes the large gradients
 // of the first layers, the outputs of the last ones are dead. The executor places all of these in one buffer, at offsets where tensors alive
 // at the same time never overlap; the planner lays out the same arena to price memory. Both call
 // transient_arena, so they agree by construction.
