@@ -217,7 +217,7 @@ namespace {
 // gradient allreduce, or its chain of halo exchanges, ties every rank together).
 class WaitProbe {
  public:
-  WaitProbe(Communicator& comm, const Machine& machine, int cores, double work) : comm_(comm) {
+  WaitProbe(Communicator& comm, const Machine& machine, double work) : comm_(comm) {
     double solo = 0;  // the work's seconds on rank 0 alone
     on_rank0_alone(comm, [&] {
       const auto start = Clock::now();
@@ -232,8 +232,7 @@ class WaitProbe {
     comm.broadcast(&iterations_, 1, DType::I64, 0);
     comm.broadcast(&solo, 1, DType::F64, 0);
     rounds_ = std::max(20, static_cast<int>(0.2 / std::max(solo, 1e-5)));  // about 0.2 s of work
-    const double stretch = std::max(1.0, static_cast<double>(machine.ranks_on_node(comm.size())) / cores);
-    work_ = solo * stretch;
+    work_ = solo * machine.oversubscription(comm.size());
     expected_ = work_ + machine.intra.allreduce.alpha + sizeof(double) * machine.intra.allreduce.beta;
   }
 
@@ -261,7 +260,7 @@ class WaitProbe {
 
 }  // namespace
 
-SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int cores, int repeats) {
+SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int repeats) {
   require_two_ranks(comm);
   // Two amounts of work, as short as a layer's kernel and as long as a small model's step: the
   // wait's fixed part and the part that grows with the work (a descheduled peer is late by a share
@@ -269,7 +268,7 @@ SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int cores
   // are). They lie far apart, so that the share is not the difference of two noises; they
   // alternate, pair by pair, so that a slow minute of the machine slows both; the share is the
   // median of the pairs' (at least 9: how the scheduler places the ranks changes from pair to pair).
-  WaitProbe short_work(comm, machine, cores, 1e-3), long_work(comm, machine, cores, 16e-3);
+  WaitProbe short_work(comm, machine, 1e-3), long_work(comm, machine, 16e-3);
   const double apart = std::max(long_work.work() - short_work.work(), 1e-6);
   std::vector<double> shares, short_waits;
   for (int pair = 0; pair < std::max(9, repeats); ++pair) {

@@ -413,10 +413,10 @@ void time_kernels(Communicator& world, const CalibrateArgs& args, const Model& m
 
 /// Measures the waiting at synchronisation points at this job's rank count into `machine.sync_wait`
 /// and `sync_wait_share` (2 or more ranks).
-void measure_sync(Communicator& world, int cores, int repeats, Machine& machine) {
+void measure_sync(Communicator& world, int repeats, Machine& machine) {
   const int size = world.size();
   SyncWait wait;
-  collectively(world, [&] { wait = measure_sync_wait(world, machine, cores, repeats); });
+  collectively(world, [&] { wait = measure_sync_wait(world, machine, repeats); });
   machine.sync_wait[machine.ranks_on_node(size)] = wait.seconds;
   machine.sync_wait_share[machine.ranks_on_node(size)] = wait.share;
   if (world.rank() == 0) {
@@ -433,6 +433,10 @@ void measure_copies(Communicator& world, const CalibrateArgs& args, Machine& mac
   collectively(world, [&] { rate = measure_box_copies(world, args.repeats, (args.quick ? 64u : 256u) << 20); });
   machine.copy_bandwidth = rate.bandwidth;
   machine.copy_run = rate.run_seconds;
+  // The source names the probe once (a file calibrated again on its own base keeps one mention).
+  if (machine.source.find("copy_bandwidth") == std::string::npos)
+    machine.source += fmt::format(" copy_bandwidth, copy_run: box copies by tessera calibrate on {} ({}), {} ranks "
+                                  "copying at once, caches cold.", host_name(), today(), world.size());
   if (world.rank() == 0) {
     fmt::print("  copy_bandwidth   {:.4g} B/s per rank, copy_run {:.3g} ns per contiguous run (box copies, caches cold, "
                "{} ranks copying)\n", rate.bandwidth, rate.run_seconds * 1e9, world.size());
@@ -493,7 +497,7 @@ void run_calibrate(Communicator& world, const CalibrateArgs& args) {
   if (measure) measure_node(world, args, cores, backend, device, cpus_for_timing, busy, machine);
   if (model) time_kernels(world, args, *model, rank_counts, cores, backend, device, machine);
   if (!gpu && size == cores) measure_copies(world, args, machine);
-  if (size >= 2) measure_sync(world, cores, args.repeats, machine);
+  if (size >= 2) measure_sync(world, args.repeats, machine);
   write_machine(world, args, machine);
 }
 

@@ -198,12 +198,12 @@ TEST(CalibrationProbes, QuickProbesGiveOnePositiveFiniteTimePerSize) {
 TEST(CalibrationProbes, SyncWaitIsFiniteAndTheSameOnEveryRank) {
   auto world = MpiCommunicator::world();
   Machine machine;
-  machine.ranks_per_node = world->size();
+  machine.ranks_per_node = machine.cores_per_node = world->size();
   if (world->size() < 2) {
-    EXPECT_THROW((void)measure_sync_wait(*world, machine, 1, 1), Error);
+    EXPECT_THROW((void)measure_sync_wait(*world, machine, 1), Error);
     return;
   }
-  const SyncWait wait = measure_sync_wait(*world, machine, world->size(), 1);
+  const SyncWait wait = measure_sync_wait(*world, machine, 1);
   for (double part : {wait.seconds, wait.share}) {
     EXPECT_TRUE(std::isfinite(part));
     EXPECT_GE(part, 0);

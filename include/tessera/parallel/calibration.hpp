@@ -43,12 +43,13 @@ std::vector<CommPoint> allreduce_points(Communicator& comm, bool quick);
 std::vector<CommPoint> alltoall_points(Communicator& comm, bool quick);
 
 /// What a blocking neighbour exchange waits beyond its alpha-beta cost with this job's ranks:
-/// `seconds` + `share` x the work before it (fitted over two amounts of work, 0.5 and 4 ms).
+/// `seconds` + `share` x the work before it (fitted over two amounts of work, 1 and 16 ms on a
+/// rank alone, stretched by `machine`'s oversubscription at this job's ranks).
 struct SyncWait {
   double seconds = 0;
   double share = 0;
 };
-SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int cores, int repeats);
+SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int repeats);
 
 /// Box copies as the exchanges make them, every rank copying at once with its caches cold (a
 /// sweep over `sweep_bytes` first): the bytes/s one rank copies and the seconds each contiguous
