@@ -91,23 +91,24 @@ int main(int argc, char** argv) {
     app.add_flag("--profile", profile,
                  "Also print, per layer, forward, backward and exposed exchange ms per step (the most of any rank) "
                  "to stderr");
-    std::string in_place = "on";
-    app.add_option("--in-place", in_place,
-                   "on: relu and leaky_relu run in place where they can (the default, as tessera train); off: every "
-                   "layer keeps its own output and gradient (to measure what running in place saves)")
-        ->check(CLI::IsMember({"on", "off"}));
-    std::string fuse = "on";
-    app.add_option("--fuse", fuse,
-                   "on: a convolution applies the leaky ReLU running in place over its output in its own pass, and "
-                   "max pooling does the backward of the activation running in place before it (the default, as tessera train); off: the "
-                   "activation runs its own passes")
-        ->check(CLI::IsMember({"on", "off"}));
-    std::string into_windows = "on";
-    app.add_option("--into-windows", into_windows,
-                   "on: a layer whose one reader reads it through a halo window writes its output there (max and "
-                   "average pooling on the host; the default, as tessera train); off: into its own tensor, which the "
-                   "exchange copies (to measure what writing there saves)")
-        ->check(CLI::IsMember({"on", "off"}));
+    // Switches of what a step shares or fuses, on by default as in tessera train (off: to measure
+    // what each saves).
+    const auto on_off = [&app](const char* name, bool& value, const char* help) {
+      auto* option = app.add_option_function<std::string>(name, [&value](const std::string& v) { value = v == "on"; }, help);
+      option->check(CLI::IsMember({"on", "off"}))->default_str("on");
+    };
+    bool in_place = true, fuse = true, into_windows = true;
+    on_off("--in-place", in_place,
+           "on: relu and leaky_relu run in place where they can (the default, as tessera train); off: every layer keeps "
+           "its own output and gradient (to measure what running in place saves)");
+    on_off("--fuse", fuse,
+           "on: a convolution applies the leaky ReLU running in place over its output in its own pass, and max pooling "
+           "does the backward of the activation running in place before it (the default, as tessera train); off: the "
+           "activation runs its own passes");
+    on_off("--into-windows", into_windows,
+           "on: a layer whose one reader reads it through a halo window writes its output there (pooling on the host; "
+           "the default, as tessera train); off: into its own tensor, which the exchange copies (to measure what "
+           "writing there saves)");
     double lr = 0.01, momentum = 0.9;
     app.add_option("--momentum", momentum, "SGD momentum (0: plain SGD)");
     app.add_option("--lr", lr, "SGD learning rate (momentum 0.9); lower it for models that diverge on random data");
@@ -136,9 +137,9 @@ int main(int argc, char** argv) {
       throw tessera::InputError("--bf16-convolutions " + bf16_convolutions + " is for --device cuda");
     options.cuda.bf16_convolutions = tessera::parse_bf16_convolutions(bf16_convolutions);
     options.profile = profile;
-    options.in_place = in_place == "on";
-    options.fuse = fuse == "on";
-    options.into_windows = into_windows == "on";
+    options.in_place = in_place;
+    options.fuse = fuse;
+    options.into_windows = into_windows;
     const tessera::Plan plan =
         plan_file.empty() ? tessera::Plan::sample_parallel(world->size()) : tessera::Plan::load(plan_file);
     tessera::Executor executor(model, plan, world, options);
