@@ -284,7 +284,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   return e;
 }
 
-void CostModel::finish(PlanEstimate& estimate) const {
+void CostModel::finish(PlanEstimate& estimate, const StepPlan* step) const {
   const int P = options_.ranks;
   estimate.compute = estimate.exchange = estimate.model_comm = estimate.wait = estimate.grad_allreduce = 0;
   double optimizer = 0, last_grad = 0;
@@ -309,11 +309,11 @@ void CostModel::finish(PlanEstimate& estimate) const {
   estimate.other += machine_.step_overhead_seconds();
   estimate.step_seconds =
       estimate.compute + estimate.exchange + estimate.model_comm + estimate.wait + estimate.grad_exposed + estimate.other;
-  estimate.memory_bytes = memory_bytes(estimate, &estimate.scratch_bytes);
+  estimate.memory_bytes = memory_bytes(estimate, &estimate.scratch_bytes, step);
   estimate.fits = estimate.memory_bytes <= machine_.memory_per_rank;
 }
 
-double CostModel::memory_bytes(const PlanEstimate& estimate, double* scratch_bytes) const {
+double CostModel::memory_bytes(const PlanEstimate& estimate, double* scratch_bytes, const StepPlan* step) const {
   double memory = 0;
   double scratch_input[2] = {0, 0}, scratch_output[2] = {0, 0}, scratch_weights[2] = {0, 0};  // conv, linear
   for (const auto& l : estimate.layers) {
@@ -327,7 +327,7 @@ double CostModel::memory_bytes(const PlanEstimate& estimate, double* scratch_byt
   double scratch = 0;
   for (int kind : {0, 1}) scratch += scratch_input[kind] + scratch_output[kind] + scratch_weights[kind];
   if (scratch_bytes) *scratch_bytes = scratch;
-  return memory + activation_bytes(estimate) + scratch;
+  return memory + activation_bytes(estimate, step) + scratch;
 }
 
 PlanEstimate CostModel::estimate(const Plan& plan) const {
@@ -363,7 +363,7 @@ PlanEstimate CostModel::estimate(const Plan& plan) const {
     e.layers[i].exchange += exchange_cost(inputs[0], held, static_cast<int>(i), split, /*windows=*/false) -
                             exchange_cost(inputs[0], held, static_cast<int>(i), split);
   }
-  finish(e);
+  finish(e, &step);
   return e;
 }
 

@@ -393,7 +393,7 @@ double CostModel::input_copy_bytes(int consumer, std::size_t input, const LayerE
   return e.input_bytes * static_cast<double>(read[1]) / static_cast<double>(l.input[1]);
 }
 
-double CostModel::activation_bytes(const PlanEstimate& estimate) const {
+double CostModel::activation_bytes(const PlanEstimate& estimate, const StepPlan* step) const {
   // As the executor holds them: the step plan of this plan's largest tiles (step_plan.hpp), whose
   // arena holds every output, copy, partial sum and gradient by lifetime; beside it, the layers'
   // own buffers (max pooling's maxima, dropout's scales, a convolution's boundary regions when its
@@ -409,7 +409,7 @@ double CostModel::activation_bytes(const PlanEstimate& estimate) const {
                                     static_cast<int>(i), e.split);
     }
   }
-  return bytes + static_cast<double>(step_plan(estimate).arena.layout.size);
+  return bytes + static_cast<double>(step ? step->arena.layout.size : step_plan(estimate).arena.layout.size);
 }
 
 StepPlan CostModel::step_plan(const PlanEstimate& estimate) const {

@@ -139,20 +139,29 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
   };
   plan.output_in_window.assign(n, -1);
   plan.arena = arena_with(plan.output_in_window, plan.release_after);
-  if (any_into_window) {
-    // A window outlives the tile it replaces (from the producer's forward) and its gradient the
-    // held one (to the producer's backward, halos and all): kept where the arena grows by
-    // kWindowArenaGrowth at most.
+  if (!any_into_window) return plan;
+  // A window outlives the tile it replaces (from the producer's forward) and its gradient the
+  // held one (to the producer's backward, halos and all): windows are kept while the arena grows
+  // by kWindowArenaGrowth at most. All of them where that holds; else one by one, the last
+  // layers' first (their tiles are small beside the early layers' gradients).
+  const double bound = (1.0 + kWindowArenaGrowth) * static_cast<double>(plan.arena.layout.size);
+  const auto try_windows = [&](const std::vector<int>& in_window) {
     std::vector<int> release_after = plan.release_after;
     for (std::size_t j = 0; j < n; ++j)
-      if (into_window[j] >= 0) release_after[j] = -1;
-    TransientArena windowed = arena_with(into_window, release_after);
-    if (static_cast<double>(windowed.layout.size) <=
-        (1.0 + kWindowArenaGrowth) * static_cast<double>(plan.arena.layout.size)) {
-      plan.arena = std::move(windowed);
-      plan.output_in_window = std::move(into_window);
-      plan.release_after = std::move(release_after);
-    }
+      if (in_window[j] >= 0) release_after[j] = -1;
+    TransientArena arena = arena_with(in_window, release_after);
+    if (static_cast<double>(arena.layout.size) > bound) return false;
+    plan.arena = std::move(arena);
+    plan.output_in_window = in_window;
+    plan.release_after = std::move(release_after);
+    return true;
+  };
+  if (try_windows(into_window)) return plan;
+  std::vector<int> kept = plan.output_in_window;
+  for (std::size_t j = n; j-- > 0;) {
+    if (into_window[j] < 0) continue;
+    kept[j] = into_window[j];
+    if (!try_windows(kept)) kept[j] = -1;
   }
   return plan;
 }

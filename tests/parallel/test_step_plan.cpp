@@ -120,6 +120,26 @@ TEST(StepPlan, PoolingWritesIntoItsReadersWindowWhereTheArenaAllows) {
   EXPECT_EQ(windows(windowed_block(8192)), -1);
 }
 
+// Where all windows together would grow the arena too much, they are kept one by one: here the
+// second block's (small beside the first block's gradients), not the first's.
+TEST(StepPlan, WindowsAreKeptOneByOneWhereAllTogetherGrowTheArena) {
+  StepGraph g = windowed_block(8192);  // as in the test above: this window alone grows it too much
+  g.layers.pop_back();
+  g.layers[3].output_bytes = 16384;
+  g.layers.push_back(layer({3}, relu_traits(0.01f), 16384));
+  g.layers.push_back(layer({4}, pool_traits(), 512));
+  g.layers.push_back(layer({5}, conv_traits(), 256));
+  g.layers.back().copies_input = {true};
+  g.layers.back().input_copy_bytes = {768};
+  g.layers.back().copy_holds_tile = {true};
+  g.layers.push_back(layer({6}, LayerTraits{}, 64));
+  g.output = 7;
+  const StepPlan plan = plan_step(g, StepOptions{});
+  EXPECT_EQ(plan.output_in_window, (std::vector<int>{-1, -1, -1, -1, -1, 6, -1, -1}));
+  EXPECT_EQ(plan.arena.output[5], plan.arena.input_copy[6][0]);
+  EXPECT_NE(plan.arena.output[2], plan.arena.input_copy[3][0]);
+}
+
 TEST(StepPlan, AZeroSlopeFusesForwardOnlyWhereTheBackendDoesIt) {
   StepOptions host;
   EXPECT_EQ(plan_step(block(0.0f), host).fused, (std::vector<bool>{false, false, false, false}));

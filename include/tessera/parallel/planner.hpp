@@ -178,7 +178,7 @@ class CostModel {
   /// Bytes per rank of a plan's activations as the executor holds them: each tensor once (a
   /// layer's output, or its consumers' copies where every consumer copies it), every layer's
   /// output gradient, and the largest input copy's gradient in flight.
-  double activation_bytes(const PlanEstimate& estimate) const;
+  double activation_bytes(const PlanEstimate& estimate, const StepPlan* step = nullptr) const;
   /// The step plan of an estimate's largest tiles, as the executor would make it.
   StepPlan step_plan(const PlanEstimate& estimate) const;
   /// Bytes of the copies a convolution `consumer` under `split` keeps when its halo exchange from
@@ -206,11 +206,12 @@ class CostModel {
   bool may_run_in_place(int layer) const { return may_run_in_place_.at(static_cast<std::size_t>(layer)); }
   /// The local workload of `layer` under `split`.
   Workload workload(int layer, const LayerSplit& split) const;
-  /// The step-level terms given the per-layer ones (gradient overlap, loss, optimizer).
-  void finish(PlanEstimate& estimate) const;
+  /// The step-level terms given the per-layer ones (gradient overlap, loss, optimizer); `step`:
+  /// the estimate's step plan when the caller has it.
+  void finish(PlanEstimate& estimate, const StepPlan* step = nullptr) const;
   /// Bytes per rank of a plan given its layers' estimates (in layer order): weights, gradients and
   /// optimizer state, activation_bytes, the bf16 scratch (also into *scratch_bytes when given).
-  double memory_bytes(const PlanEstimate& estimate, double* scratch_bytes = nullptr) const;
+  double memory_bytes(const PlanEstimate& estimate, double* scratch_bytes = nullptr, const StepPlan* step = nullptr) const;
 
   const PlannerGraph& graph() const { return graph_; }
   const Machine& machine() const { return machine_; }
