@@ -78,8 +78,7 @@ struct StepOptions {
 };
 
 /// How much larger (a share of its size) the arena may grow for outputs written into their
-/// readers' windows (StepPlan::output_in_window): CosmoFlow 128^3 on 2 ranks, +2.2 % for a step
-/// ~2 % faster (docs/benchmarks.md); tiles with halos as large as themselves grow far more.
+/// readers' windows (StepPlan::output_in_window; the trade measured in docs/benchmarks.md).
 constexpr double kWindowArenaGrowth = 0.05;
 
 /// The step plan of one rank: per layer, what its forward and backward do with its tensors.
