@@ -52,15 +52,8 @@ CostModel::CostModel(const PlannerGraph& graph, const Machine& machine, PlannerO
     traits.push_back(layer.traits);
   }
   may_run_in_place_ = in_place_candidates(inputs, traits, graph_.output);
-  // Producers that may write into their one reader's halo window (StepPlan::output_in_window).
-  std::vector<int> readers(graph_.layers.size(), 0);
-  for (const auto& in : inputs)
-    for (int j : in)
-      if (j >= 0) ++readers[static_cast<std::size_t>(j)];
-  may_write_into_window_.assign(graph_.layers.size(), false);
-  for (std::size_t j = 0; j < graph_.layers.size(); ++j)
-    may_write_into_window_[j] = traits[j].writes_into_window && readers[j] == 1 && static_cast<int>(j) != graph_.output &&
-                                step_options().outputs_into_windows && !graph_.bf16_activations;
+  may_write_into_window_ =
+      window_writer_candidates(inputs, traits, graph_.output, step_options(), graph_.bf16_activations);
 }
 
 Workload CostModel::workload(int layer, const LayerSplit& split) const {
@@ -142,7 +135,7 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   const double read = tiled ? in_local : block;
   e.input_bytes = kBytes * read;
   e.halo = tiled && (in_local != block || uneven);
-  e.gathers = (split.filter > 1 && l.model_splittable) || split.channel > 1;
+  e.gathers = gathers_channels(layer, split);
   // A channel-split layer computes a partial sum of its filter block (out_local) and keeps its
   // channel rank's sub-block of the reduced output.
   e.partial_bytes = split.channel > 1 ? kBytes * out_local : 0.0;

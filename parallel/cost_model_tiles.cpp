@@ -47,10 +47,8 @@ double CostModel::exchange_cost(int producer, const LayerSplit& held_split, int 
 }
 
 bool CostModel::into_window(int producer, const LayerSplit& held_split, int consumer, const LayerSplit& split) const {
-  // A halo window (the producer's split) of the same samples and channels, read by its only reader.
   return producer >= 0 && may_write_into_window_[static_cast<std::size_t>(producer)] &&
-         graph_.layers.at(static_cast<std::size_t>(consumer)).inputs.size() == 1 && normalised(held_split) == normalised(split) &&
-         split.filter == 1 && split.channel == 1;
+         window_holds_tile(producer, held_split, consumer, split);
 }
 
 double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_split, int consumer,
@@ -231,9 +229,13 @@ StepOptions CostModel::step_options() const {
   return options;
 }
 
-bool CostModel::window_holds_tile(int producer, const LayerSplit& held, const LayerSplit& split,
-                                  const LayerEstimate& e) const {
-  return producer >= 0 && e.halo && !e.gathers && reads_held_tiles(held, split);
+bool CostModel::gathers_channels(int consumer, const LayerSplit& split) const {
+  return (split.filter > 1 && graph_.layers.at(static_cast<std::size_t>(consumer)).model_splittable) || split.channel > 1;
+}
+
+bool CostModel::window_holds_tile(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const {
+  // Its own tiles' split (a halo window of them, where it copies), its samples and channels.
+  return producer >= 0 && !gathers_channels(consumer, split) && reads_held_tiles(held, split);
 }
 
 double CostModel::overlap_region_bytes(int producer, const LayerSplit& held, int consumer,
@@ -430,7 +432,7 @@ StepPlan CostModel::step_plan(const PlanEstimate& estimate) const {
       const bool copied = copies_input(j, held(j), static_cast<int>(i), e.split, e);
       l.copies_input.push_back(copied);
       l.input_copy_bytes.push_back(copied ? whole(input_copy_bytes(static_cast<int>(i), a, e)) : 0);
-      l.copy_holds_tile.push_back(copied && window_holds_tile(j, held(j), e.split, e));
+      l.copy_holds_tile.push_back(copied && window_holds_tile(j, held(j), static_cast<int>(i), e.split));
     }
     l.output_bytes = whole(e.output_bytes);
     l.partial_bytes = whole(e.partial_bytes);

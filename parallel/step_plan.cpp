@@ -29,6 +29,23 @@ std::vector<bool> in_place_candidates(const std::vector<std::vector<int>>& input
   return candidate;
 }
 
+std::vector<bool> window_writer_candidates(const std::vector<std::vector<int>>& inputs,
+                                           const std::vector<LayerTraits>& traits, int output,
+                                           const StepOptions& options, bool bf16_activations) {
+  const std::size_t n = inputs.size();
+  TESSERA_CHECK(traits.size() == n, "window_writer_candidates: {} layers but {} traits", n, traits.size());
+  const std::vector<int> readers = reader_counts(inputs);
+  std::vector<bool> candidate(n, false);
+  if (!options.outputs_into_windows || bf16_activations) return candidate;
+  for (std::size_t k = 0; k < n; ++k) {
+    if (inputs[k].size() != 1 || inputs[k][0] < 0) continue;
+    const auto j = static_cast<std::size_t>(inputs[k][0]);
+    candidate[j] = traits[j].writes_into_window && !traits[j].runs_in_place && readers[j] == 1 &&
+                   static_cast<int>(j) != output;
+  }
+  return candidate;
+}
+
 bool halo_overlap_candidate(const LayerTraits& traits, const LayerSplit& split, const LayerSplit* producer) {
   if (!traits.computes_output_regions || split.spatial_product() <= 1 || split.channel > 1) return false;
   return !producer || (normalised(*producer) == normalised(split) && split.filter == 1);
@@ -99,21 +116,19 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
   for (std::size_t j = 0; j < n; ++j)
     if (!copied_by_all[j] || static_cast<int>(j) == graph.output || plan.leaky_relu_before[j]) plan.release_after[j] = -1;
 
-  // Outputs written into their one reader's window: a producer that can, not running in place,
-  // not summed from partial sums, not the loss's, whose only reader reads it through a halo
-  // window holding its whole tile. (Not with bf16 activations: their copies are kept apart.)
+  // Outputs written into their one reader's window: a candidate, not summed from partial sums,
+  // whose reader reads it through a halo window holding its whole tile.
+  const std::vector<bool> writer =
+      window_writer_candidates(inputs, traits, graph.output, options, graph.bf16_activations);
   std::vector<int> into_window(n, -1);
   bool any_into_window = false;
-  for (std::size_t k = 0; k < n && options.outputs_into_windows && !graph.bf16_activations; ++k) {
+  for (std::size_t k = 0; k < n; ++k) {
     const StepLayer& reader = graph.layers[k];
-    if (inputs[k].size() != 1 || inputs[k][0] < 0 || !reader.copies_input[0] || reader.copy_holds_tile.empty() ||
-        !reader.copy_holds_tile[0])
+    if (inputs[k].size() != 1 || inputs[k][0] < 0 || !writer[static_cast<std::size_t>(inputs[k][0])] ||
+        !reader.copies_input[0] || reader.copy_holds_tile.empty() || !reader.copy_holds_tile[0] ||
+        graph.layers[static_cast<std::size_t>(inputs[k][0])].channel_split)
       continue;
-    const auto j = static_cast<std::size_t>(inputs[k][0]);
-    if (!traits[j].writes_into_window || readers[j] != 1 || static_cast<int>(j) == graph.output || plan.in_place[j] ||
-        graph.layers[j].channel_split)
-      continue;
-    into_window[j] = static_cast<int>(k);
+    into_window[static_cast<std::size_t>(inputs[k][0])] = static_cast<int>(k);
     any_into_window = true;
   }
 

@@ -334,7 +334,7 @@ void TileExchange::start_forward(const Tensor& held_in, Tensor& needed_out, floa
   needed_out.resize(Shape(needed_box().extent, global_.kinds()), device_);
   TESSERA_CHECK(needed_out.numel() == 0 || held_in.numel() == 0 || needed_out.data() != held_in.data(),
                 "TileExchange::forward: held_in and needed_out share memory");
-  send_forward(held_in, held_box(), needed_out, fill);
+  send_forward(&held_in, needed_out, fill);
 }
 
 bool TileExchange::holds_own_tile() const { return local_ == held_box(); }
@@ -345,26 +345,29 @@ void TileExchange::start_forward_in_place(Tensor& window, float fill) {
                 box_string(needed_box()), box_string(held_box()));
   check_tile(window, needed_box(), "forward's window");
   check_device(window, "forward's window");
-  send_forward(window, needed_box(), window, fill);
+  send_forward(nullptr, window, fill);
 }
 
-void TileExchange::send_forward(const Tensor& source, const Box& source_box, Tensor& needed_out, float fill) {
+void TileExchange::send_forward(const Tensor* held_in, Tensor& needed_out, float fill) {
+  // Sent from the held tile, or in place from the window that holds it.
+  const float* source = held_in ? held_in->data() : needed_out.data();
+  const Box& source_box = held_in ? held_box() : needed_box();
   const Box& need = needed_box();
   target_ = needed_out;
   pending_ = Pending::Forward;
 
   const auto sending = static_cast<std::size_t>(send_elements()), receiving = static_cast<std::size_t>(recv_elements());
   float* packed = packing_area(outgoing_buffer_, outgoing_gpu_, sending);
-  for (const auto& t : outgoing_) copy_box(t.region, source.data(), source_box, packed + t.offset, t.region, device_);
+  for (const auto& t : outgoing_) copy_box(t.region, source, source_box, packed + t.offset, t.region, device_);
   stage_to_host(outgoing_buffer_, outgoing_gpu_);
   post(outgoing_, message_area(outgoing_buffer_, outgoing_gpu_, sending), incoming_,
        message_area(incoming_buffer_, incoming_gpu_, receiving));
 
-  // While messages fly: the local overlap (unless it is there already) and the padding outside
-  // the global tensor, and zeros where the messages will land, so that a kernel over the whole
-  // window before finish (halo overlap) never reads stale values (a GPU's FFT or Winograd
+  // While messages fly: the local overlap (unless it is in place already) and the padding
+  // outside the global tensor, and zeros where the messages will land, so that a kernel over the
+  // whole window before finish (halo overlap) never reads stale values (a GPU's FFT or Winograd
   // algorithm mixes every input).
-  if (source.data() != needed_out.data()) copy_box(local_, source.data(), source_box, needed_out.data(), need, device_);
+  if (held_in) copy_box(local_, source, source_box, needed_out.data(), need, device_);
   for (const auto& slab : outside_) fill_box(slab, needed_out.data(), need, fill, device_);
   for (const auto& t : incoming_) fill_box(t.region, needed_out.data(), need, 0.0f, device_);
 

@@ -207,6 +207,15 @@ layers:
          std::to_string(outputs) + "}\nloss: " + loss + "\n";
 }
 
+/// cosmo_style_model with a wider conv2 (32 filters): the step's peak memory is not where pool1's
+/// halo window outlives its tile, so D splits write pool1 into conv2's window (StepPlan::
+/// output_in_window).
+inline std::string cosmo_style_wide_model() {
+  std::string model = cosmo_style_model(10, "softmax_cross_entropy");
+  model.replace(model.find("filters: 8"), 10, "filters: 32");
+  return model;
+}
+
 /// A plan for this job's ranks that splits the named layers with `split` and every other layer by sample.
 inline std::string plan_for(const std::vector<std::string>& layers, const std::string& split) {
   std::string text = fmt::format("ranks: {}\ndefault: {{sample: {}}}\nlayers:\n", ranks(), ranks());

@@ -188,9 +188,7 @@ loss: softmax_cross_entropy
   overlapping_cnn.replace(overlapping_cnn.find(pool), pool.size(), "type: maxpool, kernel: 3, stride: 2, padding: 1}");
   const std::string h_split = fmt::format("{{sample: 1, spatial: [{}, 1]}}", ranks());
   const std::string d_split = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
-  // conv2 wider than conv1: the step's peak is not where pool1's window outlives its tile.
-  std::string wide_conv2 = testing::cosmo_style_model(10, "softmax_cross_entropy");
-  wide_conv2.replace(wide_conv2.find("filters: 8"), 10, "filters: 32");
+  const std::string wide_conv2 = testing::cosmo_style_wide_model();
   const std::vector<InPlaceCase> cases = {
       // conv1 has two readers (act1 and sum); act3's slope is negative; act2b runs in place over
       // act2, which runs in place over sum.

@@ -220,6 +220,18 @@ TEST(SpatialInvariant, CosmoFlowStyleModelWithoutHaloOverlap) {
                           4, 5, sgd_momentum(), 0.05, HaloOverlap::Never);
 }
 
+TEST(SpatialInvariant, PoolingWritingIntoTheConvolutionsWindow) {
+  // pool1 writes its tile into conv2's halo window and the exchanges run in place (at 2-4 ranks;
+  // checked first), with the halos overlapped and without.
+  const std::string model = cosmo_style_wide_model();
+  const std::string plan = plan_for({"conv1", "act1", "pool1", "conv2", "act2", "pool2"},
+                                    fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks()));
+  const TrainingRun run = train(model, Plan::parse(plan, "window_plan"), MpiCommunicator::world(), 4, 1);
+  EXPECT_EQ(run.window_output_layers, ranks() > 1 ? std::vector<std::string>{"pool1"} : std::vector<std::string>{});
+  for (HaloOverlap overlap : {HaloOverlap::Always, HaloOverlap::Never})
+    expect_same_as_one_rank(model, plan, 4, 4, sgd_momentum(), 0.05, overlap);
+}
+
 TEST(HaloOverlapModes, TheExecutorOverlapsWhereTheModeSays) {
   // conv1: 64 planes over the ranks, a boundary of one plane per neighbour (at most 2 of 16
   // outputs): overlapped by auto where a neighbour is on another node. thin: 16 planes and a

@@ -194,8 +194,12 @@ class CostModel {
   /// Whether `producer` (held under `held_split`) writes its tile into `consumer`'s halo window
   /// under `split` (StepPlan::output_in_window): its exchange then copies only what others hold.
   bool into_window(int producer, const LayerSplit& held_split, int consumer, const LayerSplit& split) const;
-  /// Whether that copy is a halo window holding the producer's whole tile (StepLayer::copy_holds_tile).
-  bool window_holds_tile(int producer, const LayerSplit& held, const LayerSplit& split, const LayerEstimate& e) const;
+  /// Whether that copy, where it makes one, is a halo window holding the producer's whole tile
+  /// (StepLayer::copy_holds_tile).
+  bool window_holds_tile(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
+  /// Whether `consumer` under `split` reads more (filter split) or other (channel split) channels
+  /// than its producer holds (LayerEstimate::gathers).
+  bool gathers_channels(int consumer, const LayerSplit& split) const;
   /// The step plan's options as the executor sets them on this machine's devices.
   StepOptions step_options() const;
   /// Bytes of `consumer`'s copy of its input `input` (estimate `e`): LayerEstimate::input_bytes,

@@ -109,6 +109,14 @@ struct StepPlan {
 std::vector<bool> in_place_candidates(const std::vector<std::vector<int>>& inputs,
                                       const std::vector<LayerTraits>& traits, int output);
 
+/// Per layer: whether it writes its output into its reader's halo window wherever that window
+/// holds its tile (StepLayer::copy_holds_tile) and the arena allows (plan_step): it can
+/// (LayerTraits::writes_into_window, StepOptions::outputs_into_windows), the activations are
+/// fp32, and its one reader, which reads nothing else, is not the loss.
+std::vector<bool> window_writer_candidates(const std::vector<std::vector<int>>& inputs,
+                                           const std::vector<LayerTraits>& traits, int output,
+                                           const StepOptions& options, bool bf16_activations);
+
 StepPlan plan_step(const StepGraph& graph, const StepOptions& options);
 
 /// Whether backward computes the gradient of what a layer reads from `producer` (an index into

@@ -147,9 +147,9 @@ class TileExchange {
   void post(const std::vector<Transfer>& sends, float* send_area, const std::vector<Transfer>& receives,
             float* receive_area);
   void wait_all();
-  /// Forward's start from `source` (a tensor over `source_box`: the held tile, or the window
-  /// itself in place) into `needed_out`.
-  void send_forward(const Tensor& source, const Box& source_box, Tensor& needed_out, float fill);
+  /// Forward's start from the held tile `held_in` into `needed_out`, or (null) in place in
+  /// `needed_out`, which holds it.
+  void send_forward(const Tensor* held_in, Tensor& needed_out, float fill);
   /// Refuses a reverse with replicas or while another exchange is in flight.
   void check_reverse_allowed() const;
   /// Reverse's start: packs and posts the contributions of `needed_in` to the other ranks.
