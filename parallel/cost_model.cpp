@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "parallel/cost_model_internal.hpp"
 #include "tessera/core/error.hpp"
@@ -54,6 +55,7 @@ CostModel::CostModel(const PlannerGraph& graph, const Machine& machine, PlannerO
   may_run_in_place_ = in_place_candidates(inputs, traits, graph_.output);
   may_write_into_window_ =
       window_writer_candidates(inputs, traits, graph_.output, step_options(), graph_.bf16_activations);
+  fusion_ = fusion_candidates(inputs, traits, graph_.output, step_options());
 }
 
 Workload CostModel::workload(int layer, const LayerSplit& split) const {
@@ -219,6 +221,12 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
     }
   }
 
+  // A leaky ReLU the step plan may fuse: those passes run inside its producer's and reader's.
+  const auto i = static_cast<std::size_t>(layer);
+  if (fusion_.forward[i]) e.fused_forward = kFusedForwardShare * e.compute;
+  if (fusion_.backward[i]) e.fused_backward = (1.0 - kFusedForwardShare) * e.compute;
+  e.compute -= e.fused_forward + e.fused_backward;
+
   // Model-parallel communication of a channel split: the partial sums of the filter block are
   // reduce-scattered over the channel ranks (forward) and the output gradient gathered back
   // (backward), point to point within the channel group.
@@ -355,6 +363,12 @@ PlanEstimate CostModel::estimate(const Plan& plan) const {
       continue;
     e.layers[i].exchange += exchange_cost(inputs[0], held, static_cast<int>(i), split, /*windows=*/false) -
                             exchange_cost(inputs[0], held, static_cast<int>(i), split);
+  }
+  // Fused work that the step plan does not fuse after all, back on its layer.
+  for (std::size_t i = 0; i < graph_.layers.size(); ++i) {
+    LayerEstimate& le = e.layers[i];
+    if (!step.fused[i]) le.compute += std::exchange(le.fused_forward, 0.0);
+    if (!step.backward_fused[i]) le.compute += std::exchange(le.fused_backward, 0.0);
   }
   finish(e, &step);
   return e;

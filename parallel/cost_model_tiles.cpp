@@ -226,7 +226,26 @@ bool CostModel::copies_input(int producer, const LayerSplit& held, int consumer,
 StepOptions CostModel::step_options() const {
   StepOptions options;
   options.outputs_into_windows = machine_.device != "gpu";  // the GPU's pooling writes dense outputs
+  options.fuses_zero_slope = machine_.device == "gpu";      // cuDNN's kernels apply a plain ReLU too
   return options;
+}
+
+double CostModel::unfused_seconds(int producer, const LayerSplit& held, const LayerEstimate& produced, int consumer,
+                                  const LayerSplit& split, const LayerEstimate& consumed) const {
+  if (producer < 0) return 0.0;
+  const auto p = static_cast<std::size_t>(producer), c = static_cast<std::size_t>(consumer);
+  const auto channel_split = [&](std::size_t layer, const LayerSplit& s) {
+    return graph_.layers[layer].model_splittable && s.channel > 1;
+  };
+  const bool copied = copies_input(producer, held, consumer, split, consumed);
+  // The consumer runs in place reading as produced, unsplit by channel; its producer applies it
+  // unless split by channel; its one reader does its backward reading it as produced.
+  const bool in_place = !copied && !channel_split(c, split);
+  double seconds = 0;
+  if (fusion_.forward[c] && !(in_place && !channel_split(p, held))) seconds += consumed.fused_forward;
+  if (fusion_.backward[c] && !in_place) seconds += consumed.fused_backward;
+  if (fusion_.backward[p] && fusion_.reader[p] == consumer && copied) seconds += produced.fused_backward;
+  return seconds;
 }
 
 bool CostModel::gathers_channels(int consumer, const LayerSplit& split) const {

@@ -46,6 +46,26 @@ std::vector<bool> window_writer_candidates(const std::vector<std::vector<int>>& 
   return candidate;
 }
 
+FusionCandidates fusion_candidates(const std::vector<std::vector<int>>& inputs, const std::vector<LayerTraits>& traits,
+                                   int output, const StepOptions& options) {
+  const std::size_t n = inputs.size();
+  FusionCandidates f{std::vector<bool>(n, false), std::vector<bool>(n, false), std::vector<int>(n, -1)};
+  if (!options.fuse || !options.in_place) return f;
+  const std::vector<bool> in_place = in_place_candidates(inputs, traits, output);
+  const std::vector<int> readers = reader_counts(inputs);
+  for (std::size_t r = 0; r < n; ++r)
+    if (inputs[r].size() == 1 && inputs[r][0] >= 0 && readers[static_cast<std::size_t>(inputs[r][0])] == 1)
+      f.reader[static_cast<std::size_t>(inputs[r][0])] = static_cast<int>(r);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::optional<float> slope = traits[i].leaky_relu_slope;
+    if (!in_place[i] || !slope) continue;
+    const LayerTraits& producer = traits[static_cast<std::size_t>(inputs[i][0])];
+    f.forward[i] = producer.fuses_leaky_relu && (*slope != 0.0f || options.fuses_zero_slope);
+    f.backward[i] = f.reader[i] >= 0 && traits[static_cast<std::size_t>(f.reader[i])].fuses_leaky_relu_backward;
+  }
+  return f;
+}
+
 bool halo_overlap_candidate(const LayerTraits& traits, const LayerSplit& split, const LayerSplit* producer) {
   if (!traits.computes_output_regions || split.spatial_product() <= 1 || split.channel > 1) return false;
   return !producer || (normalised(*producer) == normalised(split) && split.filter == 1);
@@ -63,7 +83,6 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
     inputs.push_back(l.inputs);
     traits.push_back(l.traits);
   }
-  const std::vector<int> readers = reader_counts(inputs);
   const auto reads_as_produced = [&](std::size_t i) {
     return inputs[i].size() == 1 && inputs[i][0] >= 0 && !graph.layers[i].copies_input[0];
   };
@@ -75,30 +94,25 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
   for (std::size_t i = 0; i < n; ++i)
     plan.in_place[i] = options.in_place && candidate[i] && reads_as_produced(i) && !graph.layers[i].channel_split;
 
-  // Forward fusion: a leaky ReLU running in place whose producer's kernels apply its slope (not a
-  // producer whose output comes from partial sums).
+  // Fusion: a candidate running in place, its producer (forward) or its one reader (backward)
+  // reading as produced and neither split by channel.
+  const FusionCandidates fusion = fusion_candidates(inputs, traits, graph.output, options);
   plan.fused.assign(n, false);
   plan.leaky_relu_after.assign(n, std::nullopt);
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::optional<float> slope = traits[i].leaky_relu_slope;
-    if (!options.fuse || !plan.in_place[i] || !slope) continue;
-    const auto j = static_cast<std::size_t>(inputs[i][0]);
-    if (!traits[j].fuses_leaky_relu || (*slope == 0.0f && !options.fuses_zero_slope) || graph.layers[j].channel_split)
-      continue;
-    plan.fused[i] = true;
-    plan.leaky_relu_after[j] = slope;
-  }
-
-  // Backward fusion: a leaky ReLU running in place whose one reader, reading it as produced, does
-  // its backward; that reader then reads its own output.
   plan.backward_fused.assign(n, false);
   plan.leaky_relu_before.assign(n, std::nullopt);
-  for (std::size_t r = 0; r < n; ++r) {
-    if (!options.fuse || !reads_as_produced(r) || !traits[r].fuses_leaky_relu_backward) continue;
-    const auto i = static_cast<std::size_t>(inputs[r][0]);
-    if (!plan.in_place[i] || !traits[i].leaky_relu_slope || readers[i] != 1) continue;
-    plan.backward_fused[i] = true;
-    plan.leaky_relu_before[r] = traits[i].leaky_relu_slope;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!plan.in_place[i]) continue;
+    const auto j = static_cast<std::size_t>(inputs[i][0]);
+    if (fusion.forward[i] && !graph.layers[j].channel_split) {
+      plan.fused[i] = true;
+      plan.leaky_relu_after[j] = traits[i].leaky_relu_slope;
+    }
+    const int r = fusion.reader[i];
+    if (fusion.backward[i] && reads_as_produced(static_cast<std::size_t>(r))) {
+      plan.backward_fused[i] = true;
+      plan.leaky_relu_before[static_cast<std::size_t>(r)] = traits[i].leaky_relu_slope;
+    }
   }
 
   // Outputs every reader copies are let go after the last reader's exchange, unless the loss or

@@ -142,6 +142,37 @@ PlannerGraph small_dag(std::int64_t n) {
   return g;
 }
 
+/// conv -> leaky ReLU -> max pool -> flatten -> linear, batch n, 8x8 images, with the traits the
+/// layers give themselves: the leaky ReLU runs in place, the convolution applies it in its forward
+/// and the pooling does its backward (the step plan fuses it where they read as produced).
+PlannerGraph fused_chain(std::int64_t n) {
+  PlannerGraph g;
+  g.model = "fused";
+  g.batch = n;
+  g.layers.push_back(conv("c1", -1, n, 1, 4, 8));
+  PlannerLayer act = pointwise("a1", {0}, Shape::image(n, 4, {8, 8}));
+  act.type = "leaky_relu";
+  act.traits.runs_in_place = true;
+  act.traits.leaky_relu_slope = 0.01f;
+  g.layers.push_back(act);
+  PlannerLayer pool;
+  pool.name = "p1";
+  pool.type = "maxpool";
+  pool.inputs = {1};
+  pool.input = Shape::image(n, 4, {8, 8});
+  pool.output = Shape::image(n, 4, {4, 4});
+  pool.windows = {{2, 2, 0}, {2, 2, 0}};
+  pool.spatially_splittable = pool.filter_splittable = true;
+  pool.traits.fuses_leaky_relu_backward = true;
+  pool.traits.backward_reads_inputs = false;
+  pool.signature = "test/p1";
+  g.layers.push_back(pool);
+  g.layers.push_back(flatten("fl", 2, Shape::image(n, 4, {4, 4})));
+  g.layers.push_back(linear("fc", 3, n, 64, 10));
+  g.output = 4;
+  return g;
+}
+
 /// The cheapest plan over every combination of the layers' candidates (of those within
 /// `memory_limit` bytes per rank), by CostModel::estimate; `least_memory` (when given) gets the
 /// least memory per rank of any of them.
@@ -539,6 +570,43 @@ TEST(CostModel, AProducerWritingIntoTheWindowLeavesOnlyTheHalosToCopy) {
   EXPECT_FALSE(CostModel(g, m, {.ranks = 2}).into_window(1, t, 2, t));
 }
 
+TEST(CostModel, AFusedLeakyReluCostsWhatTheStepPlanDoesNotFuse) {
+  // a1's roofline time splits 2 : 3 into the forward the convolution takes over and the backward
+  // the pooling does; what runs after all comes back where a neighbour reads through a copy.
+  const PlannerGraph g = fused_chain(4);
+  const Machine m = round_machine();
+  const CostModel model(g, m, {.ranks = 2});
+  const LayerSplit batch = by_sample(2);
+  LayerSplit rows;
+  rows.sample = 1;
+  rows.spatial = {2, 1};
+  const LayerEstimate alone = model.layer_cost(1, batch);
+  const double whole = alone.compute + alone.fused_forward + alone.fused_backward;
+  EXPECT_GT(whole, 0.0);
+  EXPECT_NEAR(alone.fused_forward, 0.4 * whole, 1e-15);
+  EXPECT_NEAR(alone.fused_backward, 0.6 * whole, 1e-15);
+  auto a1_compute = [&](const LayerSplit& conv, const LayerSplit& act, const LayerSplit& pool) {
+    const Plan plan = Plan::from_splits(2, batch, {{"c1", conv}, {"a1", act}, {"p1", pool}}, "test");
+    return model.estimate(plan).layers[1].compute;
+  };
+  // Every layer by sample: a1 runs in neither pass.
+  EXPECT_NEAR(a1_compute(batch, batch, batch), 0.0, 1e-15);
+  // The pooling by rows reads a1 through a redistribution: a1's backward runs.
+  EXPECT_NEAR(a1_compute(batch, batch, rows), alone.fused_backward, 1e-15);
+  EXPECT_NEAR(model.unfused_seconds(1, batch, alone, 2, rows, model.layer_cost(2, rows)), alone.fused_backward, 1e-15);
+  // a1 by rows copies its input: it runs both passes, as does an a1 the convolution cannot apply.
+  const LayerEstimate by_rows = model.layer_cost(1, rows);
+  EXPECT_NEAR(a1_compute(batch, rows, batch), by_rows.fused_forward + by_rows.fused_backward, 1e-15);
+  EXPECT_NEAR(model.unfused_seconds(0, batch, model.layer_cost(0, batch), 1, rows, by_rows),
+              by_rows.fused_forward + by_rows.fused_backward, 1e-15);
+  EXPECT_EQ(model.unfused_seconds(0, batch, model.layer_cost(0, batch), 1, batch, alone), 0.0);
+  PlannerGraph plain = g;
+  plain.layers[0].traits.fuses_leaky_relu = false;
+  const LayerEstimate unfused = CostModel(plain, m, {.ranks = 2}).layer_cost(1, batch);
+  EXPECT_EQ(unfused.fused_forward, 0.0);
+  EXPECT_NEAR(unfused.compute, 0.4 * whole, 1e-15);
+}
+
 TEST(CostModel, OversubscribedCpuNodes) {
   // 3 ranks on a 2-core node, batch 4 split 2/1/1: the timing of the 2-sample tile was taken with
   // all 3 ranks running it (6 samples' work on 2 cores); the node really does 4 samples' work,
@@ -708,6 +776,27 @@ class BruteForce : public ::testing::TestWithParam<int> {};
 TEST_P(BruteForce, ChainSearchFindsTheOptimum) { expect_search_finds_the_optimum(small_chain(4), GetParam()); }
 
 TEST_P(BruteForce, DagSearchFindsTheOptimum) { expect_search_finds_the_optimum(small_dag(2), GetParam()); }
+
+TEST_P(BruteForce, FusedChainSearchFindsTheOptimum) { expect_search_finds_the_optimum(fused_chain(4), GetParam()); }
+
+TEST(Planner, TheSearchPricesTheFusionThatAnExchangeUndoes) {
+  // Timed so that p1 split spatially is far cheaper than by sample, but c1 and a1 are costly so
+  // split and a1 by sample too where it runs: p1 split spatially reads a1 through a
+  // redistribution (a1's backward runs after all) or a1 copies c1's output (its forward runs): the
+  // fastest plan keeps p1 by sample, as the search finds only when it prices what exchanges undo.
+  const PlannerGraph g = fused_chain(4);
+  Machine m = round_machine(2);
+  const PlannerOptions o{.ranks = 2, .allow_model = false};
+  const CostModel probe(g, m, o);
+  for (int layer : {0, 1, 2})
+    for (const LayerSplit& s : probe.candidates(layer))
+      m.kernels[probe.workload(layer, s).key(g)] = s.sample_only() ? (layer == 1 ? 1.0 : 0.3) : (layer == 2 ? 0.01 : 1.0);
+  std::int64_t combinations = 0;
+  const double best = brute_force(CostModel(g, m, o), g, 2, &combinations);
+  const PlanResult r = plan_search(g, m, o);
+  EXPECT_NEAR(r.estimate.step_seconds, best, 1e-12 * best) << r.plan.to_yaml();
+  EXPECT_TRUE(r.plan.split_for("p1").sample_only()) << r.plan.to_yaml();
+}
 
 /// Where the machine's memory is the least any plan needs, the memory-limited search finds a plan
 /// that fits (it prices memory layer by layer, then improves its plan's exact total a layer at a

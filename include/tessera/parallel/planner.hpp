@@ -141,6 +141,11 @@ struct LayerEstimate {
   /// large as the largest layer's, so a plan adds each one's maximum over the layers of its kind.
   double scratch_input = 0, scratch_output = 0, scratch_weights = 0;
   bool scratch_of_linear = false;  ///< whose buffers: the linear layers' (else the convolutions')
+  /// A leaky ReLU the step plan may fuse (fusion_candidates): the seconds of its forward that its
+  /// producer's kernels take over, and of its backward its reader's. `compute` leaves them out;
+  /// estimate() adds back what the step plan does not fuse, the search prices them on the edges
+  /// that decide it (CostModel::unfused_seconds).
+  double fused_forward = 0, fused_backward = 0;
   double total() const { return compute + exchange + model_comm + wait; }
 };
 
@@ -205,6 +210,14 @@ class CostModel {
   /// Bytes of `consumer`'s copy of its input `input` (estimate `e`): LayerEstimate::input_bytes,
   /// the first input's, scaled by that input's channels (a concat's inputs differ in width).
   double input_copy_bytes(int consumer, std::size_t input, const LayerEstimate& e) const;
+  /// Seconds of fused work (LayerEstimate::fused_forward, fused_backward) that a step runs after
+  /// all because `consumer` under `split` (estimate `consumed`) reads `producer` under `held`
+  /// (estimate `produced`; < 0: the model's input) through a copy, or one of them is split by
+  /// channel: the search prices them on this edge. A layer that copies its input and is read
+  /// through a copy is priced its backward twice (never the cheaper plan: two exchanges around
+  /// an element-wise layer); estimate() prices what the step plan does.
+  double unfused_seconds(int producer, const LayerSplit& held, const LayerEstimate& produced, int consumer,
+                         const LayerSplit& split, const LayerEstimate& consumed) const;
   /// Whether `layer` runs in place (no output or gradient of its own) wherever it reads its input
   /// as produced (copies_input false): in_place_candidates of the step plan.
   bool may_run_in_place(int layer) const { return may_run_in_place_.at(static_cast<std::size_t>(layer)); }
@@ -234,6 +247,8 @@ class CostModel {
   /// The machine's costs within a node at this job's rank count (Machine::intra_for).
   CommLevel intra_;
   std::vector<bool> may_run_in_place_;
+  /// What the step plan may fuse (its fusion_candidates with step_options()).
+  FusionCandidates fusion_;
   /// Per layer: it may write its output into its one reader's halo window (the step plan also
   /// weighs the arena: priced as if it always did).
   std::vector<bool> may_write_into_window_;

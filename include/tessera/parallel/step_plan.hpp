@@ -117,6 +117,17 @@ std::vector<bool> window_writer_candidates(const std::vector<std::vector<int>>& 
                                            const std::vector<LayerTraits>& traits, int output,
                                            const StepOptions& options, bool bf16_activations);
 
+/// Per layer, what plan_step fuses wherever the layers involved read their inputs as produced and
+/// none of them is split by channel: `forward`, a leaky ReLU running in place whose producer's
+/// kernels apply its slope (its forward is skipped); `backward`, one whose one reader, reading
+/// nothing else, does its backward (its backward is skipped); `reader`, that reader (else -1).
+struct FusionCandidates {
+  std::vector<bool> forward, backward;
+  std::vector<int> reader;
+};
+FusionCandidates fusion_candidates(const std::vector<std::vector<int>>& inputs, const std::vector<LayerTraits>& traits,
+                                   int output, const StepOptions& options);
+
 StepPlan plan_step(const StepGraph& graph, const StepOptions& options);
 
 /// Whether backward computes the gradient of what a layer reads from `producer` (an index into
