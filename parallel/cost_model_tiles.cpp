@@ -223,12 +223,7 @@ bool CostModel::copies_input(int producer, const LayerSplit& held, int consumer,
   return !reads_held_tiles(held, split) || e.halo || e.gathers;
 }
 
-StepOptions CostModel::step_options() const {
-  StepOptions options;
-  options.outputs_into_windows = machine_.device != "gpu";  // the GPU's pooling writes dense outputs
-  options.fuses_zero_slope = machine_.device == "gpu";      // cuDNN's kernels apply a plain ReLU too
-  return options;
-}
+StepOptions CostModel::step_options() const { return default_step_options(machine_.device == "gpu"); }
 
 double CostModel::unfused_seconds(int producer, const LayerSplit& held, const LayerEstimate& produced, int consumer,
                                   const LayerSplit& split, const LayerEstimate& consumed) const {

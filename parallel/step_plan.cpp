@@ -46,6 +46,13 @@ std::vector<bool> window_writer_candidates(const std::vector<std::vector<int>>& 
   return candidate;
 }
 
+StepOptions default_step_options(bool gpu) {
+  StepOptions options;
+  options.fuses_zero_slope = gpu;       // cuDNN's kernels apply a plain ReLU too
+  options.outputs_into_windows = !gpu;  // the GPU's pooling writes dense outputs
+  return options;
+}
+
 FusionCandidates fusion_candidates(const std::vector<std::vector<int>>& inputs, const std::vector<LayerTraits>& traits,
                                    int output, const StepOptions& options) {
   const std::size_t n = inputs.size();

@@ -50,6 +50,8 @@ double Bench::run(DnnBackend& backend) {
   ctx.global_batch = inputs.front().dim(0);
   ctx.seed = 5;
   ctx.training = true;
+  ctx.leaky_relu_after = leaky_relu_after;
+  ctx.leaky_relu_before = leaky_relu_before;
   std::vector<const Tensor*> in;
   for (auto& t : inputs) in.push_back(&t);
   grads.resize(inputs.size());
@@ -199,6 +201,20 @@ Bench workload_bench(const Model& model, const PlannerGraph& graph, const Worklo
   layer.init_parameters(11);
   layer.move_to(device);
   bench.device = device;
+  // As the step runs it: with the leaky ReLUs the step plan fuses into its passes.
+  {
+    std::vector<std::vector<int>> inputs;
+    std::vector<LayerTraits> traits;
+    for (const PlannerLayer& l : graph.layers) {
+      inputs.push_back(l.inputs);
+      traits.push_back(l.traits);
+    }
+    const FusionCandidates fusion = fusion_candidates(inputs, traits, graph.output, default_step_options(!device.is_host()));
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (fusion.forward[i] && inputs[i][0] == w.layer) bench.leaky_relu_after = traits[i].leaky_relu_slope;
+      if (fusion.backward[i] && fusion.reader[i] == w.layer) bench.leaky_relu_before = traits[i].leaky_relu_slope;
+    }
+  }
   std::vector<std::int64_t> window;  // local input extents under a spatial split
   if (tiled) {
     bench.tile = std::make_unique<SpatialTile>();

@@ -77,6 +77,10 @@ struct StepOptions {
   bool outputs_into_windows = true;
 };
 
+/// The options the executor's backends give on the host or on GPUs, for those who plan or time
+/// a step without running one (the cost model, calibrate's probes).
+StepOptions default_step_options(bool gpu);
+
 /// How much larger (a share of its size) the arena may grow for outputs written into their
 /// readers' windows (StepPlan::output_in_window; the trade measured in docs/benchmarks.md).
 constexpr double kWindowArenaGrowth = 0.05;

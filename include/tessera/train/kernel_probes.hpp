@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,8 @@ struct Bench {
   /// Waits for the device after forward and after backward (the timed parts); false: queues only.
   bool wait = true;
   Shape output_shape;  ///< the layer's output (from its setup; Prober::bench_of)
+  /// The leaky ReLUs the step plan fuses into its forward and backward (LayerContext).
+  std::optional<float> leaky_relu_after, leaky_relu_before;
 
   /// Seconds of one forward + backward.
   double run(DnnBackend& backend);
