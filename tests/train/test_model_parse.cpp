@@ -7,6 +7,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/layers/dnn_backend.hpp"
+#include "tessera/train/kernel_probes.hpp"
 #include "tessera/train/model.hpp"
 
 namespace tessera {
@@ -156,6 +157,41 @@ loss: softmax_cross_entropy
   EXPECT_EQ(graph.layers[2].signature, "model/fc1@bf16");
   EXPECT_EQ(graph.layers[3].precision, Precision::F32);
   EXPECT_EQ(graph.layers[3].signature, "model/fc2");
+}
+
+TEST(KernelProbes, AWorkloadRunsWithTheLeakyReluTheStepPlanFusesIntoIt) {
+  // What calibrate times is what the step runs: the convolution applies the leaky ReLU after it
+  // (on the host not a plain ReLU, which oneDNN's post-op cannot), the pooling does its backward.
+  const auto benches = [](const std::string& activation) {
+    const Model model = Model::parse("input: {shape: [2, 8, 8]}\nlayers:\n"
+                                     "  - {name: conv, type: conv, filters: 4, kernel: 3, padding: 1}\n"
+                                     "  - {name: act, type: " + activation + "}\n"
+                                     "  - {name: pool, type: maxpool, kernel: 2}\n"
+                                     "  - {name: flat, type: flatten}\n  - {name: fc, type: linear, out: 3}\n"
+                                     "loss: mse\n",
+                                     "m.yaml");
+    const PlannerGraph graph = model.planner_graph(4);
+    std::vector<Bench> out;
+    for (int layer = 0; layer < 3; ++layer) {
+      Workload w;
+      w.layer = layer;
+      w.samples = 4;
+      out.push_back(workload_bench(model, graph, w, Device::host()));
+    }
+    return out;
+  };
+  std::vector<Bench> leaky = benches("leaky_relu, slope: 0.25");
+  EXPECT_EQ(leaky[0].leaky_relu_after, 0.25f);
+  EXPECT_FALSE(leaky[0].leaky_relu_before);
+  EXPECT_FALSE(leaky[1].leaky_relu_after || leaky[1].leaky_relu_before);
+  EXPECT_EQ(leaky[2].leaky_relu_before, 0.25f);
+  EXPECT_FALSE(leaky[2].leaky_relu_after);
+  const std::vector<Bench> relu = benches("relu");
+  EXPECT_FALSE(relu[0].leaky_relu_after);
+  EXPECT_EQ(relu[2].leaky_relu_before, 0.0f);
+  // And so they run.
+  const auto backend = make_host_backend();
+  for (Bench& b : leaky) EXPECT_GT(time_once(b, *backend), 0.0);
 }
 
 TEST(ModelParse, BadPrecisionsAreInputErrors) {
