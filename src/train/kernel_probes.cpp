@@ -201,7 +201,8 @@ Bench workload_bench(const Model& model, const PlannerGraph& graph, const Worklo
   layer.init_parameters(11);
   layer.move_to(device);
   bench.device = device;
-  // As the step runs it: with the leaky ReLUs the step plan fuses into its passes.
+  // As the step runs it: with the leaky ReLUs the step plan fuses into its passes (none into
+  // partial sums: a channel split's forward).
   {
     std::vector<std::vector<int>> inputs;
     std::vector<LayerTraits> traits;
@@ -211,7 +212,7 @@ Bench workload_bench(const Model& model, const PlannerGraph& graph, const Worklo
     }
     const FusionCandidates fusion = fusion_candidates(inputs, traits, graph.output, default_step_options(!device.is_host()));
     for (std::size_t i = 0; i < inputs.size(); ++i) {
-      if (fusion.forward[i] && inputs[i][0] == w.layer) bench.leaky_relu_after = traits[i].leaky_relu_slope;
+      if (fusion.forward[i] && inputs[i][0] == w.layer && w.channel_parts == 1) bench.leaky_relu_after = traits[i].leaky_relu_slope;
       if (fusion.backward[i] && fusion.reader[i] == w.layer) bench.leaky_relu_before = traits[i].leaky_relu_slope;
     }
   }

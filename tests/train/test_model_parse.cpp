@@ -162,14 +162,15 @@ loss: softmax_cross_entropy
 TEST(KernelProbes, AWorkloadRunsWithTheLeakyReluTheStepPlanFusesIntoIt) {
   // What calibrate times is what the step runs: the convolution applies the leaky ReLU after it
   // (on the host not a plain ReLU, which oneDNN's post-op cannot), the pooling does its backward.
-  const auto benches = [](const std::string& activation) {
-    const Model model = Model::parse("input: {shape: [2, 8, 8]}\nlayers:\n"
-                                     "  - {name: conv, type: conv, filters: 4, kernel: 3, padding: 1}\n"
-                                     "  - {name: act, type: " + activation + "}\n"
-                                     "  - {name: pool, type: maxpool, kernel: 2}\n"
-                                     "  - {name: flat, type: flatten}\n  - {name: fc, type: linear, out: 3}\n"
-                                     "loss: mse\n",
-                                     "m.yaml");
+  // (Not into a channel split's partial sums.)
+  const auto text = [](const std::string& activation) {
+    return "input: {shape: [2, 8, 8]}\nlayers:\n  - {name: conv, type: conv, filters: 4, kernel: 3, padding: 1}\n"
+           "  - {name: act, type: " + activation + "}\n  - {name: pool, type: maxpool, kernel: 2}\n"
+           "  - {name: flat, type: flatten}\n  - {name: fc, type: linear, out: 3}\nloss: mse\n";
+  };
+  const std::string wide = text("leaky_relu, slope: 0.25");
+  const auto benches = [&](const std::string& activation) {
+    const Model model = Model::parse(text(activation), "m.yaml");
     const PlannerGraph graph = model.planner_graph(4);
     std::vector<Bench> out;
     for (int layer = 0; layer < 3; ++layer) {
@@ -186,6 +187,12 @@ TEST(KernelProbes, AWorkloadRunsWithTheLeakyReluTheStepPlanFusesIntoIt) {
   EXPECT_FALSE(leaky[1].leaky_relu_after || leaky[1].leaky_relu_before);
   EXPECT_EQ(leaky[2].leaky_relu_before, 0.25f);
   EXPECT_FALSE(leaky[2].leaky_relu_after);
+  Workload channels;
+  channels.layer = 0;
+  channels.samples = 4;
+  channels.channel_parts = 2;
+  const PlannerGraph wide_graph = Model::parse(wide, "m.yaml").planner_graph(4);
+  EXPECT_FALSE(workload_bench(Model::parse(wide, "m.yaml"), wide_graph, channels, Device::host()).leaky_relu_after);
   const std::vector<Bench> relu = benches("relu");
   EXPECT_FALSE(relu[0].leaky_relu_after);
   EXPECT_EQ(relu[2].leaky_relu_before, 0.0f);
