@@ -223,7 +223,11 @@ bool CostModel::copies_input(int producer, const LayerSplit& held, int consumer,
   return !reads_held_tiles(held, split) || e.halo || e.gathers;
 }
 
-StepOptions CostModel::step_options() const { return default_step_options(machine_.device == "gpu"); }
+StepOptions CostModel::step_options() const {
+  StepOptions options = default_step_options(machine_.device == "gpu");
+  options.outputs_into_windows = options.outputs_into_windows && options_.outputs_into_windows;
+  return options;
+}
 
 double CostModel::unfused_seconds(int producer, const LayerSplit& held, const LayerEstimate& produced, int consumer,
                                   const LayerSplit& split, const LayerEstimate& consumed) const {

@@ -30,8 +30,10 @@ Plan auto_plan(const Model& model, const std::string& machine_file, const Planne
 /// estimated peak per rank (weights, gradients, optimizer state, activations: CostModel; plus the
 /// synchronizer's buffers under `sync` over `groups` replica groups) exceeds `limit` bytes;
 /// `limit_source` says where the limit comes from. Reads only shapes, so it runs before anything
-/// is allocated.
-void check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOptions& options, std::int64_t batch,
+/// is allocated. Returns false where the plan fits only with no output written into a halo window
+/// (options.outputs_into_windows: the windows may grow the arena a little): the executor must then
+/// run with ExecutorOptions::into_windows off.
+bool check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOptions& options, std::int64_t batch,
                        double limit, const std::string& limit_source, const SyncOptions& sync = {}, int groups = 1);
 /// Bytes of the largest block of parameters (fp32) that a rank of `job_plan` holds.
 double parameter_bytes_per_rank(const Model& model, const Plan& job_plan);

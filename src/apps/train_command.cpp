@@ -72,8 +72,9 @@ void parse_rank_step(const std::string& text, const char* flag, int& rank, std::
 
 /// Refuses a plan whose estimated peak per rank exceeds the rank's memory, before any weight is
 /// allocated: --memory-per-rank, else the --machine file's memory_per_rank, else (on the host) the
-/// node's physical memory over the job's ranks on the node.
-void check_memory(const TrainArgs& args, const Model& model, const Plan& plan, Communicator& world) {
+/// node's physical memory over the job's ranks on the node. Returns false where it fits only with
+/// no output written into a halo window (check_plan_memory).
+bool check_memory(const TrainArgs& args, const Model& model, const Plan& plan, Communicator& world) {
   double limit = args.memory_per_rank;
   std::string source = "--memory-per-rank";
   if (limit <= 0 && !args.machine.empty()) {
@@ -93,11 +94,12 @@ void check_memory(const TrainArgs& args, const Model& model, const Plan& plan, C
   }
   // One limit for every rank (nodes may differ), so that every rank gives the same verdict.
   limit = world.allreduce_value(limit, ReduceOp::Min);
-  if (limit <= 0) return;  // a GPU's memory is known from a machine file or --memory-per-rank only
+  if (limit <= 0) return true;  // a GPU's memory is known from a machine file or --memory-per-rank only
   PlannerOptions options = planner_options(world.size(), args.trainer.optimizer.type);
   options.exact_bf16_convolutions = args.bf16_convolutions == "exact";
   options.halo_overlap = args.executor.halo_overlap;
-  check_plan_memory(model, plan.for_job(world.size()), options, args.trainer.global_batch, limit, source,
+  options.outputs_into_windows = args.device != "cuda" && args.executor.into_windows;  // the host's only
+  return check_plan_memory(model, plan.for_job(world.size()), options, args.trainer.global_batch, limit, source,
                     args.trainer.sync, world.size() % plan.ranks() == 0 ? world.size() / plan.ranks() : 1);
 }
 
@@ -227,7 +229,12 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     check_straggler(args.trainer.straggler, world->size() % plan->ranks() == 0 ? world->size() / plan->ranks() : 1);
     args.trainer.plan_text = plan->to_yaml();
     if (!args.trainer.fault_tolerance.store.empty()) join_replica_groups(args, *model, *plan, *world);
-    check_memory(args, *model, *plan, *world);
+    if (!check_memory(args, *model, *plan, *world)) {
+      args.executor.into_windows = false;
+      if (world->rank() == 0)
+        fmt::print("the plan fits a rank's memory only with every output in a tensor of its own: no layer "
+                   "writes into its reader's halo window\n");
+    }
     Hdf5DatasetOptions data_options{args.inputs, args.targets};
     train = open_hdf5_dataset(args.data, *world, data_options);
     if (!args.val_data.empty()) validation = open_hdf5_dataset(args.val_data, *world, data_options);

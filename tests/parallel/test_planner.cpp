@@ -566,6 +566,8 @@ TEST(CostModel, AProducerWritingIntoTheWindowLeavesOnlyTheHalosToCopy) {
   ASSERT_TRUE(model.into_window(1, t, 2, t));
   const double copied = model.exchange_cost(1, t, 2, t, /*windows=*/false);
   EXPECT_NEAR(copied - model.exchange_cost(1, t, 2, t), 2.0 * (512 * 4.0 / 1e9 + 102.4 * 1e-6), 1e-12);
+  // Nor where the job runs without windows (its arena would not fit them).
+  EXPECT_FALSE(CostModel(g, m, {.ranks = 2, .outputs_into_windows = false}).into_window(1, t, 2, t));
   m.device = "gpu";
   EXPECT_FALSE(CostModel(g, m, {.ranks = 2}).into_window(1, t, 2, t));
 }

@@ -108,6 +108,10 @@ struct PlannerOptions {
   /// The job's --halo-overlap: a convolution whose halo exchange overlaps its forward keeps
   /// copies of its largest boundary region's input and output (overlap_region_bytes).
   HaloOverlap halo_overlap = HaloOverlap::Automatic;
+  /// Producers write their outputs into their readers' halo windows where the step plan keeps
+  /// them (the executor's default on the host); false: as an executor with
+  /// ExecutorOptions::into_windows off runs, where the windows' arena would not fit a rank.
+  bool outputs_into_windows = true;
   bool allow_spatial = true;
   bool allow_model = true;
   bool allow_sample = true;
