@@ -100,7 +100,7 @@ bool check_memory(const TrainArgs& args, const Model& model, const Plan& plan, C
   options.halo_overlap = args.executor.halo_overlap;
   options.outputs_into_windows = args.device != "cuda" && args.executor.into_windows;  // the host's only
   return check_plan_memory(model, plan.for_job(world.size()), options, args.trainer.global_batch, limit, source,
-                    args.trainer.sync, world.size() % plan.ranks() == 0 ? world.size() / plan.ranks() : 1);
+                           args.trainer.sync, world.size() % plan.ranks() == 0 ? world.size() / plan.ranks() : 1);
 }
 
 /// Fault-tolerant replica groups (--replica-store): this job is one group; --batch is every
