@@ -279,13 +279,15 @@ SearchOutcome run_dp(const CostModel& model, const std::vector<std::vector<Layer
       // And, where its halo exchange overlaps its forward, the region copies a convolution keeps.
       const double c =
           model.exchange_cost(u, held, static_cast<int>(v), cv[k]) +
-          (u >= 0 ? model.unfused_seconds(u, held, estimates[static_cast<std::size_t>(u)][static_cast<std::size_t>(producer_choice)],
-                                          static_cast<int>(v), cv[k], consumer)
+          (u >= 0 ? model.unfused_seconds(
+                        u, held, estimates[static_cast<std::size_t>(u)][static_cast<std::size_t>(producer_choice)],
+                        static_cast<int>(v), cv[k], consumer)
                   : 0.0) +
           (penalty > 0 && model.copies_input(u, held, static_cast<int>(v), cv[k], consumer) ? penalty * copy_bytes
-                                                                                           : 0.0) +
-          (penalty > 0 && l.inputs.size() == 1 ? penalty * model.overlap_region_bytes(u, held, static_cast<int>(v), cv[k])
-                                               : 0.0);
+                                                                                            : 0.0) +
+          (penalty > 0 && l.inputs.size() == 1
+               ? penalty * model.overlap_region_bytes(u, held, static_cast<int>(v), cv[k])
+               : 0.0);
       cache.emplace(key, c);
       return c;
     };

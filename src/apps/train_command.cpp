@@ -232,8 +232,9 @@ void run_train(Communicator& world_ref, const TrainArgs& args_in) {
     if (!check_memory(args, *model, *plan, *world)) {
       args.executor.into_windows = false;
       if (world->rank() == 0)
-        fmt::print("the plan fits a rank's memory only with every output in a tensor of its own: no layer "
-                   "writes into its reader's halo window\n");
+        fmt::print(
+            "the plan fits a rank's memory only with every output in a tensor of its own: no layer "
+            "writes into its reader's halo window\n");
     }
     Hdf5DatasetOptions data_options{args.inputs, args.targets};
     train = open_hdf5_dataset(args.data, *world, data_options);

@@ -210,9 +210,11 @@ Bench workload_bench(const Model& model, const PlannerGraph& graph, const Worklo
       inputs.push_back(l.inputs);
       traits.push_back(l.traits);
     }
-    const FusionCandidates fusion = fusion_candidates(inputs, traits, graph.output, default_step_options(!device.is_host()));
+    const FusionCandidates fusion =
+        fusion_candidates(inputs, traits, graph.output, default_step_options(!device.is_host()));
     for (std::size_t i = 0; i < inputs.size(); ++i) {
-      if (fusion.forward[i] && inputs[i][0] == w.layer && w.channel_parts == 1) bench.leaky_relu_after = traits[i].leaky_relu_slope;
+      if (fusion.forward[i] && inputs[i][0] == w.layer && w.channel_parts == 1)
+        bench.leaky_relu_after = traits[i].leaky_relu_slope;
       if (fusion.backward[i] && fusion.reader[i] == w.layer) bench.leaky_relu_before = traits[i].leaky_relu_slope;
     }
   }

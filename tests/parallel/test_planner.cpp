@@ -779,7 +779,9 @@ TEST_P(BruteForce, ChainSearchFindsTheOptimum) { expect_search_finds_the_optimum
 
 TEST_P(BruteForce, DagSearchFindsTheOptimum) { expect_search_finds_the_optimum(small_dag(2), GetParam()); }
 
-TEST_P(BruteForce, FusedChainSearchFindsTheOptimum) { expect_search_finds_the_optimum(fused_chain(4), GetParam()); }
+TEST_P(BruteForce, FusedChainSearchFindsTheOptimum) {
+  expect_search_finds_the_optimum(fused_chain(4), GetParam());
+}
 
 TEST(Planner, TheSearchPricesTheFusionThatAnExchangeUndoes) {
   // Timed so that p1 split spatially is far cheaper than by sample, but c1 and a1 are costly so
@@ -792,7 +794,8 @@ TEST(Planner, TheSearchPricesTheFusionThatAnExchangeUndoes) {
   const CostModel probe(g, m, o);
   for (int layer : {0, 1, 2})
     for (const LayerSplit& s : probe.candidates(layer))
-      m.kernels[probe.workload(layer, s).key(g)] = s.sample_only() ? (layer == 1 ? 1.0 : 0.3) : (layer == 2 ? 0.01 : 1.0);
+      m.kernels[probe.workload(layer, s).key(g)] =
+          s.sample_only() ? (layer == 1 ? 1.0 : 0.3) : (layer == 2 ? 0.01 : 1.0);
   std::int64_t combinations = 0;
   const double best = brute_force(CostModel(g, m, o), g, 2, &combinations);
   const PlanResult r = plan_search(g, m, o);

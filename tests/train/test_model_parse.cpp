@@ -165,7 +165,9 @@ TEST(KernelProbes, AWorkloadRunsWithTheLeakyReluTheStepPlanFusesIntoIt) {
   // (Not into a channel split's partial sums.)
   const auto text = [](const std::string& activation) {
     return "input: {shape: [2, 8, 8]}\nlayers:\n  - {name: conv, type: conv, filters: 4, kernel: 3, padding: 1}\n"
-           "  - {name: act, type: " + activation + "}\n  - {name: pool, type: maxpool, kernel: 2}\n"
+           "  - {name: act, type: " +
+           activation +
+           "}\n  - {name: pool, type: maxpool, kernel: 2}\n"
            "  - {name: flat, type: flatten}\n  - {name: fc, type: linear, out: 3}\nloss: mse\n";
   };
   const std::string wide = text("leaky_relu, slope: 0.25");
