@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <utility>
 
 #include "parallel/cost_model_internal.hpp"
@@ -332,6 +333,19 @@ double CostModel::memory_bytes(const PlanEstimate& estimate, double* scratch_byt
 }
 
 PlanEstimate CostModel::estimate(const Plan& plan) const {
+  PlanEstimate e = estimate_as_set(plan);
+  if (e.fits || !step_options().outputs_into_windows) return e;
+  if (!without_windows_) {
+    PlannerOptions apart = options_;
+    apart.outputs_into_windows = false;
+    without_windows_ = std::make_unique<CostModel>(graph_, machine_, apart);
+  }
+  PlanEstimate without = without_windows_->estimate_as_set(plan);
+  without.outputs_into_windows = false;
+  return without.fits || without.memory_bytes < e.memory_bytes ? without : e;
+}
+
+PlanEstimate CostModel::estimate_as_set(const Plan& plan) const {
   plan.validate(options_.ranks, graph_.plan_info());
   PlanEstimate e;
   for (std::size_t i = 0; i < graph_.layers.size(); ++i) {
@@ -385,7 +399,10 @@ std::string format_estimate(const PlanEstimate& e) {
       "step {:.3f} ms = compute {:.3f} + exchange {:.3f} + model {:.3f} + waits for late peers {:.3f} + exposed "
       "gradient allreduce {:.3f} (of {:.3f}) + loss/optimizer {:.3f}; memory per rank {:.1f} MiB{}\n",
       1e3 * e.step_seconds, 1e3 * e.compute, 1e3 * e.exchange, 1e3 * e.model_comm, 1e3 * e.wait, 1e3 * e.grad_exposed,
-      1e3 * e.grad_allreduce, 1e3 * e.other, e.memory_bytes / (1 << 20), e.fits ? "" : " (does NOT fit)");
+      1e3 * e.grad_allreduce, 1e3 * e.other, e.memory_bytes / (1 << 20),
+      !e.fits                  ? " (does NOT fit)"
+      : e.outputs_into_windows ? ""
+                               : " (fits only with no output written into a halo window: priced and run so)");
   s += "(compute: m = calibrated timing of this workload, r = roofline of the machine file; mem: the layer's "
        "weights, their gradients and optimizer state, its output and input while it runs; memory per rank counts "
        "each tensor once, the step's activations and gradients in one arena by their lifetimes)\n";

@@ -65,22 +65,14 @@ double parameter_bytes_per_rank(const Model& model, const Plan& job_plan) {
 
 bool check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOptions& options, std::int64_t batch,
                        double limit, const std::string& limit_source, const SyncOptions& sync, int groups) {
+  const double copies = sync_buffer_copies(sync, groups);
+  const double buffers = copies * parameter_bytes_per_rank(model, job_plan);
   Machine machine;  // memory needs no rates, only room for the job's ranks
   machine.nodes = 1;
   machine.ranks_per_node = options.ranks;
-  machine.memory_per_rank = limit;
-  const PlannerGraph graph = model.planner_graph(batch);
-  PlanEstimate e = CostModel(graph, machine, options).estimate(job_plan);
-  const double copies = sync_buffer_copies(sync, groups);
-  const double buffers = copies * parameter_bytes_per_rank(model, job_plan);
-  if (e.memory_bytes + buffers <= limit) return true;
-  if (options.outputs_into_windows) {
-    PlannerOptions apart = options;
-    apart.outputs_into_windows = false;
-    PlanEstimate without = CostModel(graph, machine, apart).estimate(job_plan);
-    if (without.memory_bytes + buffers <= limit) return false;
-    if (without.memory_bytes < e.memory_bytes) e = std::move(without);  // the least it needs
-  }
+  machine.memory_per_rank = limit - buffers;
+  const PlanEstimate e = CostModel(model.planner_graph(batch), machine, options).estimate(job_plan);
+  if (e.fits) return e.outputs_into_windows;
   const auto largest = std::max_element(e.layers.begin(), e.layers.end(),
                                         [](const LayerEstimate& a, const LayerEstimate& b) { return a.memory < b.memory; });
   constexpr double kMiB = 1 << 20;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/planner.hpp"
 #include "tessera/train/model.hpp"
 
 namespace tessera {
@@ -66,6 +67,33 @@ TEST(ShippedModels, EachLoads) {  // as tessera train reads them
     ++models;
   }
   EXPECT_GE(models, 7);
+}
+
+// CosmoFlow 128^3 on 2 ranks along D: pooling writing into the convolutions' halo windows grows
+// the arena a little. Where the rank holds the plan only without those windows, the estimate is
+// the one without them (priced and run so); where it holds neither, the least the plan needs.
+TEST(ShippedPlans, APlanThatFitsOnlyWithoutHaloWindowsIsPricedWithoutThem) {
+  const std::filesystem::path root(TESSERA_SOURCE_DIR);
+  const Plan plan = Plan::load((root / "plans" / "cosmoflow_spatial2_deep.yaml").string());
+  const PlannerGraph graph =
+      Model::load((root / "models" / "cosmoflow_128.yaml").string(), shapes_only()).planner_graph(1);
+  Machine machine;
+  machine.ranks_per_node = 2;
+  const PlanEstimate with = CostModel(graph, machine, {.ranks = 2}).estimate(plan);
+  const PlanEstimate without =
+      CostModel(graph, machine, {.ranks = 2, .outputs_into_windows = false}).estimate(plan);
+  ASSERT_TRUE(with.outputs_into_windows);
+  ASSERT_LT(without.memory_bytes, with.memory_bytes) << "the windows no longer grow this plan's arena";
+  machine.memory_per_rank = (with.memory_bytes + without.memory_bytes) / 2;
+  const PlanEstimate between = CostModel(graph, machine, {.ranks = 2}).estimate(plan);
+  EXPECT_TRUE(between.fits);
+  EXPECT_FALSE(between.outputs_into_windows);
+  EXPECT_EQ(between.memory_bytes, without.memory_bytes);
+  EXPECT_GT(between.exchange, with.exchange);  // the exchanges copy the whole tiles again
+  machine.memory_per_rank = 0.99 * without.memory_bytes;
+  const PlanEstimate neither = CostModel(graph, machine, {.ranks = 2}).estimate(plan);
+  EXPECT_FALSE(neither.fits);
+  EXPECT_EQ(neither.memory_bytes, without.memory_bytes);
 }
 
 }  // namespace

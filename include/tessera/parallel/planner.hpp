@@ -28,6 +28,7 @@
 // Lagrangian penalty on memory raised until the plan fits.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -164,6 +165,10 @@ struct PlanEstimate {
   double memory_bytes = 0;    ///< peak per rank
   double scratch_bytes = 0;   ///< of which the bf16 operands' scratch (what Executor::scratch_bytes measures)
   bool fits = true;           ///< memory_bytes <= machine.memory_per_rank
+  /// False where the plan fits the rank only with no output written into a halo window (the
+  /// windows may grow the arena a little): priced so, and the executor must run so
+  /// (ExecutorOptions::into_windows off).
+  bool outputs_into_windows = true;
 };
 
 class CostModel {
@@ -172,7 +177,10 @@ class CostModel {
   /// exchange costs).
   CostModel(const PlannerGraph& graph, const Machine& machine, PlannerOptions options);
 
-  /// The estimate of a whole plan (validated against the graph first: InputError when it does not fit).
+  /// The estimate of a whole plan (validated against the graph first: InputError when it does not
+  /// fit). Where the plan does not fit the rank's memory with outputs written into halo windows
+  /// but fits without them, the estimate without them (PlanEstimate::outputs_into_windows);
+  /// where it fits neither way, the one that needs less.
   PlanEstimate estimate(const Plan& plan) const;
   /// The candidate splits of layer `layer` (see the search above).
   std::vector<LayerSplit> candidates(int layer) const;
@@ -256,6 +264,10 @@ class CostModel {
   /// Per layer: it may write its output into its one reader's halo window (the step plan also
   /// weighs the arena: priced as if it always did).
   std::vector<bool> may_write_into_window_;
+  /// The estimate as options() say (estimate() tries without windows too).
+  PlanEstimate estimate_as_set(const Plan& plan) const;
+  /// The same model with no outputs written into halo windows (made when first needed).
+  mutable std::unique_ptr<CostModel> without_windows_;
   /// overlap_region_bytes by (consumer, producer, split, held split): it looks at every rank,
   /// and the memory descents ask again and again.
   mutable std::map<std::vector<int>, double> overlap_cache_;
