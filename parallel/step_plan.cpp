@@ -48,7 +48,7 @@ std::vector<bool> window_writer_candidates(const std::vector<std::vector<int>>& 
 
 StepOptions default_step_options(bool gpu) {
   StepOptions options;
-  options.fuses_zero_slope = gpu;       // cuDNN's kernels apply a plain ReLU too
+  options.fuses_zero_slope = gpu;       // the CUDA bias pass applies a plain ReLU too
   options.outputs_into_windows = !gpu;  // the GPU's pooling writes dense outputs
   return options;
 }
