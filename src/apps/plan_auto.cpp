@@ -71,10 +71,20 @@ bool check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOp
   machine.nodes = 1;
   machine.ranks_per_node = options.ranks;
   machine.memory_per_rank = limit - buffers;
-  const PlanEstimate e = CostModel(model.planner_graph(batch), machine, options).estimate(job_plan);
+  const PlannerGraph graph = model.planner_graph(batch);
+  const CostModel cost(graph, machine, options);
+  const PlanEstimate e = cost.estimate(job_plan);
   if (e.fits) return e.outputs_into_windows;
-  const auto largest = std::max_element(e.layers.begin(), e.layers.end(),
-                                        [](const LayerEstimate& a, const LayerEstimate& b) { return a.memory < b.memory; });
+  // The layer holding the most of its own: weights, their gradients and optimizer state, and its
+  // output (a layer running in place has none: it is its input's).
+  const auto own = [&](std::size_t i) {
+    const LayerEstimate& l = e.layers[i];
+    return l.memory - l.input_bytes - (cost.may_run_in_place(static_cast<int>(i)) ? l.output_bytes : 0.0);
+  };
+  std::size_t most = 0;
+  for (std::size_t i = 1; i < e.layers.size(); ++i)
+    if (own(i) > own(most)) most = i;
+  const LayerEstimate* largest = &e.layers[most];
   constexpr double kMiB = 1 << 20;
   const std::string synchronizer =
       buffers > 0 ? fmt::format(", and {:.1f} MiB of --sync {}'s buffers ({:g} copies of the rank's parameters)",
@@ -85,7 +95,7 @@ bool check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOp
              "holds {:.1f} MiB of it on a rank: split it by filter or channel over more ranks, or let --plan auto "
              "--machine FILE choose",
              (e.memory_bytes + buffers) / kMiB, synchronizer, limit / kMiB, limit_source, largest->name,
-             largest->split.to_string(), largest->memory / kMiB);
+             largest->split.to_string(), own(most) / kMiB);
 }
 
 }  // namespace tessera
