@@ -6,7 +6,8 @@ plan keeps it (the arena may grow by up to 5 %). CosmoFlow 128^3 on 2 ranks spli
 (plans/cosmoflow_spatial2_deep.yaml) needs a little more with the windows than without. With
 --memory-per-rank:
 
-- far too small: exit 2, one message with the least the plan needs (without windows), X MiB;
+- far too small: exit 2, one message with the least the plan needs (without windows), X MiB,
+  naming conv1 (its output) as the largest layer, not the leaky ReLU running in place over it;
 - X + 0.1 MiB: trains (exit 0) and says that no layer writes into its reader's halo window;
 - 2 X: trains with the windows (no such line).
 """
@@ -58,6 +59,14 @@ with tempfile.TemporaryDirectory() as folder:
     code, text = train(1 << 20)
     need = re.search(r"this plan needs about ([0-9.]+) MiB per rank", text)
     check(code == 2 and need is not None, f"a 1 MiB limit: exit {code}, expected 2 with what the plan needs")
+    # The layer named holds the most of its own: conv1's output, not the leaky ReLU running in place
+    # over it; and what it holds is part of the total.
+    largest = re.search(r"its largest layer, '(\w+)' .*, holds ([0-9.]+) MiB of it", text)
+    check(largest is not None and largest.group(1) == "conv1", f"a 1 MiB limit: the largest layer named is "
+          f"{largest.group(1) if largest else None}, expected conv1")
+    if need and largest:
+        check(float(largest.group(2)) <= float(need.group(1)), "a 1 MiB limit: the largest layer holds more than "
+              "the whole plan needs")
     if need:
         least = float(need.group(1)) * (1 << 20)
         code, text = train(least + 0.1 * (1 << 20))
