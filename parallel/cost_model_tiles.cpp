@@ -233,18 +233,19 @@ double CostModel::unfused_seconds(int producer, const LayerSplit& held, const La
                                   const LayerSplit& split, const LayerEstimate& consumed) const {
   if (producer < 0) return 0.0;
   const auto p = static_cast<std::size_t>(producer), c = static_cast<std::size_t>(consumer);
-  const auto channel_split = [&](std::size_t layer, const LayerSplit& s) {
-    return graph_.layers[layer].model_splittable && s.channel > 1;
-  };
   const bool copied = copies_input(producer, held, consumer, split, consumed);
   // The consumer runs in place reading as produced, unsplit by channel; its producer applies it
   // unless split by channel; its one reader does its backward reading it as produced.
-  const bool in_place = !copied && !channel_split(c, split);
+  const bool in_place = !copied && !channel_split(consumer, split);
   double seconds = 0;
-  if (fusion_.forward[c] && !(in_place && !channel_split(p, held))) seconds += consumed.fused_forward;
+  if (fusion_.forward[c] && !(in_place && !channel_split(producer, held))) seconds += consumed.fused_forward;
   if (fusion_.backward[c] && !in_place) seconds += consumed.fused_backward;
   if (fusion_.backward[p] && fusion_.reader[p] == consumer && copied) seconds += produced.fused_backward;
   return seconds;
+}
+
+bool CostModel::channel_split(int layer, const LayerSplit& split) const {
+  return graph_.layers.at(static_cast<std::size_t>(layer)).model_splittable && split.channel > 1;
 }
 
 bool CostModel::gathers_channels(int consumer, const LayerSplit& split) const {
@@ -454,7 +455,7 @@ StepPlan CostModel::step_plan(const PlanEstimate& estimate) const {
     }
     l.output_bytes = whole(e.output_bytes);
     l.partial_bytes = whole(e.partial_bytes);
-    l.channel_split = layer.model_splittable && e.split.channel > 1;
+    l.channel_split = channel_split(static_cast<int>(i), e.split);
   }
   return plan_step(step, step_options());
 }

@@ -64,10 +64,12 @@ double parameter_bytes_per_rank(const Model& model, const Plan& job_plan) {
 }
 
 bool check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOptions& options, std::int64_t batch,
-                       double limit, const std::string& limit_source, const SyncOptions& sync, int groups) {
+                       double limit, const std::string& limit_source, const SyncOptions& sync, int groups,
+                       bool gpu) {
   const double copies = sync_buffer_copies(sync, groups);
   const double buffers = copies * parameter_bytes_per_rank(model, job_plan);
   Machine machine;  // memory needs no rates, only room for the job's ranks
+  machine.device = gpu ? "gpu" : "cpu";
   machine.nodes = 1;
   machine.ranks_per_node = options.ranks;
   machine.memory_per_rank = limit - buffers;

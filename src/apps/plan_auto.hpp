@@ -32,9 +32,11 @@ Plan auto_plan(const Model& model, const std::string& machine_file, const Planne
 /// `limit_source` says where the limit comes from. Reads only shapes, so it runs before anything
 /// is allocated. Returns false where the plan fits only with no output written into a halo window
 /// (options.outputs_into_windows: the windows may grow the arena a little): the executor must then
-/// run with ExecutorOptions::into_windows off.
+/// run with ExecutorOptions::into_windows off. `gpu`: the job's ranks run on GPUs (the step plan's
+/// options there).
 bool check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOptions& options, std::int64_t batch,
-                       double limit, const std::string& limit_source, const SyncOptions& sync = {}, int groups = 1);
+                       double limit, const std::string& limit_source, const SyncOptions& sync = {}, int groups = 1,
+                       bool gpu = false);
 /// Bytes of the largest block of parameters (fp32) that a rank of `job_plan` holds.
 double parameter_bytes_per_rank(const Model& model, const Plan& job_plan);
 

@@ -98,9 +98,10 @@ bool check_memory(const TrainArgs& args, const Model& model, const Plan& plan, C
   PlannerOptions options = planner_options(world.size(), args.trainer.optimizer.type);
   options.exact_bf16_convolutions = args.bf16_convolutions == "exact";
   options.halo_overlap = args.executor.halo_overlap;
-  options.outputs_into_windows = args.device != "cuda" && args.executor.into_windows;  // the host's only
+  options.outputs_into_windows = args.executor.into_windows;
   return check_plan_memory(model, plan.for_job(world.size()), options, args.trainer.global_batch, limit, source,
-                           args.trainer.sync, world.size() % plan.ranks() == 0 ? world.size() / plan.ranks() : 1);
+                           args.trainer.sync, world.size() % plan.ranks() == 0 ? world.size() / plan.ranks() : 1,
+                           args.device == "cuda");
 }
 
 /// Fault-tolerant replica groups (--replica-store): this job is one group; --batch is every

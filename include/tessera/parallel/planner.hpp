@@ -214,6 +214,9 @@ class CostModel {
   /// Whether that copy, where it makes one, is a halo window holding the producer's whole tile
   /// (StepLayer::copy_holds_tile).
   bool window_holds_tile(int producer, const LayerSplit& held, int consumer, const LayerSplit& split) const;
+  /// Whether `layer` under `split` computes partial sums that an exchange sums (a conv or linear
+  /// layer split by channel: StepLayer::channel_split).
+  bool channel_split(int layer, const LayerSplit& split) const;
   /// Whether `consumer` under `split` reads more (filter split) or other (channel split) channels
   /// than its producer holds (LayerEstimate::gathers).
   bool gathers_channels(int consumer, const LayerSplit& split) const;
