@@ -201,11 +201,11 @@ void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
     if (l.channel_split) ex.partial_extent[i] = partial_box(i, me, batch).extent;
     l.partial_bytes = l.channel_split ? bytes(ex.partial_extent[i]) : 0;
   }
-  StepOptions options;
+  StepOptions options = default_step_options(!options_.device.is_host());
   options.in_place = options_.in_place;
   options.fuse = options_.fuse;
-  options.fuses_zero_slope = backend_->convolution().fuses_leaky_relu(0.0f);
-  options.outputs_into_windows = options_.device.is_host() && options_.in_place && options_.into_windows;
+  options.fuses_zero_slope = backend_->convolution().fuses_leaky_relu(0.0f);  // what this backend does
+  options.outputs_into_windows = options.outputs_into_windows && options_.in_place && options_.into_windows;
   ex.step = plan_step(graph, options);
   // Where each output written into its reader's window lies in it (spatial offsets).
   ex.output_offset.assign(n, {});
