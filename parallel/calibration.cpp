@@ -268,18 +268,21 @@ SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int repea
   // are). They lie far apart, so that the share is not the difference of two noises; they
   // alternate, pair by pair, so that a slow minute of the machine slows both; the share is the
   // median of the pairs' (at least 9: how the scheduler places the ranks changes from pair to pair).
-  WaitProbe short_work(comm, machine, 1e-3), long_work(comm, machine, 16e-3);
+  // The fixed part is measured with a third, tiny amount of work (as little as a small layer's
+  // kernel), so that it is not the share's error extrapolated over the short work.
+  WaitProbe tiny_work(comm, machine, 0.1e-3), short_work(comm, machine, 1e-3), long_work(comm, machine, 16e-3);
   const double apart = std::max(long_work.work() - short_work.work(), 1e-6);
-  std::vector<double> shares, short_waits;
+  std::vector<double> shares, tiny_waits;
   for (int pair = 0; pair < std::max(9, repeats); ++pair) {
+    const double tiny_wait = tiny_work.wait();
     const double short_wait = short_work.wait();
     const double long_wait = long_work.wait();
-    short_waits.push_back(short_wait);
+    tiny_waits.push_back(tiny_wait);
     shares.push_back((long_wait - short_wait) / apart);
   }
   SyncWait w;
   w.share = std::max(0.0, median(shares));  // the same on every rank (from allreduced values)
-  w.seconds = std::max(0.0, median(short_waits) - w.share * short_work.work());
+  w.seconds = std::max(0.0, median(tiny_waits) - w.share * tiny_work.work());
   return w;
 }
 

@@ -43,8 +43,8 @@ std::vector<CommPoint> allreduce_points(Communicator& comm, bool quick);
 std::vector<CommPoint> alltoall_points(Communicator& comm, bool quick);
 
 /// What a blocking neighbour exchange waits beyond its alpha-beta cost with this job's ranks:
-/// `seconds` + `share` x the work before it (fitted over two amounts of work, 1 and 16 ms on a
-/// rank alone, stretched by `machine`'s oversubscription at this job's ranks).
+/// `seconds` + `share` x the work before it (the share over 1 and 16 ms of work on a rank alone,
+/// the fixed part over 0.1 ms; each stretched by `machine`'s oversubscription at this job's ranks).
 struct SyncWait {
   double seconds = 0;
   double share = 0;
