@@ -14,6 +14,7 @@
 #include <cstring>
 #include <new>
 
+#include "layers/host_stream.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera::host {
@@ -90,10 +91,11 @@ struct Box {
 /// packed: [groups][taps][kLanes] weights, filters past the last 0; bias: [groups][kLanes];
 /// row: kLanes x round_up(out_width, kLanes) floats of the caller's, where a row's outputs are
 /// gathered filter by filter before they are written out (writing 16 planes a vector at a time
-/// measured slower: their rows lie a power of 2 apart and share cache sets).
+/// measured slower: their rows lie a power of 2 apart and share cache sets), in streaming stores
+/// with `stream` (streams_output).
 __attribute__((target_clones("avx512f", "avx2", "default")))
 void forward_rows(const Box& b, const float* padded, const float* packed, const float* bias, bool leaky, float slope,
-                  float* row, float* output, std::int64_t begin, std::int64_t end) {
+                  float* row, float* output, std::int64_t begin, std::int64_t end, bool stream) {
   const std::int64_t rows_per_sample = b.out_depth * b.out_height, kernel_rows = b.kernel_depth * b.kernel_height;
   const std::int64_t groups = (b.filters + kLanes - 1) / kLanes, taps = b.taps();
   const std::int64_t row_stride = round_up(b.out_width, kLanes), filter_stride = b.out_depth * b.output_plane();
@@ -132,10 +134,10 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
       const std::int64_t filters = std::min(kLanes, b.filters - group * kLanes);
       float* out = output + ((n * b.filters + group * kLanes) * b.out_depth + od) * b.output_plane() + oh * b.out_width;
       for (std::int64_t f = 0; f < filters; ++f)
-        std::memcpy(out + f * filter_stride, row + f * row_stride,
-                    static_cast<std::size_t>(b.out_width) * sizeof(float));
+        stream_copy(out + f * filter_stride, row + f * row_stride, b.out_width, stream);
     }
   }
+  if (stream) stream_fence();
 }
 
 /// Backward-weights of filters [first, first + Block) over one plane (n, od): adds each weight's
@@ -287,6 +289,7 @@ void DirectConvolution::forward(const ConvolutionGeometry& geometry, const float
   const bool leaky = geometry.leaky_relu;
   const float slope = geometry.leaky_slope;
   const int threads = omp_get_max_threads();
+  const bool stream = streams_output(geometry.output_elements() * static_cast<std::int64_t>(sizeof(float)));
   const std::int64_t row_floats = kLanes * round_up(b.out_width, kLanes);
   rows_.resize(std::max(rows_.size(), static_cast<std::size_t>(threads * row_floats)));
   float* row_buffers = rows_.data();
@@ -294,7 +297,7 @@ void DirectConvolution::forward(const ConvolutionGeometry& geometry, const float
   {
     const std::int64_t count = omp_get_num_threads(), thread = omp_get_thread_num();
     forward_rows(b, padded, packed.data(), packed_bias.data(), leaky, slope, row_buffers + thread * row_floats,
-                 output, rows * thread / count, rows * (thread + 1) / count);
+                 output, rows * thread / count, rows * (thread + 1) / count, stream);
   }
 }
 

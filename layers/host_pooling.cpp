@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "layers/host_loops.hpp"
+#include "layers/host_stream.hpp"
 #include "layers/onednn_common.hpp"
 #include "layers/pool_box.hpp"
 
@@ -197,10 +198,13 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void max_backward_r
 void max_backward_tiled(const char* label, const Box& b, const std::int32_t* argmax, const float* grad_output,
                         const float* output, float slope, float* grad_input) {
   const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane(), rows = b.in[1] * b.in[2], row = b.in[2];
+  // A gradient larger than the caches is written a row at a time in streaming stores.
+  const bool stream = host::streams_output(b.planes * in_plane * static_cast<std::int64_t>(sizeof(float)));
   host_for(label, b.planes, [=](std::int64_t p) {
     float* dx = grad_input + p * in_plane;
     const std::int32_t* where = argmax + p * out_plane;
     std::vector<float> through(output ? static_cast<std::size_t>(b.out[2]) : 0);
+    std::vector<float> line(stream ? static_cast<std::size_t>(row) : 0);
     for (std::int64_t od = 0; od < b.out[0]; ++od)
       for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
         const std::int64_t o = (od * b.out[1] + oh) * b.out[2];
@@ -213,9 +217,15 @@ void max_backward_tiled(const char* label, const Box& b, const std::int32_t* arg
         for (std::int64_t i = 0; i < b.kernel[0]; ++i)
           for (std::int64_t j = 0; j < b.kernel[1]; ++j) {
             const std::int64_t base = (od * b.kernel[0] + i) * rows + (oh * b.kernel[1] + j) * row;
-            max_backward_row_2(g, where + o, static_cast<std::int32_t>(base), b.out[2], dx + base);
+            if (!stream) {
+              max_backward_row_2(g, where + o, static_cast<std::int32_t>(base), b.out[2], dx + base);
+              continue;
+            }
+            max_backward_row_2(g, where + o, static_cast<std::int32_t>(base), b.out[2], line.data());
+            host::stream_copy(dx + base, line.data(), row, true);
           }
       }
+    if (stream) host::stream_fence();
   });
 }
 

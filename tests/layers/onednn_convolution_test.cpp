@@ -10,10 +10,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "layer_test_utils.hpp"
 #include "layers/host_direct_convolution.hpp"
+#include "layers/host_stream.hpp"
 #include "layers/host_winograd_convolution.hpp"
 #include "layers/onednn_common.hpp"
 #include "tessera/core/rng.hpp"
@@ -458,6 +462,61 @@ TEST(WinogradConvolution, TheBackendRunsItWhereItAppliesOnAvx512) {
                                               {1, change == 2 ? 2 : 1, 1}, {1, 1, change == 4 ? 3 : 1}, {change == 3 ? 2 : 1, 1, 1}, true});
     EXPECT_FALSE(host::winograd_convolution_applies(other)) << other.to_string();
   }
+}
+
+// Outputs larger than the caches are written in streaming stores (host_stream.hpp): the first
+// convolution's forward and max pooling's one-pass backward (rows of 32 or more; rows whose
+// length is no multiple of 4 are copied), with and without the leaky ReLUs fused into them, write
+// the same values to the bit either way.
+TEST(StreamingStores, ChangeNothingButHowTheOutputIsWritten) {
+  auto backend = make_host_backend();
+  LayerContext ctx;
+  ctx.backend = backend.get();
+  const auto run = [&](bool stream, const auto& body) {
+    host::set_streaming_threshold(stream ? 0 : std::numeric_limits<std::int64_t>::max());
+    Tensor result = body();
+    host::set_streaming_threshold(-1);
+    return result;
+  };
+  for (const Shape& shape : {Shape::image(2, 1, {6, 4, 64}), Shape::image(3, 1, {8, 64}), Shape::image(1, 1, {4, 6, 30})})
+    for (bool leaky : {false, true}) {
+      SCOPED_TRACE(shape.to_string() + (leaky ? " leaky" : ""));
+      auto conv = make_layer("conv", {{"filters", {"16"}}, {"kernel", {"3"}}, {"padding", {"1"}}});
+      const Shape out = conv->setup({shape});
+      conv->init_parameters(5);
+      const Tensor x = random_tensor(shape, 70);
+      const Tensor* in[] = {&x};
+      ctx.leaky_relu_after = leaky ? std::optional<float>(0.1f) : std::nullopt;
+      const auto forward = [&] {
+        Tensor y;
+        conv->forward(in, y, ctx);
+        return y;
+      };
+      const Tensor plain = run(false, forward), streamed = run(true, forward);
+      ASSERT_EQ(plain.shape().dims(), out.dims());
+      EXPECT_EQ(max_relative_difference(plain, streamed, 1.0), 0.0);
+      ctx.leaky_relu_after.reset();
+
+      auto pool = make_layer("maxpool", {{"kernel", {"2"}}}, 4);
+      const Shape pooled = pool->setup({out});
+      const Tensor dz = random_tensor(pooled, 71);
+      const Tensor* pool_in[] = {&plain};
+      Tensor z;
+      pool->forward(pool_in, z, ctx);
+      ctx.leaky_relu_before = leaky ? std::optional<float>(0.1f) : std::nullopt;
+      const auto backward = [&] {
+        Tensor dy;
+        Tensor* grads[] = {&dy};
+        pool->backward(pool_in, z, dz, grads, ctx);
+        return dy;
+      };
+      const Tensor dy_plain = run(false, backward), dy_streamed = run(true, backward);
+      EXPECT_EQ(max_relative_difference(dy_plain, dy_streamed, 1.0), 0.0);
+      std::int64_t nonzero = 0;
+      for (std::int64_t i = 0; i < dy_plain.numel(); ++i) nonzero += dy_plain.data()[i] != 0.0f;
+      EXPECT_EQ(nonzero, dz.numel()) << "one input per window gets its gradient";
+      ctx.leaky_relu_before.reset();
+    }
 }
 
 TEST(DirectConvolution, AppliesToOneInputChannelAtStrideAndDilationOne) {
