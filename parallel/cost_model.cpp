@@ -30,6 +30,18 @@ std::vector<PlanLayerInfo> PlannerGraph::plan_info() const {
   return info;
 }
 
+std::vector<std::vector<int>> PlannerGraph::inputs() const {
+  std::vector<std::vector<int>> in;
+  for (const auto& l : layers) in.push_back(l.inputs);
+  return in;
+}
+
+std::vector<LayerTraits> PlannerGraph::traits() const {
+  std::vector<LayerTraits> t;
+  for (const auto& l : layers) t.push_back(l.traits);
+  return t;
+}
+
 std::string Workload::key(const PlannerGraph& graph) const {
   std::string extents;
   for (auto e : output_extent) {
@@ -47,12 +59,8 @@ CostModel::CostModel(const PlannerGraph& graph, const Machine& machine, PlannerO
   if (options_.ranks > capacity)
     fail_input("machine '{}' has {} nodes x {} ranks per node = {} ranks; cannot plan for {}", machine_.name,
                machine_.nodes, machine_.ranks_per_node, capacity, options_.ranks);
-  std::vector<std::vector<int>> inputs;
-  std::vector<LayerTraits> traits;
-  for (const PlannerLayer& layer : graph_.layers) {
-    inputs.push_back(layer.inputs);
-    traits.push_back(layer.traits);
-  }
+  const std::vector<std::vector<int>> inputs = graph_.inputs();
+  const std::vector<LayerTraits> traits = graph_.traits();
   may_run_in_place_ = in_place_candidates(inputs, traits, graph_.output);
   may_write_into_window_ =
       window_writer_candidates(inputs, traits, graph_.output, step_options(), graph_.bf16_activations);

@@ -204,12 +204,8 @@ Bench workload_bench(const Model& model, const PlannerGraph& graph, const Worklo
   // As the step runs it: with the leaky ReLUs the step plan fuses into its passes (none into
   // partial sums: a channel split's forward).
   {
-    std::vector<std::vector<int>> inputs;
-    std::vector<LayerTraits> traits;
-    for (const PlannerLayer& l : graph.layers) {
-      inputs.push_back(l.inputs);
-      traits.push_back(l.traits);
-    }
+    const std::vector<std::vector<int>> inputs = graph.inputs();
+    const std::vector<LayerTraits> traits = graph.traits();
     const FusionCandidates fusion =
         fusion_candidates(inputs, traits, graph.output, default_step_options(!device.is_host()));
     for (std::size_t i = 0; i < inputs.size(); ++i) {

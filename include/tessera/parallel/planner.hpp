@@ -81,6 +81,9 @@ struct PlannerGraph {
   /// The activations that backward reads are kept in bf16 (Model::activation_precision).
   bool bf16_activations = false;
   std::vector<PlanLayerInfo> plan_info() const;
+  /// Per layer, what it reads and its traits: what the step plan's rules take (step_plan.hpp).
+  std::vector<std::vector<int>> inputs() const;
+  std::vector<LayerTraits> traits() const;
 };
 
 /// One rank's work in one layer under one split: what `tessera calibrate` times and the cost
