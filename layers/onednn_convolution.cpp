@@ -182,7 +182,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
 
   void backward_data(const ConvolutionGeometry& geometry, const float* grad_output, const float* weights,
                      float* grad_input) override {
-    if (winograd(geometry)) return winograd_.backward_data(geometry, grad_output, weights, grad_input);
+    if (winograd(geometry)) return winograd_backward_data(geometry, grad_output, weights, grad_input);
     ConvolutionPlan& plan = backward_plan_for(geometry);
     auto& stream = context_.stream;
     plan.backward_data.execute(stream, {{DNNL_ARG_DIFF_DST, plan.data_grad_output.bind_input(grad_output, stream)},
@@ -224,7 +224,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
       return;
     }
     if (winograd(geometry)) {
-      if (grad_input) winograd_.backward_data(geometry, grad_output, weights, grad_input);
+      if (grad_input) winograd_backward_data(geometry, grad_output, weights, grad_input);
       backward_weights(geometry, input, grad_output, grad_weights, grad_bias);
       return;
     }
@@ -254,6 +254,72 @@ class OneDnnConvolution final : public ConvolutionKernels {
   }
 
  private:
+  /// Winograd's backward-data with its tiles, 2 planes deep, over an even number of planes: where
+  /// the planes to compute (the data region's, along D) are odd in number and the last or the
+  /// first is the window's own (a spatial tile's halo plane), that plane comes apart from 2-D
+  /// convolutions of the output gradient's planes with the kernel's slices (oneDNN) rather than a
+  /// whole tile of Winograd's.
+  void winograd_backward_data(const ConvolutionGeometry& g, const float* grad_output, const float* weights,
+                              float* grad_input) {
+    const std::int64_t window = g.input_size[0];
+    const std::int64_t begin = g.data_begin.empty() ? 0 : g.data_begin[0];
+    const std::int64_t extent = g.data_begin.empty() ? window : g.data_extent[0];
+    // (Winograd computes a region along D only where it starts within 2 - padding.)
+    const std::int64_t reach = 2 - g.padding[0];
+    std::int64_t plane = -1;
+    if (extent % 2 == 1 && extent >= 3 && begin + extent == window && begin <= reach) plane = window - 1;
+    else if (extent % 2 == 1 && extent >= 3 && begin == 0 && reach >= 1) plane = 0;
+    if (plane < 0) return winograd_.backward_data(g, grad_output, weights, grad_input);
+    rest_geometry_ = g;
+    if (rest_geometry_.data_begin.empty()) {
+      rest_geometry_.data_begin = {0, 0, 0};
+      rest_geometry_.data_extent = g.input_size;
+    }
+    rest_geometry_.data_extent[0] = extent - 1;
+    if (plane == begin) rest_geometry_.data_begin[0] = begin + 1;
+    winograd_.backward_data(rest_geometry_, grad_output, weights, grad_input);  // zeros at `plane`
+    edge_plane_backward_data(g, plane, grad_output, weights, grad_input);
+  }
+
+  /// grad_input's plane `plane` along D: the sum over the kernel's depth j of the 2-D backward-data
+  /// of grad_output's plane plane + padding - j with the weights' slice j.
+  void edge_plane_backward_data(const ConvolutionGeometry& g, std::int64_t plane, const float* grad_output,
+                                const float* weights, float* grad_input) {
+    const std::int64_t N = g.batch, C = g.in_channels, K = g.out_channels, out_depth = g.output_size[0];
+    const std::int64_t in_plane = g.input_size[1] * g.input_size[2], out_plane = g.output_size[1] * g.output_size[2];
+    const std::int64_t taps = g.kernel[1] * g.kernel[2];
+    ConvolutionGeometry& g2 = plane_geometry_;
+    g2 = ConvolutionGeometry{};
+    g2.batch = N;
+    g2.in_channels = C;
+    g2.out_channels = K;
+    g2.input_size = {g.input_size[1], g.input_size[2]};
+    g2.kernel = {g.kernel[1], g.kernel[2]};
+    g2.stride = {1, 1};
+    g2.padding = {g.padding[1], g.padding[2]};
+    g2.dilation = {1, 1};
+    g2.output_size = {g.output_size[1], g.output_size[2]};
+    g2.bias = false;
+    plane_grad_output_.resize(static_cast<std::size_t>(N * K * out_plane));
+    plane_weights_.resize(static_cast<std::size_t>(K * C * taps));
+    plane_grad_input_.resize(static_cast<std::size_t>(N * C * in_plane));
+    plane_sum_.assign(static_cast<std::size_t>(N * C * in_plane), 0.0f);
+    for (std::int64_t j = 0; j < g.kernel[0]; ++j) {
+      const std::int64_t o = plane + g.padding[0] - j;
+      if (o < 0 || o >= out_depth) continue;
+      for (std::int64_t nk = 0; nk < N * K; ++nk)
+        std::copy_n(grad_output + (nk * out_depth + o) * out_plane, out_plane,
+                    plane_grad_output_.data() + nk * out_plane);
+      for (std::int64_t kc = 0; kc < K * C; ++kc)
+        std::copy_n(weights + (kc * g.kernel[0] + j) * taps, taps, plane_weights_.data() + kc * taps);
+      backward_data(g2, plane_grad_output_.data(), plane_weights_.data(), plane_grad_input_.data());
+      for (std::size_t i = 0; i < plane_sum_.size(); ++i) plane_sum_[i] += plane_grad_input_[i];
+    }
+    const std::int64_t in_depth = g.input_size[0];
+    for (std::int64_t nc = 0; nc < N * C; ++nc)
+      std::copy_n(plane_sum_.data() + nc * in_plane, in_plane, grad_input + (nc * in_depth + plane) * in_plane);
+  }
+
   /// Records, once per convolution (with or without a fused activation), which kernels run it;
   /// `recorded` holds both forms, so that later calls find theirs without a copy.
   void record_once(std::set<ConvolutionGeometry>& recorded, const ConvolutionGeometry& geometry, const char* what,
@@ -680,6 +746,10 @@ class OneDnnConvolution final : public ConvolutionKernels {
   std::set<ConvolutionGeometry> direct_recorded_;
   host::WinogradConvolution winograd_;
   std::set<ConvolutionGeometry> winograd_recorded_, winograd_weights_recorded_;
+  /// winograd_backward_data's geometries and edge_plane_backward_data's planes (kept, so that a
+  /// training step allocates nothing).
+  ConvolutionGeometry rest_geometry_, plane_geometry_;
+  std::vector<float> plane_grad_output_, plane_weights_, plane_grad_input_, plane_sum_;
 };
 
 }  // namespace

@@ -433,6 +433,65 @@ TEST(WinogradConvolution, BackwardDataComputesTheDataRegionOfAWindow) {
   set_backend_threads(threads);
 }
 
+TEST(WinogradConvolution, TheBackendComputesAnOddRegionsEdgePlaneApart) {
+  // A tile's data region with an odd number of planes along D, the window's last (the halo after
+  // the held planes) or its first (the halo before them), and a whole input of odd depth: the
+  // backend computes that plane from 2-D convolutions, the rest by Winograd's tiles. Inside the
+  // region the input gradient is the double-precision loop's; the other planes are zeros.
+  struct RegionCase {
+    Case convolution;
+    std::vector<std::int64_t> begin, extent;  ///< empty: the whole input
+  };
+  const std::vector<RegionCase> region_cases = {
+      {{1, 16, 8, {12, 12, 16}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, true}, {1, 1, 1}, {11, 10, 14}},
+      {{2, 8, 16, {12, 10, 12}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, false}, {0, 1, 1}, {11, 8, 10}},
+      {{1, 9, 12, {9, 12, 12}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true}, {}, {}},
+  };
+  std::uint64_t stream = 700;
+  const int threads = backend_threads();
+  for (const RegionCase& c : region_cases) {
+    ConvolutionGeometry g = geometry_of(c.convolution);
+    const Problem p = random_problem(g, stream);
+    g.data_begin = c.begin;
+    g.data_extent = c.extent;
+    const std::vector<std::int64_t> begin = c.begin.empty() ? std::vector<std::int64_t>{0, 0, 0} : c.begin;
+    const std::vector<std::int64_t> extent = c.extent.empty() ? g.input_size : c.extent;
+    ASSERT_EQ(extent[0] % 2, 1);
+    const auto& in = g.input_size;
+    for (int thread_count : {1, 2}) {
+      SCOPED_TRACE(g.to_string() + " threads " + std::to_string(thread_count));
+      set_backend_threads(thread_count);
+      onednn::Context context;
+      auto kernels = onednn::make_convolution_kernels(context, HostConvolutionLayout::Automatic, BackwardWeights3d::Automatic);
+      std::vector<float> grad_input(p.expected.grad_input.size(), 123.0f);
+      kernels->backward_data(g, p.grad_output.data(), p.weights.data(), grad_input.data());
+      const char* setting = std::getenv("TESSERA_WINOGRAD");  // 0: turned off
+      const bool available = __builtin_cpu_supports("avx512f") && !(setting && std::string(setting) == "0");
+      ASSERT_FALSE(context.implementations.empty());
+      EXPECT_EQ(context.implementations.front().find("tessera winograd") != std::string::npos, available)
+          << context.implementations.front();
+      std::vector<float> inside, expected_inside;
+      std::size_t nonzero_planes_outside = 0;
+      for (std::int64_t nc = 0; nc < g.batch * g.in_channels; ++nc)
+        for (std::int64_t z = 0; z < in[0]; ++z)
+          for (std::int64_t y = 0; y < in[1]; ++y)
+            for (std::int64_t x = 0; x < in[2]; ++x) {
+              const auto i = static_cast<std::size_t>(((nc * in[0] + z) * in[1] + y) * in[2] + x);
+              const bool within_d = z >= begin[0] && z < begin[0] + extent[0];
+              if (within_d && y >= begin[1] && y < begin[1] + extent[1] && x >= begin[2] && x < begin[2] + extent[2]) {
+                inside.push_back(grad_input[i]);
+                expected_inside.push_back(p.expected.grad_input[i]);
+              } else if (!within_d && grad_input[i] != 0.0f) {
+                ++nonzero_planes_outside;
+              }
+            }
+      EXPECT_LT(relative_difference(inside, expected_inside), 2e-6);
+      EXPECT_EQ(nonzero_planes_outside, 0u);
+    }
+  }
+  set_backend_threads(threads);
+}
+
 TEST(WinogradConvolution, TheBackendRunsItWhereItAppliesOnAvx512) {
   // On AVX-512: 3^3 tiles of 2 x 2 x 2 outputs are too few; 8^3 take the Winograd forward and
   // backward-data; 16^3 (2 048 or more per thread) its backward-weights too.
@@ -607,6 +666,39 @@ TEST(WinogradConvolution, DISABLED_BenchmarkCosmoFlow) {
 /// split along D over 2 ranks (one thread): the whole sample's half (padding 1), the tile's window
 /// (padding held as zeros, no data region named) and the same window naming its data region, as
 /// the layer does. Run with --gtest_also_run_disabled_tests.
+// A 2-rank tile's backward-data (its data region: the held planes and one halo plane) through
+// the backend, which computes the halo plane apart, against Winograd's kernels computing a whole
+// tile for it, and against the held planes alone.
+TEST(WinogradConvolution, DISABLED_BenchmarkTheHaloPlaneApart) {
+  const int threads = backend_threads();
+  set_backend_threads(1);
+  const std::int64_t sizes[] = {64, 32, 16, 8}, in[] = {16, 32, 64, 64}, out[] = {32, 64, 64, 64};
+  for (int layer = 0; layer < 4; ++layer) {
+    const std::int64_t s = sizes[layer];
+    ConvolutionGeometry region =
+        geometry_of({1, in[layer], out[layer], {s / 2 + 2, s + 2, s + 2}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, true});
+    region.data_begin = {1, 1, 1};
+    region.data_extent = {s / 2 + 1, s, s};
+    ConvolutionGeometry held = region;
+    held.data_extent[0] = s / 2;
+    const auto grad_output = random_values(region.output_elements(), 2), weights = random_values(region.weight_elements(), 3);
+    std::vector<float> grad_input(static_cast<std::size_t>(region.input_elements()));
+    onednn::Context context;
+    auto kernels = onednn::make_convolution_kernels(context, HostConvolutionLayout::Automatic, BackwardWeights3d::Automatic);
+    host::WinogradConvolution winograd;
+    double best[3] = {1e30, 1e30, 1e30};
+    for (int repeat = 0; repeat < 8; ++repeat) {
+      best[0] = std::min(best[0], time_ms([&] { kernels->backward_data(region, grad_output.data(), weights.data(), grad_input.data()); }));
+      best[1] = std::min(best[1], time_ms([&] { winograd.backward_data(region, grad_output.data(), weights.data(), grad_input.data()); }));
+      best[2] = std::min(best[2], time_ms([&] { winograd.backward_data(held, grad_output.data(), weights.data(), grad_input.data()); }));
+    }
+    std::printf("conv%d tile %lld+1 x %lld^2, backward-data ms: the backend %.2f, Winograd's whole tiles %.2f, the held "
+                "planes alone %.2f\n", layer + 2, static_cast<long long>(s / 2), static_cast<long long>(s), best[0],
+                best[1], best[2]);
+  }
+  set_backend_threads(threads);
+}
+
 TEST(WinogradConvolution, DISABLED_BenchmarkTileOfCosmoFlow128) {
   const int threads = backend_threads();
   set_backend_threads(1);
