@@ -288,8 +288,7 @@ class OneDnnConvolution final : public ConvolutionKernels {
     const std::int64_t N = g.batch, C = g.in_channels, K = g.out_channels, out_depth = g.output_size[0];
     const std::int64_t in_plane = g.input_size[1] * g.input_size[2], out_plane = g.output_size[1] * g.output_size[2];
     const std::int64_t taps = g.kernel[1] * g.kernel[2];
-    ConvolutionGeometry& g2 = plane_geometry_;
-    g2 = ConvolutionGeometry{};
+    ConvolutionGeometry& g2 = plane_geometry_;  // assigned field by field: its vectors keep their memory
     g2.batch = N;
     g2.in_channels = C;
     g2.out_channels = K;
@@ -300,6 +299,11 @@ class OneDnnConvolution final : public ConvolutionKernels {
     g2.dilation = {1, 1};
     g2.output_size = {g.output_size[1], g.output_size[2]};
     g2.bias = false;
+    g2.precision = Precision::F32;
+    g2.leaky_relu = false;
+    g2.leaky_slope = 0;
+    g2.data_begin.clear();
+    g2.data_extent.clear();
     plane_grad_output_.resize(static_cast<std::size_t>(N * K * out_plane));
     plane_weights_.resize(static_cast<std::size_t>(K * C * taps));
     plane_grad_input_.resize(static_cast<std::size_t>(N * C * in_plane));
