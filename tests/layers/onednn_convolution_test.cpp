@@ -380,15 +380,46 @@ TEST(WinogradConvolution, MatchesADoublePrecisionLoop) {
   }
 }
 
+/// A convolution whose backward-data computes a data region of its input window: [begin, begin +
+/// extent) per spatial dimension (both empty: the whole input).
+struct RegionCase {
+  Case convolution;
+  std::vector<std::int64_t> begin, extent;
+};
+
+/// Checks an input gradient computed over `c`'s data region: inside it the double-precision
+/// loop's (`expected`), and zeros outside wherever `zero_outside(within_d, within_hw)` says.
+template <typename ZeroOutside>
+void expect_data_region(const ConvolutionGeometry& g, const RegionCase& c, const std::vector<float>& grad_input,
+                        const std::vector<float>& expected, const ZeroOutside& zero_outside) {
+  const auto& in = g.input_size;
+  const std::vector<std::int64_t> begin = c.begin.empty() ? std::vector<std::int64_t>{0, 0, 0} : c.begin;
+  const std::vector<std::int64_t> extent = c.extent.empty() ? in : c.extent;
+  std::vector<float> inside, expected_inside;
+  std::size_t nonzero_outside = 0;
+  for (std::int64_t nc = 0; nc < g.batch * g.in_channels; ++nc)
+    for (std::int64_t z = 0; z < in[0]; ++z)
+      for (std::int64_t y = 0; y < in[1]; ++y)
+        for (std::int64_t x = 0; x < in[2]; ++x) {
+          const auto i = static_cast<std::size_t>(((nc * in[0] + z) * in[1] + y) * in[2] + x);
+          const bool within_d = z >= begin[0] && z < begin[0] + extent[0];
+          const bool within_hw = y >= begin[1] && y < begin[1] + extent[1] && x >= begin[2] && x < begin[2] + extent[2];
+          if (within_d && within_hw) {
+            inside.push_back(grad_input[i]);
+            expected_inside.push_back(expected[i]);
+          } else if (grad_input[i] != 0.0f && zero_outside(within_d, within_hw)) {
+            ++nonzero_outside;
+          }
+        }
+  EXPECT_LT(relative_difference(inside, expected_inside), 2e-6);
+  EXPECT_EQ(nonzero_outside, 0u);
+}
+
 TEST(WinogradConvolution, BackwardDataComputesTheDataRegionOfAWindow) {
   // A spatial tile's convolution has no padding of its own: its window holds the padding as zeros,
   // and the geometry names the part that holds data. Backward-data computes the input gradient
   // there (rows of segments and lane by lane; a region starting past 2 - padding in one
   // dimension, which the kernels then compute whole) and writes zeros around it.
-  struct RegionCase {
-    Case convolution;
-    std::vector<std::int64_t> begin, extent;
-  };
   const std::vector<RegionCase> region_cases = {
       {{1, 16, 8, {10, 12, 36}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, true}, {1, 1, 1}, {9, 10, 34}},
       {{2, 8, 16, {9, 7, 11}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, false}, {0, 2, 1}, {8, 5, 9}},
@@ -402,32 +433,15 @@ TEST(WinogradConvolution, BackwardDataComputesTheDataRegionOfAWindow) {
     g.data_begin = c.begin;
     g.data_extent = c.extent;
     ASSERT_TRUE(host::winograd_convolution_applies(g)) << g.to_string();
-    const auto& in = g.input_size;
     for (int thread_count : {1, 2}) {
       SCOPED_TRACE(g.to_string() + " threads " + std::to_string(thread_count));
       set_backend_threads(thread_count);
       host::WinogradConvolution kernels;
       std::vector<float> grad_input(p.expected.grad_input.size(), 123.0f);
       kernels.backward_data(g, p.grad_output.data(), p.weights.data(), grad_input.data());
-      std::vector<float> inside, expected_inside;
-      std::size_t nonzero_outside = 0;
-      for (std::int64_t nc = 0; nc < g.batch * g.in_channels; ++nc)
-        for (std::int64_t z = 0; z < in[0]; ++z)
-          for (std::int64_t y = 0; y < in[1]; ++y)
-            for (std::int64_t x = 0; x < in[2]; ++x) {
-              const auto i = static_cast<std::size_t>(((nc * in[0] + z) * in[1] + y) * in[2] + x);
-              const bool within_d = z >= c.begin[0] && z < c.begin[0] + c.extent[0];
-              const bool within_hw = y >= c.begin[1] && y < c.begin[1] + c.extent[1] && x >= c.begin[2] &&
-                                     x < c.begin[2] + c.extent[2];
-              if (within_d && within_hw) {
-                inside.push_back(grad_input[i]);
-                expected_inside.push_back(p.expected.grad_input[i]);
-              } else if (grad_input[i] != 0.0f && (!within_hw || c.begin[0] <= 2)) {  // else computed along D
-                ++nonzero_outside;
-              }
-            }
-      EXPECT_LT(relative_difference(inside, expected_inside), 2e-6);
-      EXPECT_EQ(nonzero_outside, 0u);
+      // (a region starting past 2 - padding along D: computed whole along D)
+      expect_data_region(g, c, grad_input, p.expected.grad_input,
+                         [&](bool, bool within_hw) { return !within_hw || c.begin[0] <= 2; });
     }
   }
   set_backend_threads(threads);
@@ -438,10 +452,6 @@ TEST(WinogradConvolution, TheBackendComputesAnOddRegionsEdgePlaneApart) {
   // the held planes) or its first (the halo before them), and a whole input of odd depth: the
   // backend computes that plane from 2-D convolutions, the rest by Winograd's tiles. Inside the
   // region the input gradient is the double-precision loop's; the other planes are zeros.
-  struct RegionCase {
-    Case convolution;
-    std::vector<std::int64_t> begin, extent;  ///< empty: the whole input
-  };
   const std::vector<RegionCase> region_cases = {
       {{1, 16, 8, {12, 12, 16}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, true}, {1, 1, 1}, {11, 10, 14}},
       {{2, 8, 16, {12, 10, 12}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, false}, {0, 1, 1}, {11, 8, 10}},
@@ -454,10 +464,7 @@ TEST(WinogradConvolution, TheBackendComputesAnOddRegionsEdgePlaneApart) {
     const Problem p = random_problem(g, stream);
     g.data_begin = c.begin;
     g.data_extent = c.extent;
-    const std::vector<std::int64_t> begin = c.begin.empty() ? std::vector<std::int64_t>{0, 0, 0} : c.begin;
-    const std::vector<std::int64_t> extent = c.extent.empty() ? g.input_size : c.extent;
-    ASSERT_EQ(extent[0] % 2, 1);
-    const auto& in = g.input_size;
+    ASSERT_EQ((c.extent.empty() ? g.input_size : c.extent)[0] % 2, 1);
     for (int thread_count : {1, 2}) {
       SCOPED_TRACE(g.to_string() + " threads " + std::to_string(thread_count));
       set_backend_threads(thread_count);
@@ -470,23 +477,7 @@ TEST(WinogradConvolution, TheBackendComputesAnOddRegionsEdgePlaneApart) {
       ASSERT_FALSE(context.implementations.empty());
       EXPECT_EQ(context.implementations.front().find("tessera winograd") != std::string::npos, available)
           << context.implementations.front();
-      std::vector<float> inside, expected_inside;
-      std::size_t nonzero_planes_outside = 0;
-      for (std::int64_t nc = 0; nc < g.batch * g.in_channels; ++nc)
-        for (std::int64_t z = 0; z < in[0]; ++z)
-          for (std::int64_t y = 0; y < in[1]; ++y)
-            for (std::int64_t x = 0; x < in[2]; ++x) {
-              const auto i = static_cast<std::size_t>(((nc * in[0] + z) * in[1] + y) * in[2] + x);
-              const bool within_d = z >= begin[0] && z < begin[0] + extent[0];
-              if (within_d && y >= begin[1] && y < begin[1] + extent[1] && x >= begin[2] && x < begin[2] + extent[2]) {
-                inside.push_back(grad_input[i]);
-                expected_inside.push_back(p.expected.grad_input[i]);
-              } else if (!within_d && grad_input[i] != 0.0f) {
-                ++nonzero_planes_outside;
-              }
-            }
-      EXPECT_LT(relative_difference(inside, expected_inside), 2e-6);
-      EXPECT_EQ(nonzero_planes_outside, 0u);
+      expect_data_region(g, c, grad_input, p.expected.grad_input, [](bool within_d, bool) { return !within_d; });
     }
   }
   set_backend_threads(threads);
