@@ -41,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def tessera(build, model, procs, plan, batch, steps, overlap="auto"):
+def tessera_command(build, model, procs, plan, batch, steps, overlap="auto"):
     # "as-if-remote": auto, with every rank treated as a node of its own (auto overlaps only halos
     # from other nodes; here all ranks share one).
     command = mpirun(procs, "-x", "OMP_NUM_THREADS=1") + [os.path.join(build, "bin", "bench_train"), "--model", os.path.join(ROOT, "models", model),
@@ -51,17 +51,18 @@ def tessera(build, model, procs, plan, batch, steps, overlap="auto"):
         command += ["--ranks-per-node", "1"]
     if plan:
         command += ["--plan", os.path.join(ROOT, "plans", plan)]
-    return run(command, ONE_THREAD)
+    return command
+
+
+def tessera(build, model, procs, plan, batch, steps, overlap="auto"):
+    return run(tessera_command(build, model, procs, plan, batch, steps, overlap), ONE_THREAD)
 
 
 def tessera_pair(build, model, batch, steps):
     """Two 1-rank jobs at once, one per core: what the machine gives two ranks that exchange
     nothing (its cores' shared caches and memory), the ceiling of a 2-rank speed-up. The result is
     one job's, with step_ms the pair's mean halved (the step of one rank's half of the work)."""
-    command = mpirun(1, "-x", "OMP_NUM_THREADS=1") + [os.path.join(build, "bin", "bench_train"), "--model",
-                                                      os.path.join(ROOT, "models", model), "--batch", str(batch),
-                                                      "--steps", str(steps), "--warmup", "1", "--threads", "1",
-                                                      "--lr", "0.0001"]
+    command = tessera_command(build, model, 1, None, batch, steps)
     jobs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ONE_THREAD)
             for _ in range(2)]
     outputs = [job.communicate()[0] for job in jobs]

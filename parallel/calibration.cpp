@@ -266,14 +266,14 @@ SyncWait measure_sync_wait(Communicator& comm, const Machine& machine, int repea
   // wait's fixed part and the part that grows with the work (a descheduled peer is late by a share
   // of its work, the work as the node's sharing stretches it, as the cost model's kernel timings
   // are). They lie far apart, so that the share is not the difference of two noises; they
-  // alternate, pair by pair, so that a slow minute of the machine slows both; the share is the
-  // median of the pairs' (at least 9: how the scheduler places the ranks changes from pair to pair).
-  // The fixed part is measured with a third, tiny amount of work (as little as a small layer's
-  // kernel), so that it is not the share's error extrapolated over the short work.
+  // alternate, so that a slow minute of the machine slows both; the share is the median of the
+  // pairs' (at least 9: how the scheduler places the ranks changes from turn to turn). The fixed
+  // part is measured in the same turns with a third, tiny amount of work (as little as a small
+  // layer's kernel), so that it is not the share's error extrapolated over the short work.
   WaitProbe tiny_work(comm, machine, 0.1e-3), short_work(comm, machine, 1e-3), long_work(comm, machine, 16e-3);
   const double apart = std::max(long_work.work() - short_work.work(), 1e-6);
   std::vector<double> shares, tiny_waits;
-  for (int pair = 0; pair < std::max(9, repeats); ++pair) {
+  for (int turn = 0; turn < std::max(9, repeats); ++turn) {
     const double tiny_wait = tiny_work.wait();
     const double short_wait = short_work.wait();
     const double long_wait = long_work.wait();

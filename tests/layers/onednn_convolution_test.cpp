@@ -415,6 +415,25 @@ void expect_data_region(const ConvolutionGeometry& g, const RegionCase& c, const
   EXPECT_EQ(nonzero_outside, 0u);
 }
 
+/// body(g, p, c) for every case, its geometry naming the data region and its random problem, at
+/// 1 and 2 threads.
+template <typename Body>
+void each_region_case(const std::vector<RegionCase>& region_cases, std::uint64_t stream, const Body& body) {
+  const int threads = backend_threads();
+  for (const RegionCase& c : region_cases) {
+    ConvolutionGeometry g = geometry_of(c.convolution);
+    const Problem p = random_problem(g, stream);
+    g.data_begin = c.begin;
+    g.data_extent = c.extent;
+    for (int thread_count : {1, 2}) {
+      SCOPED_TRACE(g.to_string() + " threads " + std::to_string(thread_count));
+      set_backend_threads(thread_count);
+      body(g, p, c);
+    }
+  }
+  set_backend_threads(threads);
+}
+
 TEST(WinogradConvolution, BackwardDataComputesTheDataRegionOfAWindow) {
   // A spatial tile's convolution has no padding of its own: its window holds the padding as zeros,
   // and the geometry names the part that holds data. Backward-data computes the input gradient
@@ -425,26 +444,15 @@ TEST(WinogradConvolution, BackwardDataComputesTheDataRegionOfAWindow) {
       {{2, 8, 16, {9, 7, 11}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, false}, {0, 2, 1}, {8, 5, 9}},
       {{1, 12, 9, {8, 6, 20}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, true}, {3, 0, 2}, {5, 6, 17}},
   };
-  std::uint64_t stream = 500;
-  const int threads = backend_threads();
-  for (const RegionCase& c : region_cases) {
-    ConvolutionGeometry g = geometry_of(c.convolution);
-    const Problem p = random_problem(g, stream);
-    g.data_begin = c.begin;
-    g.data_extent = c.extent;
+  each_region_case(region_cases, 500, [](const ConvolutionGeometry& g, const Problem& p, const RegionCase& c) {
     ASSERT_TRUE(host::winograd_convolution_applies(g)) << g.to_string();
-    for (int thread_count : {1, 2}) {
-      SCOPED_TRACE(g.to_string() + " threads " + std::to_string(thread_count));
-      set_backend_threads(thread_count);
-      host::WinogradConvolution kernels;
-      std::vector<float> grad_input(p.expected.grad_input.size(), 123.0f);
-      kernels.backward_data(g, p.grad_output.data(), p.weights.data(), grad_input.data());
-      // (a region starting past 2 - padding along D: computed whole along D)
-      expect_data_region(g, c, grad_input, p.expected.grad_input,
-                         [&](bool, bool within_hw) { return !within_hw || c.begin[0] <= 2; });
-    }
-  }
-  set_backend_threads(threads);
+    host::WinogradConvolution kernels;
+    std::vector<float> grad_input(p.expected.grad_input.size(), 123.0f);
+    kernels.backward_data(g, p.grad_output.data(), p.weights.data(), grad_input.data());
+    // (a region starting past 2 - padding along D: computed whole along D)
+    expect_data_region(g, c, grad_input, p.expected.grad_input,
+                       [&](bool, bool within_hw) { return !within_hw || c.begin[0] <= 2; });
+  });
 }
 
 TEST(WinogradConvolution, TheBackendComputesAnOddRegionsEdgePlaneApart) {
@@ -457,30 +465,20 @@ TEST(WinogradConvolution, TheBackendComputesAnOddRegionsEdgePlaneApart) {
       {{2, 8, 16, {12, 10, 12}, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, false}, {0, 1, 1}, {11, 8, 10}},
       {{1, 9, 12, {9, 12, 12}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true}, {}, {}},
   };
-  std::uint64_t stream = 700;
-  const int threads = backend_threads();
-  for (const RegionCase& c : region_cases) {
-    ConvolutionGeometry g = geometry_of(c.convolution);
-    const Problem p = random_problem(g, stream);
-    g.data_begin = c.begin;
-    g.data_extent = c.extent;
+  each_region_case(region_cases, 700, [](const ConvolutionGeometry& g, const Problem& p, const RegionCase& c) {
     ASSERT_EQ((c.extent.empty() ? g.input_size : c.extent)[0] % 2, 1);
-    for (int thread_count : {1, 2}) {
-      SCOPED_TRACE(g.to_string() + " threads " + std::to_string(thread_count));
-      set_backend_threads(thread_count);
-      onednn::Context context;
-      auto kernels = onednn::make_convolution_kernels(context, HostConvolutionLayout::Automatic, BackwardWeights3d::Automatic);
-      std::vector<float> grad_input(p.expected.grad_input.size(), 123.0f);
-      kernels->backward_data(g, p.grad_output.data(), p.weights.data(), grad_input.data());
-      const char* setting = std::getenv("TESSERA_WINOGRAD");  // 0: turned off
-      const bool available = __builtin_cpu_supports("avx512f") && !(setting && std::string(setting) == "0");
-      ASSERT_FALSE(context.implementations.empty());
-      EXPECT_EQ(context.implementations.front().find("tessera winograd") != std::string::npos, available)
-          << context.implementations.front();
-      expect_data_region(g, c, grad_input, p.expected.grad_input, [](bool within_d, bool) { return !within_d; });
-    }
-  }
-  set_backend_threads(threads);
+    onednn::Context context;
+    auto kernels =
+        onednn::make_convolution_kernels(context, HostConvolutionLayout::Automatic, BackwardWeights3d::Automatic);
+    std::vector<float> grad_input(p.expected.grad_input.size(), 123.0f);
+    kernels->backward_data(g, p.grad_output.data(), p.weights.data(), grad_input.data());
+    const char* setting = std::getenv("TESSERA_WINOGRAD");  // 0: turned off
+    const bool available = __builtin_cpu_supports("avx512f") && !(setting && std::string(setting) == "0");
+    ASSERT_FALSE(context.implementations.empty());
+    EXPECT_EQ(context.implementations.front().find("tessera winograd") != std::string::npos, available)
+        << context.implementations.front();
+    expect_data_region(g, c, grad_input, p.expected.grad_input, [](bool within_d, bool) { return !within_d; });
+  });
 }
 
 TEST(WinogradConvolution, TheBackendRunsItWhereItAppliesOnAvx512) {
