@@ -9,7 +9,7 @@ side by side in one run, interleaved so all see the same machine. Prints two tab
    machine's shared caches and memory leave two ranks that exchange nothing), two ranks splitting
    the first three conv blocks along D (plans/cosmoflow_spatial2.yaml; the small dense tail is
    split by sample, so with one sample one rank idles there; plans/cosmoflow_spatial2_deep.yaml
-   splits every conv block, so neither idles),
+   splits every conv block and the first two dense layers by feature, so neither idles),
    four ranks over D x H (plans/cosmoflow_spatial4.yaml, plans/cosmoflow_spatial4_deep.yaml;
    oversubscribed on a 2-core machine: their times say nothing about speed, only the exchange
    share), and with a batch of 2 or more also two ranks splitting by sample; the deep plans also

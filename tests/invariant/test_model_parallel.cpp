@@ -225,6 +225,31 @@ loss: softmax_cross_entropy
                           5, 5);
 }
 
+TEST(ModelParallelInvariant, OneSampleSplitSpatiallyThenADenseTailSplitByFeature) {
+  // Batch 1 (plans/cosmoflow_spatial2_deep.yaml's shape): the conv blocks split the one sample
+  // along D, the first linear layer by output feature, the second by input feature, so that no
+  // rank idles before the last layer. The same as one rank.
+  const std::string model = R"(
+input: {shape: [1, 8, 8, 8]}
+layers:
+  - {name: conv1, type: conv, filters: 4, kernel: 3, padding: 1}
+  - {name: act1, type: leaky_relu, slope: 0.01}
+  - {name: pool1, type: maxpool, kernel: 2}
+  - {name: flatten, type: flatten}
+  - {name: fc1, type: linear, out: 16}
+  - {name: act2, type: leaky_relu, slope: 0.01}
+  - {name: fc2, type: linear, out: 8}
+  - {name: act3, type: leaky_relu, slope: 0.01}
+  - {name: fc3, type: linear, out: 1}
+loss: mse
+)";
+  const std::string spatial = fmt::format("{{sample: 1, spatial: [{}, 1, 1]}}", ranks());
+  expect_same_as_one_rank(model,
+                          plan_with({{"conv1", spatial}, {"act1", spatial}, {"pool1", spatial}, {"fc1", filter_all()},
+                                     {"act2", filter_all()}, {"fc2", channel_all()}}),
+                          1, 4, sgd_momentum(), 0.002);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Memory
 
