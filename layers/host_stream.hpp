@@ -11,10 +11,12 @@
 
 namespace tessera::host {
 
-/// Whether a kernel writes an output of `bytes` with streaming stores: more than half of the last
-/// level cache (sysfs; 32 MiB where it says none), which the kernel's inputs and the node's other
-/// ranks share.
+/// Whether a kernel writes an output of `bytes` with streaming stores: more than streaming_threshold().
 bool streams_output(std::int64_t bytes);
+/// Half of this rank's share of the last-level cache (the rest is for the kernel's inputs): the
+/// cache (sysfs; 32 MiB where it says none) over the ranks that share it, set_ranks_on_node's
+/// ranks spread over the node's caches of that level.
+std::int64_t streaming_threshold();
 /// For tests: outputs of more than `bytes` stream (0: all of them); negative: the cache's rule.
 void set_streaming_threshold(std::int64_t bytes);
 

@@ -365,6 +365,7 @@ void time_kernels(Communicator& world, const CalibrateArgs& args, const Model& m
     for (int round = 0; round < repeats; ++round)
       for (std::size_t k = 0; k < list.size(); ++k) {
         set_backend_threads(list[k].first.threads);
+        set_ranks_on_node(machine.ranks_on_node(list[k].second));  // as the executor sets it
         Bench bench = workload_bench(model, graph, list[k].first, device);
         if (barrier) world.barrier();
         times[k].push_back(barrier ? time_sustained(bench, *backend, args.quick ? 0.005 : 0.1) : time_once(bench, *backend));

@@ -9,6 +9,7 @@
 
 #include "tessera/core/cuda.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/layers/runtime.hpp"
 #include "tessera/parallel/collective_guard.hpp"
 #include "tessera/parallel/nccl_communicator.hpp"
 #include "tessera/parallel/tile_geometry.hpp"
@@ -67,11 +68,13 @@ Executor::Executor(Model& model, const Plan& given_plan, std::shared_ptr<Communi
   exchange_comm_ = world_->duplicate();
   node_of_rank_ = options_.ranks_per_node > 0 ? nodes_in_blocks(world_->size(), options_.ranks_per_node)
                                               : nodes_by_host_name(*world_);
-  // A GPU per rank by its node-local rank among the ranks on its host (whatever ranks_per_node
-  // pretends); gathered before the checks below, which may fail on some ranks only.
-  const std::vector<int> hosts = options_.device.is_host() || options_.ranks_per_node == 0
-                                     ? node_of_rank_
-                                     : nodes_by_host_name(*world_);
+  // The ranks on each host (whatever ranks_per_node pretends): they share its caches, and a GPU
+  // goes to each rank by its node-local rank among them; gathered before the checks below, which
+  // may fail on some ranks only.
+  const std::vector<int> hosts = options_.ranks_per_node == 0 ? node_of_rank_ : nodes_by_host_name(*world_);
+  const int me_on_host = hosts[static_cast<std::size_t>(world_->rank())];
+  if (options_.device.is_host())
+    set_ranks_on_node(static_cast<int>(std::count(hosts.begin(), hosts.end(), me_on_host)));
   collectively(*world_, [&] {
     Device& device = options_.device;
     if (device.is_host()) {

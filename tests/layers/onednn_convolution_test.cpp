@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "layer_test_utils.hpp"
 #include "layers/host_direct_convolution.hpp"
 #include "layers/host_stream.hpp"
@@ -565,6 +567,26 @@ TEST(StreamingStores, ChangeNothingButHowTheOutputIsWritten) {
       EXPECT_EQ(nonzero, dz.numel()) << "one input per window gets its gradient";
       ctx.leaky_relu_before.reset();
     }
+}
+
+// The ranks on a node share its last-level cache: each rank's outputs stream from half of its
+// share, so that more ranks stream smaller outputs.
+TEST(StreamingStores, StartAtHalfOfTheRanksShareOfTheCache) {
+  set_ranks_on_node(1);
+  const std::int64_t alone = host::streaming_threshold();
+  EXPECT_GE(alone, std::int64_t{64} << 10) << "half of a last-level cache";
+  EXPECT_FALSE(host::streams_output(alone));
+  EXPECT_TRUE(host::streams_output(alone + 1));
+  // As many ranks as CPUs share the caches of every CPU: at least half as much each where two
+  // share a cache (the whole machine's ranks spread over its caches).
+  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  set_ranks_on_node(64 * cpus);
+  const std::int64_t crowded = host::streaming_threshold();
+  EXPECT_LE(crowded, alone / 64);
+  EXPECT_TRUE(host::streams_output(crowded + 1));
+  set_ranks_on_node(1);
+  EXPECT_FALSE(host::streams_output(crowded + 1));
+  EXPECT_EQ(host::streaming_threshold(), alone);
 }
 
 TEST(DirectConvolution, AppliesToOneInputChannelAtStrideAndDilationOne) {

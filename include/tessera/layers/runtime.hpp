@@ -17,4 +17,9 @@ class LayersRuntime {
 void set_backend_threads(int threads);
 int backend_threads();
 
+/// Sets how many ranks of this job run on this rank's node (1 until set): they share its caches,
+/// and host kernels write an output larger than half of this rank's share of the last-level
+/// cache in streaming stores. The executor sets it, and calibrate for the rank count it times.
+void set_ranks_on_node(int ranks);
+
 }  // namespace tessera
