@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
       auto* option = app.add_option_function<std::string>(name, [&value](const std::string& v) { value = v == "on"; }, help);
       option->check(CLI::IsMember({"on", "off"}))->default_str("on");
     };
-    bool in_place = true, fuse = true, into_windows = true;
+    bool in_place = true, fuse = true, into_windows = true, pooled_gradients = true;
     on_off("--in-place", in_place,
            "on: relu and leaky_relu run in place where they can (the default, as tessera train); off: every layer keeps "
            "its own output and gradient (to measure what running in place saves)");
@@ -109,6 +109,10 @@ int main(int argc, char** argv) {
            "on: a layer whose one reader reads it through a halo window writes its output there (pooling on the host; "
            "the default, as tessera train); off: into its own tensor, which the exchange copies (to measure what "
            "writing there saves)");
+    on_off("--pooled-gradients", pooled_gradients,
+           "on: a convolution of the model's input computes its weight gradients from the gradient and maxima of the "
+           "max pooling that reads it, whose backward is then skipped (the default with --fuse on, as tessera train); "
+           "off: the pooling writes the convolution's output gradient");
     double lr = 0.01, momentum = 0.9;
     app.add_option("--momentum", momentum, "SGD momentum (0: plain SGD)");
     app.add_option("--lr", lr, "SGD learning rate (momentum 0.9); lower it for models that diverge on random data");
@@ -140,6 +144,7 @@ int main(int argc, char** argv) {
     options.in_place = in_place;
     options.fuse = fuse;
     options.into_windows = into_windows;
+    options.pooled_gradients = pooled_gradients;
     const tessera::Plan plan =
         plan_file.empty() ? tessera::Plan::sample_parallel(world->size()) : tessera::Plan::load(plan_file);
     tessera::Executor executor(model, plan, world, options);

@@ -78,6 +78,17 @@ class Bf16OperandConvolution final : public ConvolutionKernels {
                      grad_weights, grad_bias);
   }
 
+  // In bf16 the output gradient is rounded as a whole: none is made from a pooling's.
+  bool reads_pooled_gradient(const ConvolutionGeometry& g, const PoolingGeometry& pooling) override {
+    return g.precision == Precision::F32 && inner_->reads_pooled_gradient(g, pooling);
+  }
+  void backward_weights_from_pooling(const ConvolutionGeometry& g, const float* input, const PooledGradient& pooled,
+                                     float* grad_weights, float* grad_bias) override {
+    if (g.precision != Precision::F32)
+      return ConvolutionKernels::backward_weights_from_pooling(g, input, pooled, grad_weights, grad_bias);
+    inner_->backward_weights_from_pooling(g, input, pooled, grad_weights, grad_bias);
+  }
+
   std::int64_t scratch_bytes() const override { return round_.bytes() + inner_->scratch_bytes(); }
   void release_scratch() override {
     round_.release();

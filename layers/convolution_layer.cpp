@@ -1,6 +1,7 @@
 // "conv": 2-D or 3-D convolution (the spatial rank comes from the input), weights F x C x k...
 #include <algorithm>
 
+#include "layers/host_direct_convolution.hpp"
 #include "layers/layer_common.hpp"
 
 namespace tessera {
@@ -75,7 +76,14 @@ class ConvolutionLayer final : public Layer {
     t.fuses_leaky_relu = true;
     t.computes_output_regions = true;
     t.splits_backward = true;
+    t.reads_pooled_gradient = geometry_.precision == Precision::F32 && host::direct_convolution_applies(geometry_);
     return t;
+  }
+
+  bool reads_pooled_gradient(std::span<const Tensor* const> inputs, const PooledGradient& pooled,
+                             LayerContext& ctx) override {
+    return pooled.geometry &&
+           backend_of(*this, ctx).convolution().reads_pooled_gradient(geometry_for(*inputs[0], ctx), *pooled.geometry);
   }
 
   void set_model_split(const ModelSplit& split) override {
@@ -144,6 +152,16 @@ class ConvolutionLayer final : public Layer {
       // No samples here: this rank's share of the parameter gradients is zero.
       weights_.grad.zero();
       if (bias_) bias_parameter_.grad.zero();
+      return;
+    }
+    if (ctx.pooled_gradient) {
+      TESSERA_CHECK(!grad_inputs[0] && model_split_.channel_parts == 1,
+                    "{}: weight gradients from a pooling's with an input gradient or partial sums (executor bug)",
+                    describe(*this));
+      backend_of(*this, ctx)
+          .convolution()
+          .backward_weights_from_pooling(g, input.data(), *ctx.pooled_gradient, weights_.grad.data(),
+                                         bias_ ? bias_parameter_.grad.data() : nullptr);
       return;
     }
     backend_of(*this, ctx).convolution().backward(g, input.data(), grad_output.data(), weights_.value.data(),

@@ -15,6 +15,7 @@
 #include <new>
 
 #include "layers/host_stream.hpp"
+#include "layers/pool_box.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera::host {
@@ -140,35 +141,98 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
   if (stream) stream_fence();
 }
 
+constexpr Mask kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+/// Lanes of two vectors a, b as a0 b0 a1 b1 ... (the first 8 of each, then the last 8).
+constexpr Mask kInterleaveLow = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+constexpr Mask kInterleaveHigh = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+/// The output gradient of backward-weights, a row (n, filter, od, oh) at a time: the dense tensor's.
+struct DenseRows {
+  const Box* b;
+  const float* grad_output;
+  /// Row oh of plane (n, f, od) (`scratch` unused); fetches the next plane's into the cache.
+  [[gnu::always_inline]] const float* row(std::int64_t n, std::int64_t f, std::int64_t od, std::int64_t oh,
+                                          float*) const {
+    const float* row = grad_output + ((n * b->filters + f) * b->out_depth + od) * b->output_plane() + oh * b->out_width;
+    if (od + 1 < b->out_depth)
+      for (std::int64_t w = 0; w < b->out_width; w += kLanes) __builtin_prefetch(row + b->output_plane() + w, 0, 2);
+    return row;
+  }
+};
+
+/// ...or what max pooling's backward (through its leaky ReLU) would write there, made from the
+/// pooling's gradient and maxima in `scratch` (out_width floats): each pair of a row gets its
+/// window's gradient where the window's maximum is, the same values as max_backward_tiled's.
+struct PooledRows {
+  PoolBox pool;
+  std::int64_t filters, rows, depth_kernel;
+  const float* grad_output;
+  const std::int32_t* argmax;
+  const float* output;  ///< null: no leaky ReLU
+  float slope;
+  [[gnu::always_inline]] const float* row(std::int64_t n, std::int64_t f, std::int64_t od, std::int64_t oh,
+                                          float* scratch) const {
+    const std::int64_t p = n * filters + f, pd = od / depth_kernel, ph = oh / 2, count = pool.out[2];
+    const float* g = grad_output + pool.out_at(p, pd, ph);
+    const float* y = output ? output + pool.out_at(p, pd, ph) : nullptr;
+    const std::int32_t* where = argmax + p * pool.out_plane() + (pd * pool.out[1] + ph) * count;
+    const auto base = static_cast<std::int32_t>(od * rows + oh * pool.in[2]);
+    // 16 windows at a time, without branches (the maxima's places are coin tosses): each
+    // window's gradient through the ReLU's factor, at its maximum's place of the pair.
+    std::int64_t ow = 0;
+    for (; ow + kLanes <= count; ow += kLanes) {
+      Vec value;
+      load(value, g + ow);
+      if (y) {
+        Vec out;
+        load(out, y + ow);
+        const Mask positive = out > 0;
+        value = reinterpret_cast<Vec>((reinterpret_cast<Mask>(value) & positive) |
+                                      (reinterpret_cast<Mask>(value * slope) & ~positive));
+      }
+      Mask at;
+      std::memcpy(&at, where + ow, sizeof at);
+      at -= base + 2 * static_cast<std::int32_t>(ow) + 2 * kIota;
+      const Vec first = reinterpret_cast<Vec>(reinterpret_cast<Mask>(value) & (at == 0));
+      const Vec second = reinterpret_cast<Vec>(reinterpret_cast<Mask>(value) & (at == 1));
+      store(scratch + 2 * ow, __builtin_shuffle(first, second, kInterleaveLow));
+      store(scratch + 2 * ow + kLanes, __builtin_shuffle(first, second, kInterleaveHigh));
+    }
+    for (; ow < count; ++ow) {
+      const float value = y ? g[ow] * (y[ow] > 0 ? 1.0f : slope) : g[ow];
+      const std::int32_t at = where[ow] - base - 2 * static_cast<std::int32_t>(ow);
+      scratch[2 * ow] = at == 0 ? value : 0.0f;
+      scratch[2 * ow + 1] = at == 1 ? value : 0.0f;
+    }
+    return scratch;
+  }
+};
+
 /// Backward-weights of filters [first, first + Block) over one plane (n, od): adds each weight's
-/// sum to sums[f * taps + t] and each bias's to bias_sums[f]. The filters' output gradients are
-/// first copied into `pack`, [out_height][vectors of a row][Block][kLanes] with zeros past the row's
-/// end: their planes lie a power of 2 apart and share cache sets, and each is read once per
-/// kernel row.
-template <int Block, bool Pin>
-[[gnu::always_inline]] inline void weights_block(const Box& b, const float* padded, const float* grad_output,
-                                                  float* pack, std::int64_t n, std::int64_t od, std::int64_t first,
-                                                  double* sums, double* bias_sums) {
+/// sum to sums[f * taps + t] and each bias's to bias_sums[f]. The filters' output gradients
+/// (`rows`, DenseRows or PooledRows) are first copied into `pack`, [out_height][vectors of a
+/// row][Block][kLanes] with zeros past the row's end: their planes lie a power of 2 apart and share
+/// cache sets, and each is read once per kernel row; `scratch` holds a row where rows makes one.
+template <int Block, bool Pin, typename Rows>
+[[gnu::always_inline]] inline void weights_block(const Box& b, const float* padded, const Rows& rows, float* pack,
+                                                 float* scratch, std::int64_t n, std::int64_t od, std::int64_t first,
+                                                 double* sums, double* bias_sums) {
   const std::int64_t taps = b.taps(), kernel_rows = b.kernel_depth * b.kernel_height;
   const std::int64_t vectors = (b.out_width + kLanes - 1) / kLanes;
-  // The next plane of the same filters is fetched into the cache while this one is summed.
-  const std::int64_t next = od + 1 < b.out_depth ? b.output_plane() : 0;
-  for (int f = 0; f < Block; ++f) {
-    const float* dy = grad_output + ((n * b.filters + first + f) * b.out_depth + od) * b.output_plane();
-    for (std::int64_t oh = 0; oh < b.out_height; ++oh)
+  for (int f = 0; f < Block; ++f)
+    for (std::int64_t oh = 0; oh < b.out_height; ++oh) {
+      const float* dy = rows.row(n, first + f, od, oh, scratch);
       for (std::int64_t v = 0; v < vectors; ++v) {
-        if (next) __builtin_prefetch(dy + next + oh * b.out_width + v * kLanes, 0, 2);
         const std::int64_t count = std::min(kLanes, b.out_width - v * kLanes);
         float* to = pack + ((oh * vectors + v) * Block + f) * kLanes;
-        const float* from = dy + oh * b.out_width + v * kLanes;
         Vec g;
         if (count == kLanes)
-          load(g, from);
+          load(g, dy + v * kLanes);
         else
-          load_partial(g, from, count);
+          load_partial(g, dy + v * kLanes, count);
         store(to, g);
       }
-  }
+    }
   for (std::int64_t r = 0; r < kernel_rows; ++r) {
     Vec acc[Block][kWidth] = {};
     for (std::int64_t oh = 0; oh < b.out_height; ++oh) {
@@ -204,35 +268,49 @@ template <int Block, bool Pin>
   for (int f = 0; f < Block; ++f) bias_sums[first + f] += lane_sum(bias[f]);
 }
 
-/// Backward-weights over one plane (n, od) for every filter; pack: see weights_block.
-template <bool Pin>
-[[gnu::always_inline]] inline void weights_plane_of(const Box& b, const float* padded, const float* grad_output,
-                                                     float* pack, std::int64_t plane, double* sums, double* bias_sums) {
+/// Backward-weights over one plane (n, od) for every filter; pack and scratch: see weights_block.
+template <bool Pin, typename Rows>
+[[gnu::always_inline]] inline void weights_plane_of(const Box& b, const float* padded, const Rows& rows, float* pack,
+                                                    float* scratch, std::int64_t plane, double* sums,
+                                                    double* bias_sums) {
   const std::int64_t n = plane / b.out_depth, od = plane % b.out_depth;
   std::int64_t first = 0;
   for (; first + kFilterBlock <= b.filters; first += kFilterBlock)
-    weights_block<kFilterBlock, Pin>(b, padded, grad_output, pack, n, od, first, sums, bias_sums);
-  for (; first < b.filters; ++first) weights_block<1, Pin>(b, padded, grad_output, pack, n, od, first, sums, bias_sums);
+    weights_block<kFilterBlock, Pin>(b, padded, rows, pack, scratch, n, od, first, sums, bias_sums);
+  for (; first < b.filters; ++first)
+    weights_block<1, Pin>(b, padded, rows, pack, scratch, n, od, first, sums, bias_sums);
 }
 
-__attribute__((target("avx512f")))
-void weights_plane_avx512(const Box& b, const float* padded, const float* grad_output, float* pack, std::int64_t plane,
-                          double* sums, double* bias_sums) {
-  weights_plane_of<true>(b, padded, grad_output, pack, plane, sums, bias_sums);
+/// Backward-weights over one plane, its AVX-512 variant and its AVX2 or baseline one.
+template <typename Rows>
+__attribute__((target("avx512f"))) void weights_plane_avx512(const Box& b, const float* padded, const Rows& rows,
+                                                             float* pack, float* scratch, std::int64_t plane,
+                                                             double* sums, double* bias_sums) {
+  weights_plane_of<true>(b, padded, rows, pack, scratch, plane, sums, bias_sums);
 }
 
-__attribute__((target_clones("avx2", "default")))
-void weights_plane_other(const Box& b, const float* padded, const float* grad_output, float* pack, std::int64_t plane,
-                         double* sums, double* bias_sums) {
-  weights_plane_of<false>(b, padded, grad_output, pack, plane, sums, bias_sums);
+template <typename Rows>
+__attribute__((target("avx2"))) void weights_plane_avx2(const Box& b, const float* padded, const Rows& rows,
+                                                        float* pack, float* scratch, std::int64_t plane, double* sums,
+                                                        double* bias_sums) {
+  weights_plane_of<false>(b, padded, rows, pack, scratch, plane, sums, bias_sums);
 }
 
-using WeightsPlane = void (*)(const Box&, const float*, const float*, float*, std::int64_t, double*, double*);
+template <typename Rows>
+void weights_plane_baseline(const Box& b, const float* padded, const Rows& rows, float* pack, float* scratch,
+                            std::int64_t plane, double* sums, double* bias_sums) {
+  weights_plane_of<false>(b, padded, rows, pack, scratch, plane, sums, bias_sums);
+}
 
-/// Backward-weights over one plane: the AVX-512 variant where the CPU has it, else the AVX2 or
-/// the baseline one.
-WeightsPlane weights_plane_for_this_cpu() {
-  return __builtin_cpu_supports("avx512f") ? weights_plane_avx512 : weights_plane_other;
+template <typename Rows>
+using WeightsPlane = void (*)(const Box&, const float*, const Rows&, float*, float*, std::int64_t, double*, double*);
+
+/// The variant for this CPU: AVX-512 where it has it, else AVX2, else the baseline.
+template <typename Rows>
+WeightsPlane<Rows> weights_plane_for_this_cpu() {
+  if (__builtin_cpu_supports("avx512f")) return weights_plane_avx512<Rows>;
+  if (__builtin_cpu_supports("avx2")) return weights_plane_avx2<Rows>;
+  return weights_plane_baseline<Rows>;
 }
 
 }  // namespace
@@ -305,22 +383,45 @@ void DirectConvolution::backward_weights(const ConvolutionGeometry& geometry, co
                                          const float* grad_output, float* grad_weights, float* grad_bias) {
   TESSERA_CHECK(direct_convolution_applies(geometry), "direct convolution kernels asked for {}", geometry.to_string());
   const Box b(geometry);
+  weights_from(geometry, input, DenseRows{&b, grad_output}, grad_weights, grad_bias);
+}
+
+void DirectConvolution::backward_weights_from_pooling(const ConvolutionGeometry& geometry, const float* input,
+                                                      const PooledGradient& pooled, float* grad_weights,
+                                                      float* grad_bias) {
+  TESSERA_CHECK(
+      direct_convolution_applies(geometry) && pooled.geometry && pooled_gradient_applies(geometry, *pooled.geometry),
+      "direct convolution kernels asked for {} from the pooling {}", geometry.to_string(),
+      pooled.geometry ? pooled.geometry->to_string() : std::string("(none)"));
+  const PoolBox pool = pool_box(*pooled.geometry);
+  const PooledRows rows{pool,           geometry.out_channels, pool.in[1] * pool.in[2],
+                        pool.kernel[0], pooled.grad_output,    static_cast<const std::int32_t*>(pooled.workspace),
+                        pooled.output,  pooled.slope};
+  weights_from(geometry, input, rows, grad_weights, grad_bias);
+}
+
+template <typename Rows>
+void DirectConvolution::weights_from(const ConvolutionGeometry& geometry, const float* input, const Rows& rows,
+                                     float* grad_weights, float* grad_bias) {
+  const Box b(geometry);
   const float* padded = padded_input(geometry, input);
   const std::int64_t planes = b.batch * b.out_depth, sums_per_thread = b.filters * (b.taps() + 1);
   const int threads = omp_get_max_threads();
   // Each thread sums its planes in its own slot; the slots are added in thread order.
   std::vector<double> sums(static_cast<std::size_t>(threads * sums_per_thread), 0.0);
-  const std::int64_t pack_floats = b.out_height * round_up(b.out_width, kLanes) * kFilterBlock;
+  const std::int64_t row_floats = round_up(b.out_width, kLanes);
+  const std::int64_t pack_floats = b.out_height * row_floats * kFilterBlock + row_floats;  // + a scratch row
   packs_.resize(std::max(packs_.size(), static_cast<std::size_t>(threads * pack_floats)));
   float* packs = packs_.data();
-  static const WeightsPlane weights_plane = weights_plane_for_this_cpu();
+  static const WeightsPlane<Rows> weights_plane = weights_plane_for_this_cpu<Rows>();
 #pragma omp parallel num_threads(threads)
   {
     const std::int64_t count = omp_get_num_threads(), thread = omp_get_thread_num();
     double* mine = sums.data() + thread * sums_per_thread;
     float* pack = packs + thread * pack_floats;
+    float* scratch = pack + (pack_floats - row_floats);
     for (std::int64_t plane = planes * thread / count; plane < planes * (thread + 1) / count; ++plane)
-      weights_plane(b, padded, grad_output, pack, plane, mine, mine + b.filters * b.taps());
+      weights_plane(b, padded, rows, pack, scratch, plane, mine, mine + b.filters * b.taps());
   }
   const std::int64_t weight_count = b.filters * b.taps();
   for (std::int64_t i = 0; i < sums_per_thread; ++i) {
@@ -331,6 +432,23 @@ void DirectConvolution::backward_weights(const ConvolutionGeometry& geometry, co
     else if (geometry.bias)
       grad_bias[i - weight_count] = static_cast<float>(total);
   }
+}
+
+bool pooled_gradient_applies(const ConvolutionGeometry& geometry, const PoolingGeometry& pooling) {
+  if (pooling.mode != PoolingMode::Max || pooling.input_size != geometry.output_size ||
+      pooling.batch != geometry.batch || pooling.channels != geometry.out_channels)
+    return false;
+  const PoolBox b = pool_box(pooling);
+  if (b.kernel[1] != 2 || b.kernel[2] != 2 || (b.kernel[0] != 1 && b.kernel[0] != 2)) return false;
+  // Windows at their own stride from the local input's first element, tiling it exactly, inside
+  // the global input: each output of the convolution lies in one window.
+  for (int d = 0; d < 3; ++d) {
+    const std::int64_t first = b.out_origin[d] * b.stride[d] - b.padding[d];
+    if (b.stride[d] != b.kernel[d] || b.padding[d] != 0 || first != b.in_origin[d] ||
+        b.out[d] * b.kernel[d] != b.in[d] || b.in_origin[d] + b.in[d] > b.limit[d])
+      return false;
+  }
+  return true;
 }
 
 }  // namespace tessera::host

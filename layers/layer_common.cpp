@@ -228,6 +228,14 @@ void Layer::backward_parameters(std::span<const Tensor* const>, const Tensor&, L
   fail("{} has no separate parameter-gradient pass (executor bug: its traits do not split backward)", describe(*this));
 }
 
+std::optional<PooledGradient> Layer::pooled_gradient(const Tensor&, const Tensor&, std::optional<float>) const {
+  return std::nullopt;
+}
+
+bool Layer::reads_pooled_gradient(std::span<const Tensor* const>, const PooledGradient&, LayerContext&) {
+  return false;
+}
+
 void copy_spatial_box(const Tensor& source, const std::vector<std::int64_t>& source_begin,
                       Tensor& destination, const std::vector<std::int64_t>& destination_begin,
                       const std::vector<std::int64_t>& extent) {

@@ -44,6 +44,12 @@ std::string LinearGeometry::to_string() const {
                      precision == Precision::BF16 ? " bf16" : "");
 }
 
+void ConvolutionKernels::backward_weights_from_pooling(const ConvolutionGeometry& geometry, const float*,
+                                                       const PooledGradient& pooled, float*, float*) {
+  fail("convolution kernels asked for the weight gradients of {} from a pooling ({}) they do not read (executor bug)",
+       geometry.to_string(), pooled.geometry ? pooled.geometry->to_string() : std::string("none"));
+}
+
 Bf16Convolutions parse_bf16_convolutions(const std::string& text) {
   if (text == "native") return Bf16Convolutions::Native;
   if (text == "exact") return Bf16Convolutions::Exact;

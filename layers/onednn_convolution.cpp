@@ -216,6 +216,17 @@ class OneDnnConvolution final : public ConvolutionKernels {
     stream.wait();
   }
 
+  bool reads_pooled_gradient(const ConvolutionGeometry& geometry, const PoolingGeometry& pooling) override {
+    return direct(geometry) && host::pooled_gradient_applies(geometry, pooling);
+  }
+
+  void backward_weights_from_pooling(const ConvolutionGeometry& geometry, const float* input,
+                                     const PooledGradient& pooled, float* grad_weights, float* grad_bias) override {
+    if (!pooled.geometry || !reads_pooled_gradient(geometry, *pooled.geometry))
+      return ConvolutionKernels::backward_weights_from_pooling(geometry, input, pooled, grad_weights, grad_bias);
+    direct_.backward_weights_from_pooling(geometry, input, pooled, grad_weights, grad_bias);
+  }
+
   void backward(const ConvolutionGeometry& geometry, const float* input, const float* grad_output,
                 const float* weights, float* grad_input, float* grad_weights, float* grad_bias) override {
     if (direct(geometry)) {

@@ -29,10 +29,22 @@ class PoolingLayer final : public Layer {
     t.backward_reads_inputs = false;
     t.fuses_leaky_relu_backward = windows_apart();
     t.writes_into_window = true;
+    t.pools_in_pairs = pools_in_pairs();
     return t;
   }
   // Max pooling whose windows do not overlap (after setup: per dimension): each input takes one
   // output's gradient at most, so the product is the two passes' to the bit.
+  /// Max pooling of windows 2 wide and high (1 or 2 deep) at their own stride, without padding.
+  bool pools_in_pairs() const {
+    if (mode_ != PoolingMode::Max || geometry_.kernel.empty()) return false;
+    const std::size_t dims = geometry_.kernel.size();
+    for (std::size_t d = 0; d < dims; ++d) {
+      const bool pair = geometry_.kernel[d] == 2 || (dims == 3 && d == 0 && geometry_.kernel[d] == 1);
+      if (!pair || geometry_.stride[d] != geometry_.kernel[d] || geometry_.padding[d] != 0) return false;
+    }
+    return true;
+  }
+
   bool windows_apart() const {
     if (mode_ != PoolingMode::Max || geometry_.kernel.empty()) return false;
     for (std::size_t d = 0; d < geometry_.kernel.size(); ++d)
@@ -116,6 +128,22 @@ class PoolingLayer final : public Layer {
   }
 
   std::int64_t workspace_bytes() const override { return workspace_.allocated_bytes(); }
+
+  std::optional<PooledGradient> pooled_gradient(const Tensor& output, const Tensor& grad_output,
+                                                std::optional<float> leaky_relu) const override {
+    if (!pools_in_pairs() || call_.batch == 0 || workspace_.empty()) return std::nullopt;
+    TESSERA_CHECK(!leaky_relu || output.shape() == grad_output.shape(),
+                  "{}: a pooled gradient through a leaky ReLU "
+                  "needs the output (executor bug)",
+                  describe(*this));
+    PooledGradient pooled;
+    pooled.geometry = &call_;
+    pooled.grad_output = grad_output.data();
+    pooled.workspace = workspace_.data();
+    pooled.output = leaky_relu ? output.data() : nullptr;
+    pooled.slope = leaky_relu.value_or(0.0f);
+    return pooled;
+  }
 
   void backward(std::span<const Tensor* const> inputs, const Tensor& output, const Tensor& grad_output,
                 std::span<Tensor* const> grad_inputs, LayerContext& ctx) override {

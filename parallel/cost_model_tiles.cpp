@@ -241,6 +241,8 @@ double CostModel::unfused_seconds(int producer, const LayerSplit& held, const La
   if (fusion_.forward[c] && !(in_place && !channel_split(producer, held))) seconds += consumed.fused_forward;
   if (fusion_.backward[c] && !in_place) seconds += consumed.fused_backward;
   if (fusion_.backward[p] && fusion_.reader[p] == consumer && copied) seconds += produced.fused_backward;
+  // A max pooling reading its input through an exchange, or split by channel, runs its backward.
+  if (fusion_.pooled_by[c] >= 0 && (copied || channel_split(consumer, split))) seconds += consumed.pooled_backward;
   return seconds;
 }
 

@@ -50,13 +50,15 @@ StepOptions default_step_options(bool gpu) {
   StepOptions options;
   options.fuses_zero_slope = gpu;       // the CUDA bias pass applies a plain ReLU too
   options.outputs_into_windows = !gpu;  // the GPU's pooling writes dense outputs
+  options.pooled_gradients = !gpu;      // only the host's convolutions read a pooling's gradient
   return options;
 }
 
 FusionCandidates fusion_candidates(const std::vector<std::vector<int>>& inputs, const std::vector<LayerTraits>& traits,
                                    int output, const StepOptions& options) {
   const std::size_t n = inputs.size();
-  FusionCandidates f{std::vector<bool>(n, false), std::vector<bool>(n, false), std::vector<int>(n, -1)};
+  FusionCandidates f{std::vector<bool>(n, false), std::vector<bool>(n, false), std::vector<int>(n, -1),
+                     std::vector<int>(n, -1)};
   if (!options.fuse || !options.in_place) return f;
   const std::vector<bool> in_place = in_place_candidates(inputs, traits, output);
   const std::vector<int> readers = reader_counts(inputs);
@@ -69,6 +71,20 @@ FusionCandidates fusion_candidates(const std::vector<std::vector<int>>& inputs, 
     const LayerTraits& producer = traits[static_cast<std::size_t>(inputs[i][0])];
     f.forward[i] = producer.fuses_leaky_relu && (*slope != 0.0f || options.fuses_zero_slope);
     f.backward[i] = f.reader[i] >= 0 && traits[static_cast<std::size_t>(f.reader[i])].fuses_leaky_relu_backward;
+  }
+  if (!options.pooled_gradients) return f;
+  for (std::size_t k = 0; k < n; ++k) {
+    if (!traits[k].pools_in_pairs || inputs[k].size() != 1 || inputs[k][0] < 0) continue;
+    int j = inputs[k][0];
+    if (traits[static_cast<std::size_t>(j)].leaky_relu_slope) {  // the activation between
+      if (!f.backward[static_cast<std::size_t>(j)] || f.reader[static_cast<std::size_t>(j)] != static_cast<int>(k))
+        continue;
+      j = inputs[static_cast<std::size_t>(j)][0];
+    }
+    const auto u = static_cast<std::size_t>(j);
+    if (traits[u].reads_pooled_gradient && inputs[u].size() == 1 && !input_has_gradient(inputs[u][0]) &&
+        readers[u] == 1 && j != output)
+      f.pooled_by[k] = j;
   }
   return f;
 }
@@ -122,6 +138,21 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
     }
   }
 
+  // A max pooling's backward by its convolution: every layer of the chain reads as produced, none
+  // is split by channel, and the activation between (if any) is fused into the pooling's backward.
+  plan.gradient_from_pooling.assign(n, -1);
+  plan.backward_by.assign(n, -1);
+  for (std::size_t k = 0; k < n; ++k) {
+    const int j = fusion.pooled_by[k];
+    if (j < 0 || !reads_as_produced(k) || graph.layers[k].channel_split ||
+        graph.layers[static_cast<std::size_t>(j)].channel_split)
+      continue;
+    const auto between = static_cast<std::size_t>(inputs[k][0]);
+    if (static_cast<int>(between) != j && !plan.backward_fused[between]) continue;
+    plan.gradient_from_pooling[static_cast<std::size_t>(j)] = static_cast<int>(k);
+    plan.backward_by[k] = j;
+  }
+
   // Outputs every reader copies are let go after the last reader's exchange, unless the loss or
   // the layer's own backward reads them.
   plan.release_after.assign(n, -1);
@@ -170,6 +201,7 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
       tensors.reads_own_output.push_back(plan.leaky_relu_before[i].has_value());
       tensors.backward_reads_fp32.push_back(l.traits.backward_reads_fp32);
       tensors.output_in_copy.push_back(in_window[i]);
+      tensors.backward_by.push_back(plan.backward_by[i]);
     }
     return transient_arena(tensors);
   };

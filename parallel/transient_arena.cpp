@@ -93,12 +93,20 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
                     (graph.backward_reads.empty() || graph.backward_reads.size() == n) &&
                     (graph.reads_own_output.empty() || graph.reads_own_output.size() == n) &&
                     (graph.backward_reads_fp32.empty() || graph.backward_reads_fp32.size() == n) &&
-                    (graph.output_in_copy.empty() || graph.output_in_copy.size() == n),
+                    (graph.output_in_copy.empty() || graph.output_in_copy.size() == n) &&
+                    (graph.backward_by.empty() || graph.backward_by.size() == n),
                 "transient_arena: a graph of {} layers with mismatched fields", n);
   // In half-steps (TransientArena): step s is time 2s.
   const int loss = 2 * static_cast<int>(n);
   const auto forward = [](std::size_t i) { return 2 * static_cast<int>(i); };
   const auto backward = [n](std::size_t k) { return 2 * static_cast<int>(2 * n - k); };
+  // When a layer's own backward work runs: its backward's, or the earlier layer's that does it.
+  const auto own_backward = [&](std::size_t k) {
+    const int by = graph.backward_by.empty() ? -1 : graph.backward_by[k];
+    TESSERA_CHECK(by < static_cast<int>(k), "transient_arena: layer {}'s backward done by layer {}, not an earlier one",
+                  k, by);
+    return backward(by >= 0 ? static_cast<std::size_t>(by) : k);
+  };
   // Each layer's last reader (whose backward first writes its gradient).
   std::vector<int> last_reader(n, -1);
   for (std::size_t i = 0; i < n; ++i)
@@ -150,7 +158,8 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
   std::vector<Reads> read(n);
   for (std::size_t i = 0; i < n; ++i) {
     read[i].forward_last = static_cast<int>(i) == graph.output ? loss : forward(i);
-    if (!graph.reads_own_output.empty() && graph.reads_own_output[i]) read[i].in_backward(backward(i), needs_fp32(i));
+    if (!graph.reads_own_output.empty() && graph.reads_own_output[i])
+      read[i].in_backward(own_backward(i), needs_fp32(i));
   }
   for (std::size_t k = 0; k < n; ++k) {
     TESSERA_CHECK(graph.backward_reads.empty() || graph.backward_reads[k].size() == graph.inputs[k].size(),
@@ -194,10 +203,11 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
     if (b == TransientArena::kNone) {
       // (an output in its reader's copy: the copy's gradient, written by that reader)
       const int k = in_copy(i);
-      b = add(k >= 0 ? graph.input_copy_bytes[static_cast<std::size_t>(k)][0] : graph.output_bytes[i], written, backward(i));
+      b = add(k >= 0 ? graph.input_copy_bytes[static_cast<std::size_t>(k)][0] : graph.output_bytes[i], written,
+              own_backward(i));
     } else {
       buffers[b].first = std::min(buffers[b].first, written);
-      buffers[b].last = std::max(buffers[b].last, backward(i));
+      buffers[b].last = std::max(buffers[b].last, own_backward(i));
       buffers[b].size = std::max(buffers[b].size, graph.output_bytes[i]);
     }
     if (graph.in_place[i]) arena.output_grad[static_cast<std::size_t>(graph.inputs[i][0])] = b;

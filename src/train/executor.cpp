@@ -349,6 +349,11 @@ std::vector<std::string> Executor::window_output_layers(std::int64_t batch_size)
   return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) { return ex.step.output_in_window[i] >= 0; });
 }
 
+std::vector<std::string> Executor::pooled_gradient_layers(std::int64_t batch_size) const {
+  return layers_where(batch_size,
+                      [](const Exchanges& ex, std::size_t i) { return ex.step.gradient_from_pooling[i] >= 0; });
+}
+
 std::vector<std::string> Executor::bf16_kept_layers(std::int64_t batch_size) const {
   return layers_where(batch_size, [](const Exchanges& ex, std::size_t i) {
     return std::any_of(ex.step.arena.stashes.begin(), ex.step.arena.stashes.end(),

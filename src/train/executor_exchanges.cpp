@@ -206,6 +206,7 @@ void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
   options.fuse = options_.fuse;
   options.fuses_zero_slope = backend_->convolution().fuses_leaky_relu(0.0f);  // what this backend does
   options.outputs_into_windows = options.outputs_into_windows && options_.in_place && options_.into_windows;
+  options.pooled_gradients = options.pooled_gradients && options_.pooled_gradients;
   ex.step = plan_step(graph, options);
   // Where each output written into its reader's window lies in it (spatial offsets).
   ex.output_offset.assign(n, {});

@@ -217,10 +217,32 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
   std::vector<const Tensor*> in;
   std::vector<Tensor*> grad_in;
   std::vector<Tensor> extra;
+  // What layer k's backward reads of its input a: its copy (exchanged), the model's input, or the
+  // producer's output.
+  const auto input_of = [&](std::size_t k, std::size_t a) -> const Tensor* {
+    const int j = nodes[k].inputs[a];
+    return ex.inputs[k][a]           ? &windows_[k][a]
+           : j == Model::kModelInput ? &inputs
+                                     : &outputs_[static_cast<std::size_t>(j)];
+  };
+  // A max pooling's backward handed to the convolution it reads (StepPlan::backward_by).
+  std::optional<PooledGradient> pooled;
   for (std::size_t k = nodes.size(); k-- > 0;) {
     begin_time(ex, static_cast<int>(2 * nodes.size() - k));
     const LayerTimer timer(*this, k, /*forward=*/false);
     auto& node = nodes[k];
+    if (const int by = ex.step.backward_by[k]; by >= 0) {
+      // Where that convolution can read it as its tile is (else the pooling runs its backward).
+      pooled = node.layer->pooled_gradient(outputs_[k], grads_[k], ex.step.leaky_relu_before[k]);
+      const auto conv = static_cast<std::size_t>(by);
+      const Tensor* conv_in[] = {input_of(conv, 0)};
+      LayerContext conv_ctx = context(conv, batch_size, step, /*training=*/true);
+      if (pooled && nodes[conv].layer->reads_pooled_gradient(conv_in, *pooled, conv_ctx)) {
+        has_grad[static_cast<std::size_t>(node.inputs[0])] = true;
+        continue;
+      }
+      pooled.reset();
+    }
     in.clear();
     grad_in.clear();
     extra.assign(node.inputs.size(), Tensor());
@@ -229,7 +251,7 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
       // the arena gives a chain of them one buffer.)
       const int j = node.inputs[a];
       const bool exchanged = ex.inputs[k][a] != nullptr;
-      in.push_back(exchanged ? &windows_[k][a] : j == Model::kModelInput ? &inputs : &outputs_[static_cast<std::size_t>(j)]);
+      in.push_back(input_of(k, a));
       if (!input_has_gradient(j)) {
         grad_in.push_back(nullptr);
       } else if (exchanged) {
@@ -252,6 +274,7 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
     LayerContext ctx = context(k, batch_size, step, /*training=*/true);
     ctx.leaky_relu_before = ex.step.leaky_relu_before[k];
     ctx.output_offset = ex.output_offset[k];
+    if (pooled && ex.step.gradient_from_pooling[k] >= 0) ctx.pooled_gradient = &*pooled;
     // Whether its one input's producer wrote into its window: the halo gradients are summed there.
     const bool window_holds_input = node.inputs.size() == 1 && node.inputs[0] != Model::kModelInput &&
                                     ex.step.output_in_window[static_cast<std::size_t>(node.inputs[0])] == static_cast<int>(k);

@@ -54,6 +54,7 @@ struct TrainingRun {
   std::vector<std::string> backward_fused_layers;  ///< Executor::backward_fused_layers, the same
   std::vector<std::string> bf16_kept_layers;       ///< Executor::bf16_kept_layers, the same
   std::vector<std::string> window_output_layers;   ///< Executor::window_output_layers, the same
+  std::vector<std::string> pooled_gradient_layers;  ///< Executor::pooled_gradient_layers, the same
 };
 
 inline OptimizerConfig sgd_momentum() {
@@ -116,6 +117,7 @@ inline TrainingRun train(const std::string& model_text, const Plan& plan, std::s
   run.backward_fused_layers = executor.backward_fused_layers(batch);
   run.bf16_kept_layers = executor.bf16_kept_layers(batch);
   run.window_output_layers = executor.window_output_layers(batch);
+  run.pooled_gradient_layers = executor.pooled_gradient_layers(batch);
   synthetic_batch(model.sample_shape(), batch, steps, inputs, labels);
   const auto [begin, end] = executor.local_samples(batch);
   run.evaluation_loss = executor

@@ -569,6 +569,83 @@ TEST(StreamingStores, ChangeNothingButHowTheOutputIsWritten) {
     }
 }
 
+// A convolution of one input channel computes its weight gradients from the max pooling that
+// reads it (through a leaky ReLU or not): the gradient, maxima and output of 2-wide windows at
+// their stride, made into its output gradient a row at a time. The same sums to the bit as the
+// pooling's backward followed by backward-weights, in 2-D and 3-D, with rows that fill vectors or
+// end in part of one, and blocks of 8 filters or fewer; refused where the windows are not pairs
+// at their stride or do not tile the output.
+TEST(DirectConvolution, WeightGradientsFromThePoolingEqualThoseFromItsBackward) {
+  auto backend = make_host_backend();
+  LayerContext ctx;
+  ctx.backend = backend.get();
+  for (const Shape& shape :
+       {Shape::image(2, 1, {4, 6, 64}), Shape::image(1, 1, {2, 4, 20}), Shape::image(3, 1, {28, 28})})
+    for (const char* filters : {"16", "5"})
+      for (bool leaky : {false, true}) {
+        SCOPED_TRACE(shape.to_string() + " filters " + filters + (leaky ? " leaky" : ""));
+        auto conv = make_layer("conv", {{"filters", {filters}}, {"kernel", {"3"}}, {"padding", {"1"}}});
+        const Shape out = conv->setup({shape});
+        conv->init_parameters(5);
+        ASSERT_TRUE(conv->traits().reads_pooled_gradient);
+        const Tensor x = random_tensor(shape, 80);
+        const Tensor* in[] = {&x};
+        ctx.leaky_relu_after = leaky ? std::optional<float>(0.1f) : std::nullopt;
+        Tensor y;
+        conv->forward(in, y, ctx);
+        ctx.leaky_relu_after.reset();
+        auto pool = make_layer("maxpool", {{"kernel", {"2"}}}, 4);
+        const Shape pooled_shape = pool->setup({out});
+        ASSERT_TRUE(pool->traits().pools_in_pairs);
+        const Tensor* pool_in[] = {&y};
+        Tensor z;
+        pool->forward(pool_in, z, ctx);
+        const Tensor dz = random_tensor(pooled_shape, 81);
+        const std::optional<float> slope = leaky ? std::optional<float>(0.1f) : std::nullopt;
+
+        ctx.leaky_relu_before = slope;
+        Tensor dy;
+        Tensor* pool_grads[] = {&dy};
+        pool->backward(pool_in, z, dz, pool_grads, ctx);
+        ctx.leaky_relu_before.reset();
+        Tensor* no_grads[] = {nullptr};
+        conv->backward(in, y, dy, no_grads, ctx);
+        std::vector<Tensor> dense;
+        for (Parameter* p : conv->parameters()) dense.push_back(p->grad.clone());
+
+        const std::optional<PooledGradient> pooled = pool->pooled_gradient(z, dz, slope);
+        ASSERT_TRUE(pooled.has_value());
+        ASSERT_TRUE(conv->reads_pooled_gradient(in, *pooled, ctx));
+        for (Parameter* p : conv->parameters()) p->grad.fill(7.0f);
+        ctx.pooled_gradient = &*pooled;
+        conv->backward(in, y, Tensor(), no_grads, ctx);
+        ctx.pooled_gradient = nullptr;
+        for (std::size_t i = 0; i < dense.size(); ++i)
+          EXPECT_EQ(max_relative_difference(dense[i], conv->parameters()[i]->grad, 1.0), 0.0) << "parameter " << i;
+        EXPECT_GT(max_relative_difference(dense[0], Tensor(dense[0].shape()), 1.0), 0.0)
+            << "a zero gradient proves nothing";
+      }
+  // Windows 3 wide, overlapping ones, and pairs that leave the output's last row out: refused.
+  const Shape shape = Shape::image(1, 1, {7, 9});
+  auto conv = make_layer("conv", {{"filters", {"4"}}, {"kernel", {"3"}}, {"padding", {"1"}}});
+  const Shape out = conv->setup({shape});
+  conv->init_parameters(5);
+  const Tensor x = random_tensor(shape, 82);
+  const Tensor* in[] = {&x};
+  Tensor y;
+  conv->forward(in, y, ctx);
+  const Tensor* pool_in[] = {&y};
+  for (const OptionList& options : {OptionList{{"kernel", {"3"}}}, OptionList{{"kernel", {"2"}}, {"stride", {"1"}}},
+                                    OptionList{{"kernel", {"2"}}}}) {
+    auto pool = make_layer("maxpool", options, 4);
+    pool->setup({out});
+    Tensor z;
+    pool->forward(pool_in, z, ctx);
+    const std::optional<PooledGradient> pooled = pool->pooled_gradient(z, z, std::nullopt);
+    EXPECT_TRUE(!pooled || !conv->reads_pooled_gradient(in, *pooled, ctx)) << pool->traits().pools_in_pairs;
+  }
+}
+
 // The ranks on a node share its last-level cache: each rank's outputs stream from half of its
 // share, so that more ranks stream smaller outputs.
 TEST(StreamingStores, StartAtHalfOfTheRanksShareOfTheCache) {

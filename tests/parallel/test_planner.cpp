@@ -609,6 +609,46 @@ TEST(CostModel, AFusedLeakyReluCostsWhatTheStepPlanDoesNotFuse) {
   EXPECT_NEAR(unfused.compute, 0.4 * whole, 1e-15);
 }
 
+/// fused_chain whose convolution (one input channel) can do the pooling's backward.
+PlannerGraph pooled_chain(std::int64_t n) {
+  PlannerGraph g = fused_chain(n);
+  g.layers[0].traits.reads_pooled_gradient = true;
+  g.layers[2].traits.pools_in_pairs = true;
+  return g;
+}
+
+TEST(CostModel, APoolingsBackwardByItsConvolutionCostsWhatTheStepPlanDoesNotFuse) {
+  // p1's backward (its share of its roofline time) is c1's where the chain reads as produced;
+  // it comes back where the pooling reads through a copy, and on GPUs, whose convolutions do not.
+  const PlannerGraph g = pooled_chain(4);
+  Machine m = round_machine();
+  m.device = "cpu";
+  const CostModel model(g, m, {.ranks = 2});
+  const LayerSplit batch = by_sample(2);
+  LayerSplit rows;
+  rows.sample = 1;
+  rows.spatial = {2, 1};
+  const LayerEstimate alone = model.layer_cost(2, batch);
+  const double whole = alone.compute + alone.pooled_backward;
+  EXPECT_GT(whole, 0.0);
+  EXPECT_NEAR(alone.pooled_backward, 0.4 * whole, 1e-15);
+  auto p1_compute = [&](const CostModel& cost, const LayerSplit& act, const LayerSplit& pool) {
+    const Plan plan = Plan::from_splits(2, batch, {{"c1", batch}, {"a1", act}, {"p1", pool}}, "test");
+    return cost.estimate(plan).layers[2].compute;
+  };
+  EXPECT_NEAR(p1_compute(model, batch, batch), alone.compute, 1e-15);
+  const LayerEstimate by_rows = model.layer_cost(2, rows);
+  EXPECT_NEAR(p1_compute(model, batch, rows), by_rows.compute + by_rows.pooled_backward, 1e-15);
+  EXPECT_NEAR(model.unfused_seconds(1, batch, model.layer_cost(1, batch), 2, rows, by_rows),
+              model.layer_cost(1, batch).fused_backward + by_rows.pooled_backward, 1e-15);
+  // a1 by rows copies its input and runs its backward: the pooling runs its own too.
+  EXPECT_NEAR(p1_compute(model, rows, rows), by_rows.compute + by_rows.pooled_backward, 1e-15);
+  Machine gpu = m;
+  gpu.device = "gpu";
+  EXPECT_EQ(CostModel(g, gpu, {.ranks = 2}).layer_cost(2, batch).pooled_backward, 0.0);
+  EXPECT_EQ(CostModel(fused_chain(4), m, {.ranks = 2}).layer_cost(2, batch).pooled_backward, 0.0);
+}
+
 TEST(CostModel, OversubscribedCpuNodes) {
   // 3 ranks on a 2-core node, batch 4 split 2/1/1: the timing of the 2-sample tile was taken with
   // all 3 ranks running it (6 samples' work on 2 cores); the node really does 4 samples' work,
@@ -759,8 +799,9 @@ TEST(Planner, CandidatesFollowThePlanRules) {
 
 /// The search's plan costs what the cheapest of every combination of candidates costs, it is
 /// valid, and its own estimate is the search's.
-void expect_search_finds_the_optimum(const PlannerGraph& g, int ranks) {
-  const Machine m = round_machine(2);
+void expect_search_finds_the_optimum(const PlannerGraph& g, int ranks, const std::string& device = "gpu") {
+  Machine m = round_machine(2);
+  m.device = device;
   const PlannerOptions o{.ranks = ranks};
   CostModel model(g, m, o);
   std::int64_t combinations = 0;
@@ -781,6 +822,7 @@ TEST_P(BruteForce, DagSearchFindsTheOptimum) { expect_search_finds_the_optimum(s
 
 TEST_P(BruteForce, FusedChainSearchFindsTheOptimum) {
   expect_search_finds_the_optimum(fused_chain(4), GetParam());
+  expect_search_finds_the_optimum(pooled_chain(4), GetParam(), "cpu");  // (only the host's convolutions do)
 }
 
 TEST(Planner, TheSearchPricesTheFusionThatAnExchangeUndoes) {

@@ -101,6 +101,18 @@ struct LinearGeometry {
   std::string to_string() const;
 };
 
+/// A max pooling's backward as a convolution it reads can take it instead of the dense gradient of
+/// its output (ConvolutionKernels::backward_weights_from_pooling): the pooling's geometry (of its
+/// last forward), its output gradient and the positions of its maxima (its workspace), and with a
+/// leaky ReLU between them (max_backward_through_leaky_relu) its output and the slope.
+struct PooledGradient {
+  const PoolingGeometry* geometry = nullptr;
+  const float* grad_output = nullptr;
+  const void* workspace = nullptr;
+  const float* output = nullptr;  ///< null: no leaky ReLU between them
+  float slope = 0.0f;
+};
+
 class ConvolutionKernels {
  public:
   virtual ~ConvolutionKernels() = default;
@@ -119,6 +131,18 @@ class ConvolutionKernels {
     if (grad_input) backward_data(geometry, grad_output, weights, grad_input);
     backward_weights(geometry, input, grad_output, grad_weights, grad_bias);
   }
+  /// Whether backward_weights_from_pooling computes this convolution's weight gradients from what
+  /// a max pooling of this `pooling` reads of its output (default: none does).
+  virtual bool reads_pooled_gradient(const ConvolutionGeometry& geometry, const PoolingGeometry& pooling) {
+    (void)geometry;
+    (void)pooling;
+    return false;
+  }
+  /// backward_weights with the output gradient that max pooling's backward would write (through
+  /// the leaky ReLU, if any) made from `pooled` as it is needed: the same values, without a pass
+  /// that writes the convolution's whole output gradient (where reads_pooled_gradient).
+  virtual void backward_weights_from_pooling(const ConvolutionGeometry& geometry, const float* input,
+                                             const PooledGradient& pooled, float* grad_weights, float* grad_bias);
   /// Bytes of buffers the kernels keep between calls on the tensors' device (bf16's rounded
   /// operands, see bf16_operands.hpp); 0 for kernels that keep none.
   virtual std::int64_t scratch_bytes() const { return 0; }

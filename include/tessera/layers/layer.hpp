@@ -24,6 +24,7 @@ namespace tessera {
 
 class Communicator;
 class DnnBackend;
+struct PooledGradient;
 
 /// Where this rank's tile of a spatially split layer lies, in global coordinates, one entry per
 /// spatial dimension (D, H, W or H, W). The local input covers the global input positions
@@ -68,6 +69,10 @@ struct LayerContext {
   /// its reader's halo window, which holds this layer's output from this spatial offset
   /// (StepPlan::output_in_window; layers with LayerTraits::writes_into_window only).
   std::vector<std::int64_t> output_offset;
+  /// Set for a convolution whose reader's max pooling left its backward to it (StepPlan::
+  /// gradient_from_pooling): backward computes the weight gradients from the pooling's gradient
+  /// and maxima (no input gradient), and reads no output gradient of its own.
+  const PooledGradient* pooled_gradient = nullptr;
 };
 
 /// A trainable tensor and its gradient. Under a model-parallel (filter/channel) split a rank
@@ -211,6 +216,17 @@ class Layer {
                                std::span<Tensor* const> grad_inputs, LayerContext& ctx);
   virtual void backward_parameters(std::span<const Tensor* const> inputs, const Tensor& grad_output,
                                    LayerContext& ctx);
+
+  // A max pooling's backward done by the convolution it reads (StepPlan::gradient_from_pooling).
+  /// Max pooling: its backward as its producer can read it, after forward (`output`, its output,
+  /// read through the leaky ReLU of `leaky_relu`; `grad_output`, its gradient); nullopt where its
+  /// last forward's windows are not ones the producer can read (and for other layers).
+  virtual std::optional<PooledGradient> pooled_gradient(const Tensor& output, const Tensor& grad_output,
+                                                        std::optional<float> leaky_relu) const;
+  /// Convolution: whether backward, with `inputs` and ctx as it will be called, can compute the
+  /// weight gradients from `pooled` (LayerContext::pooled_gradient; false for other layers).
+  virtual bool reads_pooled_gradient(std::span<const Tensor* const> inputs, const PooledGradient& pooled,
+                                     LayerContext& ctx);
 
  private:
   std::string name_;

@@ -34,6 +34,13 @@ struct LayerTraits {
   /// Its host kernels can write its output into a part of a larger tensor, its reader's halo
   /// window, and read the output and its gradient there in backward (pooling).
   bool writes_into_window = false;
+  /// Its backward-weights can read, instead of its output gradient, the gradient and maxima of a
+  /// max pooling of its output (a convolution of one input channel in fp32 on the host kernels:
+  /// ConvolutionKernels::reads_pooled_gradient).
+  bool reads_pooled_gradient = false;
+  /// Max pooling whose windows are 2 wide and high (1 or 2 deep) at their own stride, without
+  /// padding: a producer that reads_pooled_gradient can do its backward.
+  bool pools_in_pairs = false;
 };
 
 /// One layer of a step as this rank runs it (sizes in bytes).
@@ -75,6 +82,9 @@ struct StepOptions {
   /// Producers that can (LayerTraits::writes_into_window) write their output into their one
   /// reader's halo window (the host; the GPU kernels write dense outputs).
   bool outputs_into_windows = true;
+  /// A max pooling's backward done by the convolution it reads (StepPlan::gradient_from_pooling;
+  /// the host's kernels; needs `fuse`).
+  bool pooled_gradients = true;
 };
 
 /// The options the executor's backends give on the host or on GPUs, for those who plan or time
@@ -104,6 +114,13 @@ struct StepPlan {
   /// The reader whose halo window holds its output (it writes there, reads it and its gradient
   /// there in backward, and the exchanges run in place: no copy of its tile either way); -1: none.
   std::vector<int> output_in_window;
+  /// A convolution's: the max pooling whose backward its backward-weights does, reading that
+  /// pooling's gradient, maxima and (through the leaky ReLU between them) output instead of its
+  /// own output gradient, which nothing then writes; -1: none. The pooling's backward (and the
+  /// activation's, fused into it) is skipped.
+  std::vector<int> gradient_from_pooling;
+  /// A max pooling's: the convolution that does its backward (gradient_from_pooling); -1: none.
+  std::vector<int> backward_by;
   /// Where every tensor of the step lives.
   TransientArena arena;
 };
@@ -124,10 +141,16 @@ std::vector<bool> window_writer_candidates(const std::vector<std::vector<int>>& 
 /// Per layer, what plan_step fuses wherever the layers involved read their inputs as produced and
 /// none of them is split by channel: `forward`, a leaky ReLU running in place whose producer's
 /// kernels apply its slope (its forward is skipped); `backward`, one whose one reader, reading
-/// nothing else, does its backward (its backward is skipped); `reader`, that reader (else -1).
+/// nothing else, does its backward (its backward is skipped); `reader`, that reader (else -1);
+/// `pooled_by`, see there.
 struct FusionCandidates {
   std::vector<bool> forward, backward;
   std::vector<int> reader;
+  /// A max pooling's (StepPlan::backward_by): the convolution that can do its backward
+  /// (LayerTraits::pools_in_pairs, reads_pooled_gradient, StepOptions::pooled_gradients): it reads
+  /// only the model's input and is read by the pooling alone, directly or through a leaky ReLU
+  /// whose backward the pooling does (`backward`); -1: none.
+  std::vector<int> pooled_by;
 };
 FusionCandidates fusion_candidates(const std::vector<std::vector<int>>& inputs, const std::vector<LayerTraits>& traits,
                                    int output, const StepOptions& options);

@@ -72,6 +72,10 @@ struct TransientGraph {
   /// output_in_window): output and copy are one buffer, from this layer's forward to the later
   /// of their lives, and so are their gradients. -1: none. Empty: none has one.
   std::vector<int> output_in_copy;
+  /// Per layer: the earlier layer whose backward does this one's (StepPlan::backward_by): this
+  /// layer's output gradient, and its output where it reads its own, are read then. -1: none.
+  /// Empty: none.
+  std::vector<int> backward_by;
   /// Keep what backward reads in bf16 between its last forward read and its first backward read
   /// (Model::activation_precision; ArenaStash), where that makes the arena smaller (where the
   /// peak is a layer's backward with its fp32 input and gradients, the copies only add buffers).

@@ -70,6 +70,9 @@ struct ExecutorOptions {
   /// Leaky ReLUs running in place fuse into their producer's forward and their reader's backward
   /// where the step plan lets them (StepOptions::fuse). False: to measure what fusing saves.
   bool fuse = true;
+  /// With fuse: a convolution of the model's input does the backward of the max pooling that reads
+  /// it where the step plan lets it (StepOptions::pooled_gradients). False: to measure what that saves.
+  bool pooled_gradients = true;
   /// Time every layer of every training step (Executor::layer_profile). Costs a clock read per
   /// layer on the host; on a GPU it also waits for each layer's kernels, which slows the step.
   bool profile = false;
@@ -194,6 +197,10 @@ class Executor {
   /// The layers that write their output into their reader's halo window (StepPlan::
   /// output_in_window) for a batch of `batch_size` (empty before its first step).
   std::vector<std::string> window_output_layers(std::int64_t batch_size) const;
+  /// The convolutions that do the backward of the max pooling reading them (StepPlan::
+  /// gradient_from_pooling) for a batch of `batch_size` (empty before its first step; a step
+  /// whose backend cannot read the pooling's gradient on a tile runs the pooling's backward).
+  std::vector<std::string> pooled_gradient_layers(std::int64_t batch_size) const;
   /// The layers whose output, or a copy of whose inputs, a training step keeps in bf16 between
   /// forward and backward (Model::activation_precision, ArenaStash) for a batch of `batch_size`
   /// (empty before its first step, for fp32 activations, and where the copies would not make the
