@@ -4,6 +4,8 @@
 // plan equals the 1-rank run (tests/invariant) is the proof that both carry out this plan.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/step_plan.hpp"
 
@@ -66,6 +68,64 @@ TEST(StepPlan, LeakyReluRunsInPlaceAndFusesIntoItsProducerAndItsReader) {
   EXPECT_EQ(plan.arena.output[1], plan.arena.output[0]);
   EXPECT_EQ(plan.arena.output_grad[1], plan.arena.output_grad[0]);
   EXPECT_NE(plan.arena.output[2], plan.arena.output[0]);
+}
+
+// The first convolution (one input channel) does the pooling's backward where it can read the
+// pooling's gradient and the chain reads as produced: through the fused leaky ReLU or directly.
+// The pooling's output and gradient live until that convolution's backward. Not where the
+// pooling reads a copy, the convolution reads another layer (an input gradient to compute), the
+// activation runs its own backward, either is split by channel, or the options say no.
+TEST(StepPlan, TheFirstConvolutionDoesItsPoolingsBackward) {
+  StepGraph g = block(0.01f);
+  g.layers[0].traits.reads_pooled_gradient = true;
+  g.layers[2].traits.pools_in_pairs = true;
+  const StepPlan plan = plan_step(g, StepOptions{});
+  EXPECT_EQ(plan.gradient_from_pooling, (std::vector<int>{2, -1, -1, -1}));
+  EXPECT_EQ(plan.backward_by, (std::vector<int>{-1, -1, 0, -1}));
+  EXPECT_TRUE(plan.backward_fused[1]);
+  // Alive at the convolution's backward (the last half-step but the loss's): the pooling's
+  // output and gradient, which the plain plan lets go at the pooling's backward.
+  const StepPlan plain = plan_step(block(0.01f), StepOptions{});
+  const auto last = [](const StepPlan& p, std::size_t buffer) { return p.arena.buffers.at(buffer).last; };
+  EXPECT_GT(last(plan, plan.arena.output[2]), last(plain, plain.arena.output[2]));
+  EXPECT_GT(last(plan, plan.arena.output_grad[2]), last(plain, plain.arena.output_grad[2]));
+  EXPECT_EQ(last(plan, plan.arena.output_grad[2]), last(plan, plan.arena.output_grad[0]));
+
+  StepGraph direct = g;  // conv -> pool
+  direct.layers.erase(direct.layers.begin() + 1);
+  direct.layers[1].inputs = {0};
+  direct.layers[2].inputs = {1};
+  direct.output = 2;
+  EXPECT_EQ(plan_step(direct, StepOptions{}).gradient_from_pooling, (std::vector<int>{1, -1, -1}));
+
+  const auto none = [](const StepGraph& graph, StepOptions options = {}) {
+    const StepPlan p = plan_step(graph, options);
+    return std::all_of(p.backward_by.begin(), p.backward_by.end(), [](int by) { return by < 0; }) &&
+           std::all_of(p.gradient_from_pooling.begin(), p.gradient_from_pooling.end(), [](int k) { return k < 0; });
+  };
+  EXPECT_FALSE(none(g));
+  StepGraph copied = g;
+  copied.layers[2].copies_input = {true};
+  copied.layers[2].input_copy_bytes = {1024};
+  EXPECT_TRUE(none(copied));
+  StepGraph reads_a_layer = g;
+  reads_a_layer.layers.insert(reads_a_layer.layers.begin(), layer({-1}, LayerTraits{}));
+  for (std::size_t i = 1; i < reads_a_layer.layers.size(); ++i)
+    reads_a_layer.layers[i].inputs = {static_cast<int>(i) - 1};
+  reads_a_layer.output = 4;
+  EXPECT_TRUE(none(reads_a_layer));
+  StepGraph unfusable = g;
+  unfusable.layers[2].traits.fuses_leaky_relu_backward = false;
+  EXPECT_TRUE(none(unfusable));
+  for (std::size_t split : {0u, 2u}) {
+    StepGraph partial = g;
+    partial.layers[split].channel_split = true;
+    partial.layers[split].partial_bytes = 512;
+    EXPECT_TRUE(none(partial)) << "layer " << split << " split by channel";
+  }
+  EXPECT_TRUE(none(g, StepOptions{.pooled_gradients = false}));
+  EXPECT_TRUE(none(g, StepOptions{.fuse = false}));
+  EXPECT_TRUE(none(g, default_step_options(/*gpu=*/true)));
 }
 
 /// A CosmoFlow block whose last convolution reads the pooling through a halo window of
