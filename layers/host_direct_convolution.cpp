@@ -177,32 +177,36 @@ struct PooledRows {
     const float* y = output ? output + pool.out_at(p, pd, ph) : nullptr;
     const std::int32_t* where = argmax + p * pool.out_plane() + (pd * pool.out[1] + ph) * count;
     const auto base = static_cast<std::int32_t>(od * rows + oh * pool.in[2]);
-    // 16 windows at a time, without branches (the maxima's places are coin tosses): each
-    // window's gradient through the ReLU's factor, at its maximum's place of the pair.
-    std::int64_t ow = 0;
-    for (; ow + kLanes <= count; ow += kLanes) {
+    // 16 windows at a time (the last ones in part of a vector), without branches (the maxima's
+    // places are coin tosses): each window's gradient through the ReLU's factor, at its
+    // maximum's place of the pair.
+    for (std::int64_t ow = 0; ow < count; ow += kLanes) {
+      const std::int64_t lanes = std::min(kLanes, count - ow);
       Vec value;
-      load(value, g + ow);
+      load_partial(value, g + ow, lanes);
       if (y) {
         Vec out;
-        load(out, y + ow);
+        load_partial(out, y + ow, lanes);
         const Mask positive = out > 0;
         value = reinterpret_cast<Vec>((reinterpret_cast<Mask>(value) & positive) |
                                       (reinterpret_cast<Mask>(value * slope) & ~positive));
       }
-      Mask at;
-      std::memcpy(&at, where + ow, sizeof at);
+      Mask at = Mask{};
+      std::memcpy(&at, where + ow, static_cast<std::size_t>(lanes) * sizeof(std::int32_t));
       at -= base + 2 * static_cast<std::int32_t>(ow) + 2 * kIota;
       const Vec first = reinterpret_cast<Vec>(reinterpret_cast<Mask>(value) & (at == 0));
       const Vec second = reinterpret_cast<Vec>(reinterpret_cast<Mask>(value) & (at == 1));
-      store(scratch + 2 * ow, __builtin_shuffle(first, second, kInterleaveLow));
-      store(scratch + 2 * ow + kLanes, __builtin_shuffle(first, second, kInterleaveHigh));
-    }
-    for (; ow < count; ++ow) {
-      const float value = y ? g[ow] * (y[ow] > 0 ? 1.0f : slope) : g[ow];
-      const std::int32_t at = where[ow] - base - 2 * static_cast<std::int32_t>(ow);
-      scratch[2 * ow] = at == 0 ? value : 0.0f;
-      scratch[2 * ow + 1] = at == 1 ? value : 0.0f;
+      const Vec low = __builtin_shuffle(first, second, kInterleaveLow);
+      const Vec high = __builtin_shuffle(first, second, kInterleaveHigh);
+      if (lanes == kLanes) {
+        store(scratch + 2 * ow, low);
+        store(scratch + 2 * ow + kLanes, high);
+      } else {
+        float pairs[2 * kLanes];
+        store(pairs, low);
+        store(pairs + kLanes, high);
+        std::memcpy(scratch + 2 * ow, pairs, static_cast<std::size_t>(2 * lanes) * sizeof(float));
+      }
     }
     return scratch;
   }
@@ -439,7 +443,8 @@ bool pooled_gradient_applies(const ConvolutionGeometry& geometry, const PoolingG
       pooling.batch != geometry.batch || pooling.channels != geometry.out_channels)
     return false;
   const PoolBox b = pool_box(pooling);
-  if (b.kernel[1] != 2 || b.kernel[2] != 2 || (b.kernel[0] != 1 && b.kernel[0] != 2)) return false;
+  if (b.kernel[1] != 2 || b.kernel[2] != 2 || (b.kernel[0] != 1 && b.kernel[0] != 2) || b.out[2] < kPooledRow)
+    return false;
   // Windows at their own stride from the local input's first element, tiling it exactly, inside
   // the global input: each output of the convolution lies in one window.
   for (int d = 0; d < 3; ++d) {

@@ -42,7 +42,7 @@ loss: softmax_cross_entropy
 
 // A convolution of one input channel read by max pooling alone (no activation between).
 const char* kOneChannelPool = R"(
-input: {shape: [1, 16, 16]}
+input: {shape: [1, 8, 40]}
 layers:
   - {name: conv1, type: conv, filters: 4, kernel: 3, padding: 1}
   - {name: pool, type: maxpool, kernel: 2}
@@ -237,11 +237,10 @@ loss: softmax_cross_entropy
        // Blocks of 16 and 8 in 3 do not line up with the pooling windows: those read a copy.
        ranks() == 3 ? std::vector<std::string>{} : std::vector<std::string>{"act1", "act2"},
        // pool1 writes into conv2's halo window (pool2's reader, flatten, redistributes).
-       split ? std::vector<std::string>{"pool1"} : std::vector<std::string>{},
-       // conv1 (one input channel) does pool1's backward where pool1 reads its tiles as they are.
-       ranks() == 3 ? std::vector<std::string>{} : std::vector<std::string>{"conv1"}},
-      // ...and without an activation between them, split by sample or along H (16 rows in 3
-      // blocks do not line up with the windows).
+       split ? std::vector<std::string>{"pool1"} : std::vector<std::string>{}},
+      // A convolution of one input channel does the backward of the pooling that reads it (rows
+      // of 20 windows), split by sample or along H (8 rows in 3 blocks do not line up with the
+      // windows: the pooling reads a copy).
       {kOneChannelPool, plan_for({}, ""), {}, {}, {}, {}, {"conv1"}},
       {kOneChannelPool,
        plan_for({"conv1", "pool"}, h_split),

@@ -39,7 +39,7 @@ struct LayerTraits {
   /// ConvolutionKernels::reads_pooled_gradient).
   bool reads_pooled_gradient = false;
   /// Max pooling whose windows are 2 wide and high (1 or 2 deep) at their own stride, without
-  /// padding: a producer that reads_pooled_gradient can do its backward.
+  /// padding, in rows of 16 or more: a producer that reads_pooled_gradient can do its backward.
   bool pools_in_pairs = false;
 };
 
