@@ -182,23 +182,33 @@ struct PooledRows {
     // maximum's place of the pair.
     for (std::int64_t ow = 0; ow < count; ow += kLanes) {
       const std::int64_t lanes = std::min(kLanes, count - ow);
+      const bool whole = lanes == kLanes;  // (fixed-size copies inline; partial ones are calls)
       Vec value;
-      load_partial(value, g + ow, lanes);
+      if (whole)
+        load(value, g + ow);
+      else
+        load_partial(value, g + ow, lanes);
       if (y) {
         Vec out;
-        load_partial(out, y + ow, lanes);
+        if (whole)
+          load(out, y + ow);
+        else
+          load_partial(out, y + ow, lanes);
         const Mask positive = out > 0;
         value = reinterpret_cast<Vec>((reinterpret_cast<Mask>(value) & positive) |
                                       (reinterpret_cast<Mask>(value * slope) & ~positive));
       }
       Mask at = Mask{};
-      std::memcpy(&at, where + ow, static_cast<std::size_t>(lanes) * sizeof(std::int32_t));
+      if (whole)
+        std::memcpy(&at, where + ow, sizeof at);
+      else
+        std::memcpy(&at, where + ow, static_cast<std::size_t>(lanes) * sizeof(std::int32_t));
       at -= base + 2 * static_cast<std::int32_t>(ow) + 2 * kIota;
       const Vec first = reinterpret_cast<Vec>(reinterpret_cast<Mask>(value) & (at == 0));
       const Vec second = reinterpret_cast<Vec>(reinterpret_cast<Mask>(value) & (at == 1));
       const Vec low = __builtin_shuffle(first, second, kInterleaveLow);
       const Vec high = __builtin_shuffle(first, second, kInterleaveHigh);
-      if (lanes == kLanes) {
+      if (whole) {
         store(scratch + 2 * ow, low);
         store(scratch + 2 * ow + kLanes, high);
       } else {
@@ -443,7 +453,7 @@ bool pooled_gradient_applies(const ConvolutionGeometry& geometry, const PoolingG
       pooling.batch != geometry.batch || pooling.channels != geometry.out_channels)
     return false;
   const PoolBox b = pool_box(pooling);
-  if (b.kernel[1] != 2 || b.kernel[2] != 2 || (b.kernel[0] != 1 && b.kernel[0] != 2) || b.out[2] < kPooledRow)
+  if (b.kernel[1] != 2 || b.kernel[2] != 2 || (b.kernel[0] != 1 && b.kernel[0] != 2) || b.out[2] < kPooledRowWindows)
     return false;
   // Windows at their own stride from the local input's first element, tiling it exactly, inside
   // the global input: each output of the convolution lies in one window.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tessera/layers/dnn_backend.hpp"
+#include "tessera/parallel/step_plan.hpp"
 
 namespace tessera::host {
 
@@ -14,15 +15,10 @@ namespace tessera::host {
 /// dilation 1, kernel width 3 and at most 7 along the other dimensions, padding below the kernel.
 bool direct_convolution_applies(const ConvolutionGeometry& geometry);
 
-/// The fewest windows in a row of a pooling whose gradient DirectConvolution::
-/// backward_weights_from_pooling reads: shorter rows cost more to make one by one than the
-/// pooling's own backward (Fashion-MNIST's rows of 14: 2.3 ms against 1.3 ms, docs/benchmarks.md).
-constexpr std::int64_t kPooledRow = 16;
-
 /// Whether DirectConvolution::backward_weights_from_pooling applies: a max pooling of windows 2
-/// wide and high (1 or 2 deep) at their own stride and without padding, in rows of kPooledRow
-/// windows or more, whose windows tile this convolution's output (its input, as the convolution
-/// computes it) exactly.
+/// wide and high (1 or 2 deep) at their own stride and without padding, in rows of
+/// kPooledRowWindows or more (step_plan.hpp), whose windows tile this convolution's output (its input, as the
+/// convolution computes it) exactly.
 bool pooled_gradient_applies(const ConvolutionGeometry& geometry, const PoolingGeometry& pooling);
 
 /// The direct kernels. Forward sums each output's taps in one fixed order (bias first), so an

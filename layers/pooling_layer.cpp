@@ -1,7 +1,6 @@
 // "maxpool" and "avgpool" (average over the window's part inside the input), 2-D or 3-D.
 #include <cstddef>
 
-#include "layers/host_direct_convolution.hpp"
 #include "layers/layer_common.hpp"
 
 namespace tessera {
@@ -35,11 +34,9 @@ class PoolingLayer final : public Layer {
   }
   // Max pooling whose windows do not overlap (after setup: per dimension): each input takes one
   // output's gradient at most, so the product is the two passes' to the bit.
-  /// Max pooling of windows 2 wide and high (1 or 2 deep) at their own stride, without padding,
-  /// in rows of host::kPooledRow windows or more (whole samples).
+  /// Max pooling of windows 2 wide and high (1 or 2 deep) at their own stride, without padding.
   bool pools_in_pairs() const {
-    if (mode_ != PoolingMode::Max || geometry_.kernel.empty() || geometry_.output_size.back() < host::kPooledRow)
-      return false;
+    if (mode_ != PoolingMode::Max || geometry_.kernel.empty()) return false;
     const std::size_t dims = geometry_.kernel.size();
     for (std::size_t d = 0; d < dims; ++d) {
       const bool pair = geometry_.kernel[d] == 2 || (dims == 3 && d == 0 && geometry_.kernel[d] == 1);

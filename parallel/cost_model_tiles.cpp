@@ -458,6 +458,10 @@ StepPlan CostModel::step_plan(const PlanEstimate& estimate) const {
     l.output_bytes = whole(e.output_bytes);
     l.partial_bytes = whole(e.partial_bytes);
     l.channel_split = channel_split(static_cast<int>(i), e.split);
+    // The largest tile's rows (a spatial split's last part count along the innermost dimension).
+    const int dims = layer.output.spatial_dims();
+    const int row_parts = dims > 0 && e.split.spatial_product() > 1 ? spatial_parts(e.split, dims).back() : 1;
+    l.output_row = block_extent(layer.output[layer.output.rank() - 1], row_parts, 0);
   }
   return plan_step(step, step_options());
 }

@@ -145,7 +145,7 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
   for (std::size_t k = 0; k < n; ++k) {
     const int j = fusion.pooled_by[k];
     if (j < 0 || !reads_as_produced(k) || graph.layers[k].channel_split ||
-        graph.layers[static_cast<std::size_t>(j)].channel_split)
+        graph.layers[k].output_row < kPooledRowWindows || graph.layers[static_cast<std::size_t>(j)].channel_split)
       continue;
     const auto between = static_cast<std::size_t>(inputs[k][0]);
     if (static_cast<int>(between) != j && !plan.backward_fused[between]) continue;

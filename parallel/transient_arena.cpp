@@ -195,8 +195,20 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
   // whose backward reads it last. Written first by the last reader's backward (the loss for the
   // output).
   arena.output_grad.assign(n, TransientArena::kNone);
+  // No gradient where a layer's backward is done by an earlier one (backward_by): its input's,
+  // down through the layers running in place to that earlier one, is never written.
+  std::vector<bool> unwritten(n, false);
+  for (std::size_t k = 0; k < n && !graph.backward_by.empty(); ++k) {
+    const int by = graph.backward_by[k];
+    for (int u = by >= 0 ? graph.inputs[k].at(0) : -1; u >= 0;
+         u = graph.in_place[static_cast<std::size_t>(u)] ? graph.inputs[static_cast<std::size_t>(u)][0] : -1) {
+      unwritten[static_cast<std::size_t>(u)] = true;
+      if (u == by) break;
+    }
+  }
   for (std::size_t i = n; i-- > 0;) {
     std::size_t& b = arena.output_grad[i];
+    if (unwritten[i]) continue;
     const int written = static_cast<int>(i) == graph.output ? loss
                         : last_reader[i] >= 0           ? backward(static_cast<std::size_t>(last_reader[i]))
                                                         : backward(i);

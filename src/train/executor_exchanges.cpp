@@ -189,6 +189,7 @@ void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
     l.traits = nodes[i].layer->traits();
     ex.output_extent[i] = output_box(i, me, batch).extent;
     l.output_bytes = bytes(ex.output_extent[i]);
+    l.output_row = ex.output_extent[i].empty() ? 0 : ex.output_extent[i].back();
     ex.copy_extent[i].assign(nodes[i].inputs.size(), {});
     for (std::size_t a = 0; a < nodes[i].inputs.size(); ++a) {
       const TileExchange* exchange = ex.inputs[i][a].get();

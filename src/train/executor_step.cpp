@@ -242,6 +242,13 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
         continue;
       }
       pooled.reset();
+      // Not on this tile: the pooling writes the gradient the arena has no buffer for, one
+      // tensor for the layers in place down to the convolution (outside the arena).
+      const Tensor gradient(Shape(ex.output_extent[conv]), options_.device);
+      for (auto u = static_cast<std::size_t>(node.inputs[0]);; u = static_cast<std::size_t>(nodes[u].inputs[0])) {
+        grads_[u] = gradient;
+        if (u == conv) break;
+      }
     }
     in.clear();
     grad_in.clear();

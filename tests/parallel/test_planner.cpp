@@ -609,11 +609,18 @@ TEST(CostModel, AFusedLeakyReluCostsWhatTheStepPlanDoesNotFuse) {
   EXPECT_NEAR(unfused.compute, 0.4 * whole, 1e-15);
 }
 
-/// fused_chain whose convolution (one input channel) can do the pooling's backward.
+/// fused_chain at 32 x 32, whose convolution (one input channel) can do the pooling's backward
+/// (rows of 16 windows).
 PlannerGraph pooled_chain(std::int64_t n) {
   PlannerGraph g = fused_chain(n);
+  g.layers[0] = conv("c1", -1, n, 1, 4, 32);
   g.layers[0].traits.reads_pooled_gradient = true;
+  g.layers[1].input = g.layers[1].output = Shape::image(n, 4, {32, 32});
+  g.layers[2].input = Shape::image(n, 4, {32, 32});
+  g.layers[2].output = Shape::image(n, 4, {16, 16});
   g.layers[2].traits.pools_in_pairs = true;
+  g.layers[3] = flatten("fl", 2, Shape::image(n, 4, {16, 16}));
+  g.layers[4] = linear("fc", 3, n, 1024, 10);
   return g;
 }
 

@@ -74,22 +74,28 @@ TEST(StepPlan, LeakyReluRunsInPlaceAndFusesIntoItsProducerAndItsReader) {
 // pooling's gradient and the chain reads as produced: through the fused leaky ReLU or directly.
 // The pooling's output and gradient live until that convolution's backward. Not where the
 // pooling reads a copy, the convolution reads another layer (an input gradient to compute), the
-// activation runs its own backward, either is split by channel, or the options say no.
+// activation runs its own backward, either is split by channel, the pooling's rows are shorter
+// than kPooledRowWindows, or the options say no.
 TEST(StepPlan, TheFirstConvolutionDoesItsPoolingsBackward) {
   StepGraph g = block(0.01f);
   g.layers[0].traits.reads_pooled_gradient = true;
   g.layers[2].traits.pools_in_pairs = true;
+  g.layers[2].output_row = kPooledRowWindows;
   const StepPlan plan = plan_step(g, StepOptions{});
   EXPECT_EQ(plan.gradient_from_pooling, (std::vector<int>{2, -1, -1, -1}));
   EXPECT_EQ(plan.backward_by, (std::vector<int>{-1, -1, 0, -1}));
   EXPECT_TRUE(plan.backward_fused[1]);
-  // Alive at the convolution's backward (the last half-step but the loss's): the pooling's
-  // output and gradient, which the plain plan lets go at the pooling's backward.
+  // Alive until the convolution's backward: the pooling's output and gradient, which the plain
+  // plan lets go at the pooling's backward. The convolution's output gradient (the activation's,
+  // in place) has no buffer: nothing writes it.
   const StepPlan plain = plan_step(block(0.01f), StepOptions{});
   const auto last = [](const StepPlan& p, std::size_t buffer) { return p.arena.buffers.at(buffer).last; };
   EXPECT_GT(last(plan, plan.arena.output[2]), last(plain, plain.arena.output[2]));
   EXPECT_GT(last(plan, plan.arena.output_grad[2]), last(plain, plain.arena.output_grad[2]));
-  EXPECT_EQ(last(plan, plan.arena.output_grad[2]), last(plan, plan.arena.output_grad[0]));
+  EXPECT_EQ(last(plan, plan.arena.output_grad[2]), last(plain, plain.arena.output_grad[0]));
+  EXPECT_EQ(plan.arena.output_grad[0], TransientArena::kNone);
+  EXPECT_EQ(plan.arena.output_grad[1], TransientArena::kNone);
+  EXPECT_NE(plain.arena.output_grad[0], TransientArena::kNone);
 
   StepGraph direct = g;  // conv -> pool
   direct.layers.erase(direct.layers.begin() + 1);
@@ -114,6 +120,9 @@ TEST(StepPlan, TheFirstConvolutionDoesItsPoolingsBackward) {
     reads_a_layer.layers[i].inputs = {static_cast<int>(i) - 1};
   reads_a_layer.output = 4;
   EXPECT_TRUE(none(reads_a_layer));
+  StepGraph short_rows = g;
+  short_rows.layers[2].output_row = kPooledRowWindows - 1;
+  EXPECT_TRUE(none(short_rows));
   StepGraph unfusable = g;
   unfusable.layers[2].traits.fuses_leaky_relu_backward = false;
   EXPECT_TRUE(none(unfusable));

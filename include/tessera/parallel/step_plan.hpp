@@ -39,7 +39,8 @@ struct LayerTraits {
   /// ConvolutionKernels::reads_pooled_gradient).
   bool reads_pooled_gradient = false;
   /// Max pooling whose windows are 2 wide and high (1 or 2 deep) at their own stride, without
-  /// padding, in rows of 16 or more: a producer that reads_pooled_gradient can do its backward.
+  /// padding: a producer that reads_pooled_gradient can do its backward (in rows of
+  /// kPooledRowWindows or more).
   bool pools_in_pairs = false;
 };
 
@@ -61,7 +62,14 @@ struct StepLayer {
   std::vector<bool> copy_holds_tile;
   /// Its partial sums' size (channel splits; else 0).
   std::int64_t partial_bytes = 0;
+  /// The innermost extent of its output tile (a row's elements; 0: not said).
+  std::int64_t output_row = 0;
 };
+
+/// The fewest windows in a row of the max pooling whose backward its convolution does
+/// (StepPlan::gradient_from_pooling): shorter rows cost more to make one by one than the pooling's
+/// own backward (Fashion-MNIST's rows of 14: 2.3 ms against 1.3 ms, docs/benchmarks.md).
+constexpr std::int64_t kPooledRowWindows = 16;
 
 struct StepGraph {
   std::vector<StepLayer> layers;  ///< in model order (topological)
@@ -116,8 +124,8 @@ struct StepPlan {
   std::vector<int> output_in_window;
   /// A convolution's: the max pooling whose backward its backward-weights does, reading that
   /// pooling's gradient, maxima and (through the leaky ReLU between them) output instead of its
-  /// own output gradient, which nothing then writes; -1: none. The pooling's backward (and the
-  /// activation's, fused into it) is skipped.
+  /// own output gradient, which nothing then writes (in rows of kPooledRowWindows or more); -1: none. The pooling's
+  /// backward (and the activation's, fused into it) is skipped.
   std::vector<int> gradient_from_pooling;
   /// A max pooling's: the convolution that does its backward (gradient_from_pooling); -1: none.
   std::vector<int> backward_by;

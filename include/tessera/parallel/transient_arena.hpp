@@ -73,8 +73,9 @@ struct TransientGraph {
   /// of their lives, and so are their gradients. -1: none. Empty: none has one.
   std::vector<int> output_in_copy;
   /// Per layer: the earlier layer whose backward does this one's (StepPlan::backward_by): this
-  /// layer's output gradient, and its output where it reads its own, are read then. -1: none.
-  /// Empty: none.
+  /// layer's output gradient, and its output where it reads its own, are read then, and its
+  /// input's gradient (down through layers in place to that earlier one) is never written: no
+  /// buffer (kNone). -1: none. Empty: none.
   std::vector<int> backward_by;
   /// Keep what backward reads in bf16 between its last forward read and its first backward read
   /// (Model::activation_precision; ArenaStash), where that makes the arena smaller (where the
