@@ -2,9 +2,11 @@
 // input is first copied with its padding written out, so that every tap of every output is a load
 // at a fixed offset. Forward holds 16 filters x 16 outputs of a row in registers and adds each tap
 // as one load and 16 multiply-adds; backward-weights holds 8 filters x the 3 taps of one kernel
-// row and adds each 16 outputs' gradients as 11 loads and 24 multiply-adds. Both are built for
-// AVX-512, AVX2 and the baseline: forward's variant chosen when the library loads, backward-weights'
-// (whose AVX-512 variant keeps vectors in registers, which only it can) at its first call.
+// row and adds each 16 outputs' gradients as 11 loads and 24 multiply-adds; it reads the output
+// gradient, or makes it a row at a time from the max pooling that reads the output (PooledRows).
+// Both are built for AVX-512, AVX2 and the baseline: forward's variant chosen when the library
+// loads, backward-weights' (whose AVX-512 variant keeps vectors in registers, which only it can)
+// at its first call.
 #include "layers/host_direct_convolution.hpp"
 
 #include <omp.h>

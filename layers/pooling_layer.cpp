@@ -133,9 +133,7 @@ class PoolingLayer final : public Layer {
                                                 std::optional<float> leaky_relu) const override {
     if (!pools_in_pairs() || call_.batch == 0 || workspace_.empty()) return std::nullopt;
     TESSERA_CHECK(!leaky_relu || output.shape() == grad_output.shape(),
-                  "{}: a pooled gradient through a leaky ReLU "
-                  "needs the output (executor bug)",
-                  describe(*this));
+                  "{}: a pooled gradient through a leaky ReLU needs the output (executor bug)", describe(*this));
     PooledGradient pooled;
     pooled.geometry = &call_;
     pooled.grad_output = grad_output.data();

@@ -122,10 +122,10 @@ struct StepPlan {
   /// The reader whose halo window holds its output (it writes there, reads it and its gradient
   /// there in backward, and the exchanges run in place: no copy of its tile either way); -1: none.
   std::vector<int> output_in_window;
-  /// A convolution's: the max pooling whose backward its backward-weights does, reading that
-  /// pooling's gradient, maxima and (through the leaky ReLU between them) output instead of its
-  /// own output gradient, which nothing then writes (in rows of kPooledRowWindows or more); -1: none. The pooling's
-  /// backward (and the activation's, fused into it) is skipped.
+  /// A convolution's: the max pooling whose backward its backward-weights does (rows of
+  /// kPooledRowWindows or more), reading that pooling's gradient, maxima and (through the leaky
+  /// ReLU between them) output instead of its own output gradient, which nothing then writes;
+  /// -1: none. The pooling's backward (and the activation's, fused into it) is skipped.
   std::vector<int> gradient_from_pooling;
   /// A max pooling's: the convolution that does its backward (gradient_from_pooling); -1: none.
   std::vector<int> backward_by;
