@@ -144,9 +144,6 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
 }
 
 constexpr Mask kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-/// Lanes of two vectors a, b as a0 b0 a1 b1 ... (the first 8 of each, then the last 8).
-constexpr Mask kInterleaveLow = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
-constexpr Mask kInterleaveHigh = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 
 /// The output gradient of backward-weights, a row (n, filter, od, oh) at a time: the dense tensor's.
 struct DenseRows {
@@ -208,8 +205,10 @@ struct PooledRows {
       at -= base + 2 * static_cast<std::int32_t>(ow) + 2 * kIota;
       const Vec first = reinterpret_cast<Vec>(reinterpret_cast<Mask>(value) & (at == 0));
       const Vec second = reinterpret_cast<Vec>(reinterpret_cast<Mask>(value) & (at == 1));
-      const Vec low = __builtin_shuffle(first, second, kInterleaveLow);
-      const Vec high = __builtin_shuffle(first, second, kInterleaveHigh);
+      // Their lanes as first0 second0 first1 second1 ... (GCC and Clang alike).
+      const Vec low = __builtin_shufflevector(first, second, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+      const Vec high =
+          __builtin_shufflevector(first, second, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
       if (whole) {
         store(scratch + 2 * ow, low);
         store(scratch + 2 * ow + kLanes, high);
