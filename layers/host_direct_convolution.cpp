@@ -90,6 +90,39 @@ struct Box {
   std::int64_t output_plane() const { return out_height * out_width; }
 };
 
+/// One output row of filter group `group` (16 filters; `row_of`, the padded input's rows its
+/// kernel rows read): into `row`, filter f's at f * row_stride, the leaky ReLU applied.
+[[gnu::always_inline]] inline void row_of_group(const Box& b, const float* const* row_of, const float* packed,
+                                                const float* bias, std::int64_t group, bool leaky, float slope,
+                                                float* row, std::int64_t row_stride) {
+  const std::int64_t kernel_rows = b.kernel_depth * b.kernel_height, taps = b.taps();
+  const float* w = packed + group * taps * kLanes;
+  for (std::int64_t column = 0; column < b.out_width; column += kLanes) {
+    Vec acc[kLanes];
+#pragma GCC unroll 16
+    for (int f = 0; f < kLanes; ++f) acc[f] = Vec{} + bias[group * kLanes + f];
+    for (std::int64_t r = 0; r < kernel_rows; ++r) {
+      for (std::int64_t k = 0; k < kWidth; ++k) {
+        Vec x;
+        load(x, row_of[r] + column + k);
+        const float* tap = w + (r * kWidth + k) * kLanes;
+#pragma GCC unroll 16
+        for (int f = 0; f < kLanes; ++f) acc[f] += x * tap[f];
+      }
+    }
+#pragma GCC unroll 16
+    for (int f = 0; f < kLanes; ++f) {
+      Vec y = acc[f];
+      if (leaky) {  // y > 0 ? y : slope * y, as a select on the bits
+        const Mask positive = y > 0;
+        y = reinterpret_cast<Vec>((reinterpret_cast<Mask>(y) & positive) |
+                                  (reinterpret_cast<Mask>(y * slope) & ~positive));
+      }
+      store(row + f * row_stride + column, y);
+    }
+  }
+}
+
 /// Forward of output rows [begin, end) (row = (n, od, oh)) for every filter.
 /// packed: [groups][taps][kLanes] weights, filters past the last 0; bias: [groups][kLanes];
 /// row: kLanes x round_up(out_width, kLanes) floats of the caller's, where a row's outputs are
@@ -100,7 +133,7 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 void forward_rows(const Box& b, const float* padded, const float* packed, const float* bias, bool leaky, float slope,
                   float* row, float* output, std::int64_t begin, std::int64_t end, bool stream) {
   const std::int64_t rows_per_sample = b.out_depth * b.out_height, kernel_rows = b.kernel_depth * b.kernel_height;
-  const std::int64_t groups = (b.filters + kLanes - 1) / kLanes, taps = b.taps();
+  const std::int64_t groups = (b.filters + kLanes - 1) / kLanes;
   const std::int64_t row_stride = round_up(b.out_width, kLanes), filter_stride = b.out_depth * b.output_plane();
   const float* row_of[kMaxExtent * kMaxExtent];
   for (std::int64_t index = begin; index < end; ++index) {
@@ -109,31 +142,7 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
     for (std::int64_t r = 0; r < kernel_rows; ++r)
       row_of[r] = padded + b.padded_row(n, od + r / b.kernel_height, oh + r % b.kernel_height);
     for (std::int64_t group = 0; group < groups; ++group) {
-      const float* w = packed + group * taps * kLanes;
-      for (std::int64_t column = 0; column < b.out_width; column += kLanes) {
-        Vec acc[kLanes];
-#pragma GCC unroll 16
-        for (int f = 0; f < kLanes; ++f) acc[f] = Vec{} + bias[group * kLanes + f];
-        for (std::int64_t r = 0; r < kernel_rows; ++r) {
-          for (std::int64_t k = 0; k < kWidth; ++k) {
-            Vec x;
-            load(x, row_of[r] + column + k);
-            const float* tap = w + (r * kWidth + k) * kLanes;
-#pragma GCC unroll 16
-            for (int f = 0; f < kLanes; ++f) acc[f] += x * tap[f];
-          }
-        }
-#pragma GCC unroll 16
-        for (int f = 0; f < kLanes; ++f) {
-          Vec y = acc[f];
-          if (leaky) {  // y > 0 ? y : slope * y, as a select on the bits
-            const Mask positive = y > 0;
-            y = reinterpret_cast<Vec>((reinterpret_cast<Mask>(y) & positive) |
-                                      (reinterpret_cast<Mask>(y * slope) & ~positive));
-          }
-          store(row + f * row_stride + column, y);
-        }
-      }
+      row_of_group(b, row_of, packed, bias, group, leaky, slope, row, row_stride);
       const std::int64_t filters = std::min(kLanes, b.filters - group * kLanes);
       float* out = output + ((n * b.filters + group * kLanes) * b.out_depth + od) * b.output_plane() + oh * b.out_width;
       for (std::int64_t f = 0; f < filters; ++f)
@@ -144,6 +153,69 @@ void forward_rows(const Box& b, const float* padded, const float* packed, const 
 }
 
 constexpr Mask kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+/// The floats of a row buffer of forward_pooled_rows: whole pairs of vectors past the row's end.
+std::int64_t pooled_row_stride(const Box& b) {
+  return round_up(b.out_width, 2 * kLanes);
+}
+
+/// Forward of the max pooling's output rows [begin, end) (row = (n, pooled depth, pooled row)) for
+/// every filter: the convolution rows its windows cover (1 or 2 deep, 2 high) into `rows` (4 x 16
+/// filters x pooled_row_stride floats of the caller's), then each window's maximum and its place in
+/// the convolution's output plane, 16 windows at a time: the values and places of max pooling's
+/// forward over the convolution's output (max_pool_row_2x2's scan order, the first of equals).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void forward_pooled_rows(
+    const Box& b, const float* padded, const float* packed, const float* bias, bool leaky, float slope, float* rows,
+    const PoolBox& pool, float* output, std::int32_t* argmax, std::int64_t begin, std::int64_t end) {
+  const std::int64_t kernel_rows = b.kernel_depth * b.kernel_height, groups = (b.filters + kLanes - 1) / kLanes;
+  const std::int64_t stride = pooled_row_stride(b), per_sample = pool.out[0] * pool.out[1], count = pool.out[2];
+  const std::int64_t depth = pool.kernel[0], plane_row = pool.in[2], plane_rows = pool.in[1] * pool.in[2];
+  const float* row_of[kMaxExtent * kMaxExtent];
+  for (std::int64_t index = begin; index < end; ++index) {
+    const std::int64_t n = index / per_sample, pd = index % per_sample / pool.out[1], ph = index % pool.out[1];
+    for (std::int64_t group = 0; group < groups; ++group) {
+      for (std::int64_t r = 0; r < 2 * depth; ++r) {  // r = i * 2 + j: depth i, height j
+        const std::int64_t od = pd * depth + r / 2, oh = 2 * ph + r % 2;
+        for (std::int64_t k = 0; k < kernel_rows; ++k)
+          row_of[k] = padded + b.padded_row(n, od + k / b.kernel_height, oh + k % b.kernel_height);
+        row_of_group(b, row_of, packed, bias, group, leaky, slope, rows + r * kLanes * stride, stride);
+      }
+      const std::int64_t filters = std::min(kLanes, b.filters - group * kLanes);
+      for (std::int64_t f = 0; f < filters; ++f) {
+        const std::int64_t p = n * b.filters + group * kLanes + f;
+        float* y = output + pool.out_at(p, pd, ph);
+        std::int32_t* where = argmax + p * pool.out_plane() + (pd * pool.out[1] + ph) * count;
+        for (std::int64_t ow = 0; ow < count; ow += kLanes) {
+          Vec best = Vec{} - __builtin_inff();
+          Mask at = Mask{};
+          for (std::int64_t r = 0; r < 2 * depth; ++r) {
+            const float* x = rows + (r * kLanes + f) * stride + 2 * ow;
+            Vec low, high;
+            load(low, x);
+            load(high, x + kLanes);
+            const Mask place =
+                static_cast<std::int32_t>((pd * depth + r / 2) * plane_rows + (2 * ph + r % 2) * plane_row + 2 * ow) +
+                2 * kIota;
+            const Vec even =
+                __builtin_shufflevector(low, high, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            const Vec odd =
+                __builtin_shufflevector(low, high, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+            for (int e = 0; e < 2; ++e) {
+              const Vec value = e == 0 ? even : odd;
+              const Mask larger = value > best;
+              best = reinterpret_cast<Vec>((reinterpret_cast<Mask>(value) & larger) |
+                                           (reinterpret_cast<Mask>(best) & ~larger));
+              at = ((place + e) & larger) | (at & ~larger);
+            }
+          }
+          const std::int64_t lanes = std::min(kLanes, count - ow);
+          std::memcpy(y + ow, &best, static_cast<std::size_t>(lanes) * sizeof(float));
+          std::memcpy(where + ow, &at, static_cast<std::size_t>(lanes) * sizeof(std::int32_t));
+        }
+      }
+    }
+  }
+}
 
 /// The output gradient of backward-weights, a row (n, filter, od, oh) at a time: the dense tensor's.
 struct DenseRows {
@@ -413,6 +485,38 @@ void DirectConvolution::backward_weights_from_pooling(const ConvolutionGeometry&
                         pool.kernel[0], pooled.grad_output,    static_cast<const std::int32_t*>(pooled.workspace),
                         pooled.output,  pooled.slope};
   weights_from(geometry, input, rows, grad_weights, grad_bias);
+}
+
+void DirectConvolution::forward_pooled(const ConvolutionGeometry& geometry, const float* input, const float* weights,
+                                       const float* bias, const PooledOutput& pooled) {
+  TESSERA_CHECK(direct_convolution_applies(geometry) && pooled.geometry &&
+                    pooled_gradient_applies(geometry.without_activation(), *pooled.geometry),
+                "direct convolution kernels asked for {} pooled by {}", geometry.to_string(),
+                pooled.geometry ? pooled.geometry->to_string() : std::string("(none)"));
+  const Box b(geometry);
+  const PoolBox pool = pool_box(*pooled.geometry);
+  const float* padded = padded_input(geometry, input);
+  const std::int64_t groups = (b.filters + kLanes - 1) / kLanes, taps = b.taps();
+  std::vector<float> packed(static_cast<std::size_t>(groups * taps * kLanes), 0.0f);
+  std::vector<float> packed_bias(static_cast<std::size_t>(groups * kLanes), 0.0f);
+  for (std::int64_t f = 0; f < b.filters; ++f) {
+    for (std::int64_t t = 0; t < taps; ++t)
+      packed[static_cast<std::size_t>((f / kLanes * taps + t) * kLanes + f % kLanes)] = weights[f * taps + t];
+    if (geometry.bias) packed_bias[static_cast<std::size_t>(f)] = bias[f];
+  }
+  const std::int64_t rows = b.batch * pool.out[0] * pool.out[1];
+  const int threads = omp_get_max_threads();
+  // 4 rows of 16 filters, and a pair of vectors past the last for the loads of its last windows.
+  const std::int64_t buffer_floats = (4 * kLanes + 1) * pooled_row_stride(b);
+  rows_.resize(std::max(rows_.size(), static_cast<std::size_t>(threads * buffer_floats)));
+  float* buffers = rows_.data();
+#pragma omp parallel num_threads(threads)
+  {
+    const std::int64_t count = omp_get_num_threads(), thread = omp_get_thread_num();
+    forward_pooled_rows(b, padded, packed.data(), packed_bias.data(), geometry.leaky_relu, geometry.leaky_slope,
+                        buffers + thread * buffer_floats, pool, pooled.output, pooled.argmax, rows * thread / count,
+                        rows * (thread + 1) / count);
+  }
 }
 
 template <typename Rows>

@@ -32,6 +32,11 @@ class DirectConvolution {
   /// Overwrites grad_weights, and grad_bias when the geometry has a bias.
   void backward_weights(const ConvolutionGeometry& geometry, const float* input, const float* grad_output,
                         float* grad_weights, float* grad_bias);
+  /// forward followed by that max pooling's forward (where pooled_gradient_applies): its output
+  /// and the places of its maxima into `pooled`, without the convolution's output: the same values
+  /// and places to the bit.
+  void forward_pooled(const ConvolutionGeometry& geometry, const float* input, const float* weights, const float* bias,
+                      const PooledOutput& pooled);
   /// backward_weights of the output gradient a max pooling's backward would write (where
   /// pooled_gradient_applies), made a row at a time from `pooled`: the same sums to the bit.
   void backward_weights_from_pooling(const ConvolutionGeometry& geometry, const float* input,

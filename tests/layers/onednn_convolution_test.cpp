@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -646,6 +647,85 @@ TEST(DirectConvolution, WeightGradientsFromThePoolingEqualThoseFromItsBackward) 
       EXPECT_TRUE(!pooled || !conv->reads_pooled_gradient(in, *pooled, ctx)) << pool->traits().pools_in_pairs;
     }
   }
+}
+
+// The direct convolution pooling its rows as it makes them (forward_pooled) writes the values and
+// places of max pooling's forward over its output to the bit: 2 x 2 x 2 windows, rows of whole and
+// part vectors, one group of 16 filters, a part of one, and more; with and without the leaky ReLU.
+TEST(DirectConvolution, ForwardPooledEqualsTheConvolutionThenThePooling) {
+  auto backend = make_host_backend();
+  for (const std::vector<std::int64_t>& input : {std::vector<std::int64_t>{4, 6, 64}, {2, 4, 40}, {6, 4, 36}})
+    for (std::int64_t filters : {16, 5, 20})
+      for (bool leaky : {false, true}) {
+        SCOPED_TRACE(
+            fmt::format("input {}x{}x{}, {} filters{}", input[0], input[1], input[2], filters, leaky ? ", leaky" : ""));
+        ConvolutionGeometry g = geometry_of({2, 1, filters, input, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true});
+        g.leaky_relu = leaky;
+        g.leaky_slope = 0.1f;
+        const std::vector<float> x = random_values(g.input_elements(), 90), w = random_values(g.weight_elements(), 91),
+                                 b = random_values(filters, 92);
+        host::DirectConvolution direct;
+        std::vector<float> y(static_cast<std::size_t>(g.output_elements()));
+        direct.forward(g, x.data(), w.data(), b.data(), y.data());
+        PoolingGeometry pooling;
+        pooling.batch = 2;
+        pooling.channels = filters;
+        pooling.input_size = g.output_size;
+        pooling.kernel = pooling.stride = {2, 2, 2};
+        pooling.padding = {0, 0, 0};
+        pooling.output_size = {g.output_size[0] / 2, g.output_size[1] / 2, g.output_size[2] / 2};
+        const std::size_t outputs = static_cast<std::size_t>(2 * filters * pooling.output_size[0] *
+                                                             pooling.output_size[1] * pooling.output_size[2]);
+        std::vector<float> z(outputs), fused_z(outputs, 7.0f);
+        std::vector<std::int32_t> where(outputs), fused_where(outputs, -1);
+        ASSERT_EQ(backend->pooling().workspace_bytes(pooling), outputs * sizeof(std::int32_t));
+        backend->pooling().forward(pooling, y.data(), z.data(), where.data());
+        ASSERT_TRUE(host::pooled_gradient_applies(g.without_activation(), pooling));
+        host::DirectConvolution fused;
+        fused.forward_pooled(g, x.data(), w.data(), b.data(),
+                             PooledOutput{&pooling, fused_z.data(), fused_where.data()});
+        EXPECT_EQ(std::memcmp(z.data(), fused_z.data(), outputs * sizeof(float)), 0);
+        EXPECT_EQ(where, fused_where);
+      }
+}
+
+// CosmoFlow 128^3's conv1 + act1 + pool1 forward, one sample, 1 thread: the convolution's forward
+// and the pooling's, against forward_pooled (`--gtest_also_run_disabled_tests`).
+TEST(DirectConvolution, DISABLED_BenchmarkForwardPooled) {
+  set_backend_threads(1);
+  auto backend = make_host_backend();
+  ConvolutionGeometry g = geometry_of({1, 1, 16, {128, 128, 128}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true});
+  g.leaky_relu = true;
+  g.leaky_slope = 0.01f;
+  const std::vector<float> x = random_values(g.input_elements(), 90), w = random_values(g.weight_elements(), 91),
+                           b = random_values(16, 92);
+  PoolingGeometry pooling;
+  pooling.batch = 1;
+  pooling.channels = 16;
+  pooling.input_size = g.output_size;
+  pooling.kernel = pooling.stride = {2, 2, 2};
+  pooling.padding = {0, 0, 0};
+  pooling.output_size = {64, 64, 64};
+  std::vector<float> y(static_cast<std::size_t>(g.output_elements())), z(16 << 18);
+  std::vector<std::int32_t> where(16 << 18);
+  host::DirectConvolution direct;
+  const auto time = [](const auto& body) {
+    std::vector<double> times;
+    for (int r = 0; r < 5; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      body();
+      times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(times.begin(), times.end());
+    return times[2];
+  };
+  const double conv = time([&] { direct.forward(g, x.data(), w.data(), b.data(), y.data()); });
+  const double pool = time([&] { backend->pooling().forward(pooling, y.data(), z.data(), where.data()); });
+  const double fused = time([&] {
+    direct.forward_pooled(g, x.data(), w.data(), b.data(), PooledOutput{&pooling, z.data(), where.data()});
+  });
+  std::printf("conv1 forward %.2f ms + pool1 forward %.2f ms = %.2f ms; forward_pooled %.2f ms\n", conv, pool,
+              conv + pool, fused);
 }
 
 // The ranks on a node share its last-level cache: each rank's outputs stream from half of its

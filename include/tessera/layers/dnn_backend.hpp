@@ -113,6 +113,15 @@ struct PooledGradient {
   float slope = 0.0f;
 };
 
+/// Where a convolution's forward writes the max pooling of its output (the convolution's output
+/// itself not kept): the pooling's geometry, its output (or its reader's window, as the geometry
+/// says) and the places of its maxima (the pooling's workspace).
+struct PooledOutput {
+  const PoolingGeometry* geometry = nullptr;
+  float* output = nullptr;
+  std::int32_t* argmax = nullptr;
+};
+
 class ConvolutionKernels {
  public:
   virtual ~ConvolutionKernels() = default;
