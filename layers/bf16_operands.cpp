@@ -88,6 +88,11 @@ class Bf16OperandConvolution final : public ConvolutionKernels {
       return ConvolutionKernels::backward_weights_from_pooling(g, input, pooled, grad_weights, grad_bias);
     inner_->backward_weights_from_pooling(g, input, pooled, grad_weights, grad_bias);
   }
+  void forward_pooled(const ConvolutionGeometry& g, const float* input, const float* weights, const float* bias,
+                      const PooledOutput& pooled) override {
+    if (g.precision != Precision::F32) return ConvolutionKernels::forward_pooled(g, input, weights, bias, pooled);
+    inner_->forward_pooled(g, input, weights, bias, pooled);
+  }
 
   std::int64_t scratch_bytes() const override { return round_.bytes() + inner_->scratch_bytes(); }
   void release_scratch() override {

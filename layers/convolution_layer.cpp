@@ -137,6 +137,16 @@ class ConvolutionLayer final : public Layer {
     const Tensor& input = *inputs[0];
     check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
     const ConvolutionGeometry& g = with_activation(geometry_for(input, ctx), ctx);
+    if (ctx.pooled_output) {
+      // Its reader's max pooling of the output, written in the same pass (no output of its own).
+      if (g.batch == 0) return;
+      TESSERA_CHECK(model_split_.channel_parts == 1, "{}: a pooled partial sum (executor bug)", describe(*this));
+      backend_of(*this, ctx)
+          .convolution()
+          .forward_pooled(g, input.data(), weights_.value.data(), bias_ ? bias_parameter_.value.data() : nullptr,
+                          *ctx.pooled_output);
+      return;
+    }
     output.resize(Shape::image(g.batch, geometry_.out_channels, g.output_size), input.device());
     if (g.batch == 0) return;
     backend_of(*this, ctx).convolution().forward(g, input.data(), weights_.value.data(),

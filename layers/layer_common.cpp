@@ -236,6 +236,10 @@ bool Layer::reads_pooled_gradient(std::span<const Tensor* const>, const PooledGr
   return false;
 }
 
+std::optional<PooledOutput> Layer::pooled_output(const Shape&, Device, Tensor&, LayerContext&) {
+  return std::nullopt;
+}
+
 void copy_spatial_box(const Tensor& source, const std::vector<std::int64_t>& source_begin,
                       Tensor& destination, const std::vector<std::int64_t>& destination_begin,
                       const std::vector<std::int64_t>& extent) {

@@ -50,6 +50,12 @@ void ConvolutionKernels::backward_weights_from_pooling(const ConvolutionGeometry
        geometry.to_string(), pooled.geometry ? pooled.geometry->to_string() : std::string("none"));
 }
 
+void ConvolutionKernels::forward_pooled(const ConvolutionGeometry& geometry, const float*, const float*, const float*,
+                                        const PooledOutput& pooled) {
+  fail("convolution kernels asked for {} pooled by {}, which they do not write (executor bug)", geometry.to_string(),
+       pooled.geometry ? pooled.geometry->to_string() : std::string("none"));
+}
+
 Bf16Convolutions parse_bf16_convolutions(const std::string& text) {
   if (text == "native") return Bf16Convolutions::Native;
   if (text == "exact") return Bf16Convolutions::Exact;

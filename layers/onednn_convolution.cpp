@@ -227,6 +227,13 @@ class OneDnnConvolution final : public ConvolutionKernels {
     direct_.backward_weights_from_pooling(geometry, input, pooled, grad_weights, grad_bias);
   }
 
+  void forward_pooled(const ConvolutionGeometry& geometry, const float* input, const float* weights, const float* bias,
+                      const PooledOutput& pooled) override {
+    if (!pooled.geometry || !reads_pooled_gradient(geometry.without_activation(), *pooled.geometry))
+      return ConvolutionKernels::forward_pooled(geometry, input, weights, bias, pooled);
+    direct_.forward_pooled(geometry, input, weights, bias, pooled);
+  }
+
   void backward(const ConvolutionGeometry& geometry, const float* input, const float* grad_output,
                 const float* weights, float* grad_input, float* grad_weights, float* grad_bias) override {
     if (direct(geometry)) {

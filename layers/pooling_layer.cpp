@@ -45,6 +45,40 @@ class PoolingLayer final : public Layer {
     return true;
   }
 
+  /// Forward's geometry (call_) for an input of `input` (on a tile: the local window), its output
+  /// sized (or, given LayerContext::output_offset, checked as the reader's window that holds it)
+  /// and its workspace; false where there are no samples.
+  bool prepare(const Shape& input, Device device, Tensor& output, LayerContext& ctx) {
+    check_same_sample_shape(*this, input_shape_, input, ctx);
+    call_ = geometry_;
+    call_.batch = input[0];
+    if (ctx.tile) {
+      // On a tile: windows in global coordinates, clipped to the global input, read from the
+      // local window that starts at tile->window_begin.
+      call_.input_size = spatial_extents(input);
+      call_.output_size = ctx.tile->output_extent;
+      call_.input_origin = ctx.tile->window_begin;
+      call_.global_input_size = ctx.tile->input_global;
+      call_.output_origin = ctx.tile->output_begin;
+    }
+    const Shape shape = Shape::image(call_.batch, call_.channels, call_.output_size);
+    if (ctx.output_offset.empty()) {
+      output.resize(shape, device);
+    } else {
+      // Into the reader's window, which holds the output from output_offset.
+      TESSERA_CHECK(output.rank() == shape.rank() && output.dim(0) == shape[0] && output.dim(1) == shape[1] &&
+                        output.device() == device,
+                    "{}: a window of {} to pool {} into (executor bug)", describe(*this), output.shape().to_string(),
+                    shape.to_string());
+      call_.output_within = spatial_extents(output.shape());
+      call_.output_offset = ctx.output_offset;
+    }
+    if (call_.batch == 0) return false;
+    const std::size_t bytes = backend_of(*this, ctx).pooling().workspace_bytes(call_);
+    workspace_.resize(Shape({static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}), device);
+    return true;
+  }
+
   bool windows_apart() const {
     if (mode_ != PoolingMode::Max || geometry_.kernel.empty()) return false;
     for (std::size_t d = 0; d < geometry_.kernel.size(); ++d)
@@ -96,35 +130,17 @@ class PoolingLayer final : public Layer {
 
   void forward(std::span<const Tensor* const> inputs, Tensor& output, LayerContext& ctx) override {
     const Tensor& input = *inputs[0];
-    check_same_sample_shape(*this, input_shape_, input.shape(), ctx);
-    call_ = geometry_;
-    call_.batch = input.dim(0);
-    if (ctx.tile) {
-      // On a tile: windows in global coordinates, clipped to the global input, read from the
-      // local window that starts at tile->window_begin.
-      call_.input_size = spatial_extents(input.shape());
-      call_.output_size = ctx.tile->output_extent;
-      call_.input_origin = ctx.tile->window_begin;
-      call_.global_input_size = ctx.tile->input_global;
-      call_.output_origin = ctx.tile->output_begin;
-    }
-    const Shape shape = Shape::image(call_.batch, call_.channels, call_.output_size);
-    if (ctx.output_offset.empty()) {
-      output.resize(shape, input.device());
-    } else {
-      // Into the reader's window, which holds the output from output_offset.
-      TESSERA_CHECK(output.rank() == shape.rank() && output.dim(0) == shape[0] && output.dim(1) == shape[1] &&
-                        output.device() == input.device(),
-                    "{}: a window of {} to pool {} into (executor bug)", describe(*this), output.shape().to_string(),
-                    shape.to_string());
-      call_.output_within = spatial_extents(output.shape());
-      call_.output_offset = ctx.output_offset;
-    }
-    if (call_.batch == 0) return;
-    auto& kernels = backend_of(*this, ctx).pooling();
-    const std::size_t bytes = kernels.workspace_bytes(call_);
-    workspace_.resize(Shape({static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}), input.device());
-    kernels.forward(call_, input.data(), output.data(), bytes ? workspace_.data() : nullptr);
+    if (!prepare(input.shape(), input.device(), output, ctx)) return;
+    backend_of(*this, ctx)
+        .pooling()
+        .forward(call_, input.data(), output.data(), workspace_.empty() ? nullptr : workspace_.data());
+  }
+
+  std::optional<PooledOutput> pooled_output(const Shape& input, Device device, Tensor& output,
+                                            LayerContext& ctx) override {
+    if (!pools_in_pairs()) return std::nullopt;
+    if (!prepare(input, device, output, ctx)) return PooledOutput{&call_, nullptr, nullptr};
+    return PooledOutput{&call_, output.data(), reinterpret_cast<std::int32_t*>(workspace_.data())};
   }
 
   std::int64_t workspace_bytes() const override { return workspace_.allocated_bytes(); }

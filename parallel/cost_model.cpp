@@ -235,9 +235,9 @@ LayerEstimate CostModel::layer_cost(int layer, const LayerSplit& split) const {
   if (fusion_.forward[i]) e.fused_forward = kFusedForwardShare * e.compute;
   if (fusion_.backward[i]) e.fused_backward = (1.0 - kFusedForwardShare) * e.compute;
   e.compute -= e.fused_forward + e.fused_backward;
-  // A max pooling's backward that the convolution it reads may do.
-  if (fusion_.pooled_by[i] >= 0) e.pooled_backward = kPooledBackwardShare * e.compute;
-  e.compute -= e.pooled_backward;
+  // A max pooling whose forward and backward the convolution it reads may do.
+  if (fusion_.pooled_by[i] >= 0) e.by_convolution = kPooledByConvolutionShare * e.compute;
+  e.compute -= e.by_convolution;
 
   // Model-parallel communication of a channel split: the partial sums of the filter block are
   // reduce-scattered over the channel ranks (forward) and the output gradient gathered back
@@ -394,7 +394,7 @@ PlanEstimate CostModel::estimate_as_set(const Plan& plan) const {
     LayerEstimate& le = e.layers[i];
     if (!step.fused[i]) le.compute += std::exchange(le.fused_forward, 0.0);
     if (!step.backward_fused[i]) le.compute += std::exchange(le.fused_backward, 0.0);
-    if (step.backward_by[i] < 0) le.compute += std::exchange(le.pooled_backward, 0.0);
+    if (step.backward_by[i] < 0) le.compute += std::exchange(le.by_convolution, 0.0);
   }
   finish(e, &step);
   return e;

@@ -17,10 +17,12 @@ inline constexpr double kBytes = 4;  // fp32
 /// 5 passes over its tensor (forward reads and writes it; backward reads the output and its
 /// gradient and writes the input gradient).
 inline constexpr double kFusedForwardShare = 2.0 / 5.0;
-/// Of a max pooling of 2-wide windows (with the leaky ReLU before it fused into its backward), the
-/// backward's share of its forward + backward time: measured 0.40 (CosmoFlow 128^3's pool1 on the
-/// 2-core Zen 5 VM: 8.6 ms forward and 5.8 ms backward at 1 rank, 4.5 and 2.9 ms at 2 ranks).
-inline constexpr double kPooledBackwardShare = 0.4;
+/// Of a max pooling of 2-wide windows (with the leaky ReLU before it fused into its backward) whose
+/// forward and backward the convolution it reads does, the share of its forward + backward time
+/// that goes: measured 0.8 (CosmoFlow 128^3's pool1 on the 2-core Zen 5 VM, 1 rank: 8.2 ms
+/// forward and 5.8 ms backward; the convolution's forward pooling its rows 2.7 ms longer, its
+/// backward-weights no longer).
+inline constexpr double kPooledByConvolutionShare = 0.8;
 /// Up to this many source tiles per rank an exchange is priced message by message (each on or
 /// off the node); above, in aggregate.
 inline constexpr double kListSources = 64;

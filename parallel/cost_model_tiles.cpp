@@ -241,8 +241,8 @@ double CostModel::unfused_seconds(int producer, const LayerSplit& held, const La
   if (fusion_.forward[c] && !(in_place && !channel_split(producer, held))) seconds += consumed.fused_forward;
   if (fusion_.backward[c] && !in_place) seconds += consumed.fused_backward;
   if (fusion_.backward[p] && fusion_.reader[p] == consumer && copied) seconds += produced.fused_backward;
-  // A max pooling reading its input through an exchange, or split by channel, runs its backward.
-  if (fusion_.pooled_by[c] >= 0 && (copied || channel_split(consumer, split))) seconds += consumed.pooled_backward;
+  // A max pooling reading its input through an exchange, or split by channel, runs its own passes.
+  if (fusion_.pooled_by[c] >= 0 && (copied || channel_split(consumer, split))) seconds += consumed.by_convolution;
   return seconds;
 }
 
@@ -420,19 +420,22 @@ double CostModel::activation_bytes(const PlanEstimate& estimate, const StepPlan*
   // As the executor holds them: the step plan of this plan's largest tiles (step_plan.hpp), whose
   // arena holds every output, copy, partial sum and gradient by lifetime; beside it, the layers'
   // own buffers (max pooling's maxima, dropout's scales, a convolution's boundary regions when its
-  // halos overlap its forward).
+  // halos overlap its forward, unless it makes its pooling's output: StepPlan::forward_by).
+  StepPlan own;
+  const StepPlan& plan = step ? *step : (own = step_plan(estimate));
   double bytes = 0;
   for (std::size_t i = 0; i < estimate.layers.size(); ++i) {
     const LayerEstimate& e = estimate.layers[i];
     const PlannerLayer& layer = graph_.layers[i];
     if (layer.type == "maxpool" || layer.type == "dropout") bytes += e.output_bytes;
-    if (layer.inputs.size() == 1) {
+    const int pooling = plan.gradient_from_pooling[i];
+    if (layer.inputs.size() == 1 && (pooling < 0 || plan.forward_by[static_cast<std::size_t>(pooling)] < 0)) {
       const int j = layer.inputs[0];
       bytes += overlap_region_bytes(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
                                     static_cast<int>(i), e.split);
     }
   }
-  return bytes + static_cast<double>(step ? step->arena.layout.size : step_plan(estimate).arena.layout.size);
+  return bytes + static_cast<double>(plan.arena.layout.size);
 }
 
 StepPlan CostModel::step_plan(const PlanEstimate& estimate) const {

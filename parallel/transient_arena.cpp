@@ -94,12 +94,31 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
                     (graph.reads_own_output.empty() || graph.reads_own_output.size() == n) &&
                     (graph.backward_reads_fp32.empty() || graph.backward_reads_fp32.size() == n) &&
                     (graph.output_in_copy.empty() || graph.output_in_copy.size() == n) &&
-                    (graph.backward_by.empty() || graph.backward_by.size() == n),
+                    (graph.backward_by.empty() || graph.backward_by.size() == n) &&
+                    (graph.forward_by.empty() || graph.forward_by.size() == n),
                 "transient_arena: a graph of {} layers with mismatched fields", n);
   // In half-steps (TransientArena): step s is time 2s.
   const int loss = 2 * static_cast<int>(n);
   const auto forward = [](std::size_t i) { return 2 * static_cast<int>(i); };
   const auto backward = [n](std::size_t k) { return 2 * static_cast<int>(2 * n - k); };
+  // When a layer's output is born: its forward, or the earlier layer's that writes it.
+  const auto own_forward = [&](std::size_t k) {
+    const int by = graph.forward_by.empty() ? -1 : graph.forward_by[k];
+    TESSERA_CHECK(by < static_cast<int>(k), "transient_arena: layer {}'s forward done by layer {}, not an earlier one",
+                  k, by);
+    return forward(by >= 0 ? static_cast<std::size_t>(by) : k);
+  };
+  // Outputs never written: the input's (down through layers in place) of a layer whose forward an
+  // earlier one does.
+  std::vector<bool> unwritten_output(n, false);
+  for (std::size_t k = 0; k < n && !graph.forward_by.empty(); ++k) {
+    const int by = graph.forward_by[k];
+    for (int u = by >= 0 ? graph.inputs[k].at(0) : -1; u >= 0;
+         u = graph.in_place[static_cast<std::size_t>(u)] ? graph.inputs[static_cast<std::size_t>(u)][0] : -1) {
+      unwritten_output[static_cast<std::size_t>(u)] = true;
+      if (u == by) break;
+    }
+  }
   // When a layer's own backward work runs: its backward's, or the earlier layer's that does it.
   const auto own_backward = [&](std::size_t k) {
     const int by = graph.backward_by.empty() ? -1 : graph.backward_by[k];
@@ -177,6 +196,7 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
   // Outputs, first layer first: a layer running in place takes its input's buffer.
   arena.output.assign(n, TransientArena::kNone);
   for (std::size_t i = 0; i < n; ++i) {
+    if (unwritten_output[i]) continue;
     const int last = std::max(read[i].forward_last, read[i].backward_last);
     if (graph.in_place[i]) {
       const std::size_t b = arena.output[static_cast<std::size_t>(graph.inputs[i][0])];
@@ -186,9 +206,10 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
     } else if (const int k = in_copy(i); k >= 0) {
       // The reader's copy: from this forward to the copy's last read (its reader's backward).
       const auto u = static_cast<std::size_t>(k);
-      arena.output[i] = add(graph.input_copy_bytes[u][0], forward(i), std::max(last, reads(u, 0) ? backward(u) : forward(u)));
+      arena.output[i] =
+          add(graph.input_copy_bytes[u][0], own_forward(i), std::max(last, reads(u, 0) ? backward(u) : forward(u)));
     } else {
-      arena.output[i] = add(graph.output_bytes[i], forward(i), last);
+      arena.output[i] = add(graph.output_bytes[i], own_forward(i), last);
     }
   }
   // Output gradients, last layer first: a layer running in place hands its buffer to its input,
@@ -245,6 +266,7 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
     // An in-place chain's buffer: what its layers' outputs see together.
     std::vector<Reads> chain(buffers.size());
     for (std::size_t i = 0; i < n; ++i) {
+      if (arena.output[i] == TransientArena::kNone) continue;  // never written
       Reads& c = chain[arena.output[i]];
       c.forward_last = std::max(c.forward_last, read[i].forward_last);
       if (read[i].backward_last >= 0) {
@@ -254,8 +276,8 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
     }
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t b = arena.output[i];
-      if (graph.in_place[i] || in_copy(i) >= 0 || chain[b].fp32 || chain[b].backward_first == kNever ||
-          chain[b].backward_first - chain[b].forward_last < 4)
+      if (b == TransientArena::kNone || graph.in_place[i] || in_copy(i) >= 0 || chain[b].fp32 ||
+          chain[b].backward_first == kNever || chain[b].backward_first - chain[b].forward_last < 4)
         continue;
       keep_in_bf16(i, TransientArena::kNone, b, chain[b].forward_last, chain[b].backward_first, buffers[b].last);
     }

@@ -209,6 +209,9 @@ void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
   options.outputs_into_windows = options.outputs_into_windows && options_.in_place && options_.into_windows;
   options.pooled_gradients = options.pooled_gradients && options_.pooled_gradients;
   ex.step = plan_step(graph, options);
+  // A convolution that makes its pooling's output computes its tile in one pass: no halo overlap.
+  for (std::size_t k = 0; k < n; ++k)
+    if (const int j = ex.step.forward_by[k]; j >= 0) ex.overlap[static_cast<std::size_t>(j)] = HaloSplit{};
   // Where each output written into its reader's window lies in it (spatial offsets).
   ex.output_offset.assign(n, {});
   for (std::size_t j = 0; j < n; ++j) {

@@ -118,6 +118,7 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
     // Its output is its input, overwritten (StepPlan::in_place; in the arena, the same view).
     if (ex.step.in_place[i]) outputs_[i] = outputs_[static_cast<std::size_t>(nodes[i].inputs[0])];
     if (ex.step.fused[i]) continue;  // its producer computed its output
+    if (ex.step.forward_by[i] >= 0) continue;  // the convolution it reads wrote its output and maxima
     LayerContext ctx = context(i, batch_size, step, training);
     ctx.leaky_relu_after = ex.step.leaky_relu_after[i];
     if (const int reader = ex.step.output_in_window[i]; reader >= 0) {
@@ -127,6 +128,22 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
       window.resize(Shape(ex.copy_extent[static_cast<std::size_t>(reader)][0]), options_.device);
       outputs_[i] = window;
       ctx.output_offset = ex.output_offset[i];
+    }
+    std::optional<PooledOutput> pooled;
+    if (const int k = ex.step.gradient_from_pooling[i];
+        k >= 0 && ex.step.forward_by[static_cast<std::size_t>(k)] >= 0) {
+      // Its reader's max pooling, made as its rows are (it keeps no output of its own).
+      const auto u = static_cast<std::size_t>(k);
+      LayerContext pool_ctx = context(u, batch_size, step, training);
+      if (const int reader = ex.step.output_in_window[u]; reader >= 0) {
+        Tensor& window = windows_[static_cast<std::size_t>(reader)][0];
+        window.resize(Shape(ex.copy_extent[static_cast<std::size_t>(reader)][0]), options_.device);
+        outputs_[u] = window;
+        pool_ctx.output_offset = ex.output_offset[u];
+      }
+      pooled = nodes[u].layer->pooled_output(Shape(ex.output_extent[i]), options_.device, outputs_[u], pool_ctx);
+      if (!pooled) fail("Executor: layer '{}' cannot be pooled by its producer (executor bug)", nodes[u].layer->name());
+      ctx.pooled_output = &*pooled;
     }
     if (TileExchange* reduce = ex.reduce[i].get()) {
       // A partial sum over this rank's input channels: summed over the channel group into the
@@ -242,6 +259,9 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
         continue;
       }
       pooled.reset();
+      if (ex.step.forward_by[k] >= 0)
+        fail("Executor: layer '{}' made its pooling's forward but cannot read its gradient (executor bug)",
+             nodes[conv].layer->name());
       // Not on this tile: the pooling writes the gradient the arena has no buffer for, one
       // tensor for the layers in place down to the convolution (outside the arena).
       const Tensor gradient(Shape(ex.output_extent[conv]), options_.device);

@@ -636,24 +636,24 @@ TEST(CostModel, APoolingsBackwardByItsConvolutionCostsWhatTheStepPlanDoesNotFuse
   rows.sample = 1;
   rows.spatial = {2, 1};
   const LayerEstimate alone = model.layer_cost(2, batch);
-  const double whole = alone.compute + alone.pooled_backward;
+  const double whole = alone.compute + alone.by_convolution;
   EXPECT_GT(whole, 0.0);
-  EXPECT_NEAR(alone.pooled_backward, 0.4 * whole, 1e-15);
+  EXPECT_NEAR(alone.by_convolution, 0.8 * whole, 1e-15);
   auto p1_compute = [&](const CostModel& cost, const LayerSplit& act, const LayerSplit& pool) {
     const Plan plan = Plan::from_splits(2, batch, {{"c1", batch}, {"a1", act}, {"p1", pool}}, "test");
     return cost.estimate(plan).layers[2].compute;
   };
   EXPECT_NEAR(p1_compute(model, batch, batch), alone.compute, 1e-15);
   const LayerEstimate by_rows = model.layer_cost(2, rows);
-  EXPECT_NEAR(p1_compute(model, batch, rows), by_rows.compute + by_rows.pooled_backward, 1e-15);
+  EXPECT_NEAR(p1_compute(model, batch, rows), by_rows.compute + by_rows.by_convolution, 1e-15);
   EXPECT_NEAR(model.unfused_seconds(1, batch, model.layer_cost(1, batch), 2, rows, by_rows),
-              model.layer_cost(1, batch).fused_backward + by_rows.pooled_backward, 1e-15);
+              model.layer_cost(1, batch).fused_backward + by_rows.by_convolution, 1e-15);
   // a1 by rows copies its input and runs its backward: the pooling runs its own too.
-  EXPECT_NEAR(p1_compute(model, rows, rows), by_rows.compute + by_rows.pooled_backward, 1e-15);
+  EXPECT_NEAR(p1_compute(model, rows, rows), by_rows.compute + by_rows.by_convolution, 1e-15);
   Machine gpu = m;
   gpu.device = "gpu";
-  EXPECT_EQ(CostModel(g, gpu, {.ranks = 2}).layer_cost(2, batch).pooled_backward, 0.0);
-  EXPECT_EQ(CostModel(fused_chain(4), m, {.ranks = 2}).layer_cost(2, batch).pooled_backward, 0.0);
+  EXPECT_EQ(CostModel(g, gpu, {.ranks = 2}).layer_cost(2, batch).by_convolution, 0.0);
+  EXPECT_EQ(CostModel(fused_chain(4), m, {.ranks = 2}).layer_cost(2, batch).by_convolution, 0.0);
 }
 
 TEST(CostModel, OversubscribedCpuNodes) {

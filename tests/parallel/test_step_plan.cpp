@@ -70,8 +70,9 @@ TEST(StepPlan, LeakyReluRunsInPlaceAndFusesIntoItsProducerAndItsReader) {
   EXPECT_NE(plan.arena.output[2], plan.arena.output[0]);
 }
 
-// The first convolution (one input channel) does the pooling's backward where it can read the
-// pooling's gradient and the chain reads as produced: through the fused leaky ReLU or directly.
+// The first convolution (one input channel) does the pooling's forward and backward where it can
+// read the pooling's gradient and the chain reads as produced: through the fused leaky ReLU or
+// directly.
 // The pooling's output and gradient live until that convolution's backward. Not where the
 // pooling reads a copy, the convolution reads another layer (an input gradient to compute), the
 // activation runs its own backward, either is split by channel, the pooling's rows are shorter
@@ -84,7 +85,13 @@ TEST(StepPlan, TheFirstConvolutionDoesItsPoolingsBackward) {
   const StepPlan plan = plan_step(g, StepOptions{});
   EXPECT_EQ(plan.gradient_from_pooling, (std::vector<int>{2, -1, -1, -1}));
   EXPECT_EQ(plan.backward_by, (std::vector<int>{-1, -1, 0, -1}));
+  EXPECT_EQ(plan.forward_by, (std::vector<int>{-1, -1, 0, -1}));
   EXPECT_TRUE(plan.backward_fused[1]);
+  // Nothing writes the convolution's output (nor the activation's, in place over it); the
+  // pooling's output is born at the convolution's forward.
+  EXPECT_EQ(plan.arena.output[0], TransientArena::kNone);
+  EXPECT_EQ(plan.arena.output[1], TransientArena::kNone);
+  EXPECT_EQ(plan.arena.buffers.at(plan.arena.output[2]).first, 0);
   // Alive until the convolution's backward: the pooling's output and gradient, which the plain
   // plan lets go at the pooling's backward. The convolution's output gradient (the activation's,
   // in place) has no buffer: nothing writes it.
@@ -103,10 +110,12 @@ TEST(StepPlan, TheFirstConvolutionDoesItsPoolingsBackward) {
   direct.layers[2].inputs = {1};
   direct.output = 2;
   EXPECT_EQ(plan_step(direct, StepOptions{}).gradient_from_pooling, (std::vector<int>{1, -1, -1}));
+  EXPECT_EQ(plan_step(direct, StepOptions{}).forward_by, (std::vector<int>{-1, 0, -1}));
 
   const auto none = [](const StepGraph& graph, StepOptions options = {}) {
     const StepPlan p = plan_step(graph, options);
     return std::all_of(p.backward_by.begin(), p.backward_by.end(), [](int by) { return by < 0; }) &&
+           std::all_of(p.forward_by.begin(), p.forward_by.end(), [](int by) { return by < 0; }) &&
            std::all_of(p.gradient_from_pooling.begin(), p.gradient_from_pooling.end(), [](int k) { return k < 0; });
   };
   EXPECT_FALSE(none(g));

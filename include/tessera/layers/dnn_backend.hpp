@@ -152,6 +152,10 @@ class ConvolutionKernels {
   /// that writes the convolution's whole output gradient (where reads_pooled_gradient).
   virtual void backward_weights_from_pooling(const ConvolutionGeometry& geometry, const float* input,
                                              const PooledGradient& pooled, float* grad_weights, float* grad_bias);
+  /// forward followed by max pooling's forward of `pooled.geometry` (where reads_pooled_gradient
+  /// says so for it): the pooling's output and maxima, the convolution's output not kept.
+  virtual void forward_pooled(const ConvolutionGeometry& geometry, const float* input, const float* weights,
+                              const float* bias, const PooledOutput& pooled);
   /// Bytes of buffers the kernels keep between calls on the tensors' device (bf16's rounded
   /// operands, see bf16_operands.hpp); 0 for kernels that keep none.
   virtual std::int64_t scratch_bytes() const { return 0; }

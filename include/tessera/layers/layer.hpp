@@ -25,6 +25,7 @@ namespace tessera {
 class Communicator;
 class DnnBackend;
 struct PooledGradient;
+struct PooledOutput;
 
 /// Where this rank's tile of a spatially split layer lies, in global coordinates, one entry per
 /// spatial dimension (D, H, W or H, W). The local input covers the global input positions
@@ -73,6 +74,9 @@ struct LayerContext {
   /// gradient_from_pooling): backward computes the weight gradients from the pooling's gradient
   /// and maxima (no input gradient), and reads no output gradient of its own.
   const PooledGradient* pooled_gradient = nullptr;
+  /// Set for a convolution whose reader's max pooling leaves its forward to it (StepPlan::
+  /// forward_by): forward writes the pooling's output and maxima there, and no output of its own.
+  const PooledOutput* pooled_output = nullptr;
 };
 
 /// A trainable tensor and its gradient. Under a model-parallel (filter/channel) split a rank
@@ -227,6 +231,12 @@ class Layer {
   /// weight gradients from `pooled` (LayerContext::pooled_gradient; false for other layers).
   virtual bool reads_pooled_gradient(std::span<const Tensor* const> inputs, const PooledGradient& pooled,
                                      LayerContext& ctx);
+  /// Max pooling: forward's set-up for an input of `input` (its geometry, `output` sized or its
+  /// reader's window checked, its workspace), where its producer will write the output and the
+  /// maxima (LayerContext::pooled_output); nullopt where its windows are not ones the producer can
+  /// write (and for other layers). Null pointers: no samples.
+  virtual std::optional<PooledOutput> pooled_output(const Shape& input, Device device, Tensor& output,
+                                                    LayerContext& ctx);
 
  private:
   std::string name_;

@@ -154,10 +154,10 @@ struct LayerEstimate {
   /// estimate() adds back what the step plan does not fuse, the search prices them on the edges
   /// that decide it (CostModel::unfused_seconds).
   double fused_forward = 0, fused_backward = 0;
-  /// A max pooling whose backward the convolution it reads may do (FusionCandidates::pooled_by):
-  /// the seconds of that backward, left out of `compute` the same way (the search puts them back
-  /// where the pooling's own input is copied).
-  double pooled_backward = 0;
+  /// A max pooling whose forward and backward the convolution it reads may do (FusionCandidates::
+  /// pooled_by): the seconds that saves, left out of `compute` the same way (the search puts them
+  /// back where the pooling's own input is copied).
+  double by_convolution = 0;
   double total() const { return compute + exchange + model_comm + wait; }
 };
 

@@ -129,6 +129,11 @@ struct StepPlan {
   std::vector<int> gradient_from_pooling;
   /// A max pooling's: the convolution that does its backward (gradient_from_pooling); -1: none.
   std::vector<int> backward_by;
+  /// A max pooling's: the convolution that does its forward too, pooling its output rows as it
+  /// makes them (the same chain as backward_by), so that neither its output nor the activation's
+  /// in place over it is ever written; -1: none. Its forward (and the activation's, fused into the
+  /// convolution) is skipped.
+  std::vector<int> forward_by;
   /// Where every tensor of the step lives.
   TransientArena arena;
 };

@@ -77,6 +77,10 @@ struct TransientGraph {
   /// input's gradient (down through layers in place to that earlier one) is never written: no
   /// buffer (kNone). -1: none. Empty: none.
   std::vector<int> backward_by;
+  /// Per layer: the earlier layer whose forward writes this one's output (StepPlan::forward_by):
+  /// the output is born then, and its input's output (down through layers in place to that
+  /// earlier one) is never written: no buffer (kNone). -1: none. Empty: none.
+  std::vector<int> forward_by;
   /// Keep what backward reads in bf16 between its last forward read and its first backward read
   /// (Model::activation_precision; ArenaStash), where that makes the arena smaller (where the
   /// peak is a layer's backward with its fp32 input and gradients, the copies only add buffers).
