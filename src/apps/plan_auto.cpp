@@ -78,10 +78,13 @@ bool check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOp
   const PlanEstimate e = cost.estimate(job_plan);
   if (e.fits) return e.outputs_into_windows;
   // The layer holding the most of its own: weights, their gradients and optimizer state, and its
-  // output (a layer running in place has none: it is its input's).
+  // output (a layer running in place has none: it is its input's; nor has a convolution that
+  // makes its pooling's output, StepPlan::forward_by).
+  const StepPlan step = cost.step_plan(e);
   const auto own = [&](std::size_t i) {
     const LayerEstimate& l = e.layers[i];
-    return l.memory - l.input_bytes - (cost.may_run_in_place(static_cast<int>(i)) ? l.output_bytes : 0.0);
+    const bool none = cost.may_run_in_place(static_cast<int>(i)) || step.arena.output[i] == TransientArena::kNone;
+    return l.memory - l.input_bytes - (none ? l.output_bytes : 0.0);
   };
   std::size_t most = 0;
   for (std::size_t i = 1; i < e.layers.size(); ++i)

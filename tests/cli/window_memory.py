@@ -2,8 +2,9 @@
 """A plan that fits a rank's memory only without outputs written into halo windows runs without them.
 
 On the host, pooling writes its output into the next convolution's halo window where the step
-plan keeps it (the arena may grow by up to 5 %). CosmoFlow 128^3 on 2 ranks split along D
-(plans/cosmoflow_spatial2_deep.yaml) needs a little more with the windows than without. With
+plan keeps it (the arena may grow by up to 5 %). CosmoFlow 128^3 with two input channels (whose
+first convolution therefore makes neither its pooling's output nor its gradient) on 2 ranks split
+along D (plans/cosmoflow_spatial2_deep.yaml) needs a little more with the windows than without. With
 --memory-per-rank:
 
 - far too small: exit 2, one message with the least the plan needs (without windows), X MiB,
@@ -46,12 +47,16 @@ def check(condition, message):
 
 
 with tempfile.TemporaryDirectory() as folder:
-    code, _ = run("generate", "cosmo", "--train", "2", "--size", "128", "--seed", "3", "--output", folder)
+    code, _ = run("generate", "cosmo", "--train", "2", "--size", "128", "--channels", "2", "--seed", "3", "--output",
+                  folder)
     if code != 0:
         sys.exit(f"generating the data failed (exit {code})")
+    model = os.path.join(folder, "cosmoflow_128_2ch.yaml")
+    with open(os.path.join(args.models, "cosmoflow_128.yaml")) as source, open(model, "w") as target:
+        target.write(source.read().replace("shape: [1, 128, 128, 128]", "shape: [2, 128, 128, 128]"))
 
     def train(limit):
-        return run("train", "--model", os.path.join(args.models, "cosmoflow_128.yaml"), "--plan",
+        return run("train", "--model", model, "--plan",
                    os.path.join(args.plans, "cosmoflow_spatial2_deep.yaml"), "--data",
                    os.path.join(folder, "train.h5"), "--batch", "1", "--steps", "1", "--lr", "0.0001",
                    "--memory-per-rank", str(int(limit)))
