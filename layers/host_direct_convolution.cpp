@@ -437,19 +437,28 @@ const float* DirectConvolution::padded_input(const ConvolutionGeometry& geometry
   return padded;
 }
 
-void DirectConvolution::forward(const ConvolutionGeometry& geometry, const float* input, const float* weights,
-                                const float* bias, float* output) {
-  TESSERA_CHECK(direct_convolution_applies(geometry), "direct convolution kernels asked for {}", geometry.to_string());
+/// Forward's weights as [groups of 16 filters][taps][16], filters past the last 0, and its bias as
+/// [groups][16].
+static void pack_weights(const ConvolutionGeometry& geometry, const float* weights, const float* bias,
+                         std::vector<float>& packed, std::vector<float>& packed_bias) {
   const Box b(geometry);
-  const float* padded = padded_input(geometry, input);
   const std::int64_t groups = (b.filters + kLanes - 1) / kLanes, taps = b.taps();
-  std::vector<float> packed(static_cast<std::size_t>(groups * taps * kLanes), 0.0f);
-  std::vector<float> packed_bias(static_cast<std::size_t>(groups * kLanes), 0.0f);
+  packed.assign(static_cast<std::size_t>(groups * taps * kLanes), 0.0f);
+  packed_bias.assign(static_cast<std::size_t>(groups * kLanes), 0.0f);
   for (std::int64_t f = 0; f < b.filters; ++f) {
     for (std::int64_t t = 0; t < taps; ++t)
       packed[static_cast<std::size_t>((f / kLanes * taps + t) * kLanes + f % kLanes)] = weights[f * taps + t];
     if (geometry.bias) packed_bias[static_cast<std::size_t>(f)] = bias[f];
   }
+}
+
+void DirectConvolution::forward(const ConvolutionGeometry& geometry, const float* input, const float* weights,
+                                const float* bias, float* output) {
+  TESSERA_CHECK(direct_convolution_applies(geometry), "direct convolution kernels asked for {}", geometry.to_string());
+  const Box b(geometry);
+  const float* padded = padded_input(geometry, input);
+  std::vector<float> packed, packed_bias;
+  pack_weights(geometry, weights, bias, packed, packed_bias);
   const std::int64_t rows = b.batch * b.out_depth * b.out_height;
   const bool leaky = geometry.leaky_relu;
   const float slope = geometry.leaky_slope;
@@ -496,14 +505,8 @@ void DirectConvolution::forward_pooled(const ConvolutionGeometry& geometry, cons
   const Box b(geometry);
   const PoolBox pool = pool_box(*pooled.geometry);
   const float* padded = padded_input(geometry, input);
-  const std::int64_t groups = (b.filters + kLanes - 1) / kLanes, taps = b.taps();
-  std::vector<float> packed(static_cast<std::size_t>(groups * taps * kLanes), 0.0f);
-  std::vector<float> packed_bias(static_cast<std::size_t>(groups * kLanes), 0.0f);
-  for (std::int64_t f = 0; f < b.filters; ++f) {
-    for (std::int64_t t = 0; t < taps; ++t)
-      packed[static_cast<std::size_t>((f / kLanes * taps + t) * kLanes + f % kLanes)] = weights[f * taps + t];
-    if (geometry.bias) packed_bias[static_cast<std::size_t>(f)] = bias[f];
-  }
+  std::vector<float> packed, packed_bias;
+  pack_weights(geometry, weights, bias, packed, packed_bias);
   const std::int64_t rows = b.batch * pool.out[0] * pool.out[1];
   const int threads = omp_get_max_threads();
   // 4 rows of 16 filters, and a pair of vectors past the last for the loads of its last windows.

@@ -101,31 +101,31 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
   const int loss = 2 * static_cast<int>(n);
   const auto forward = [](std::size_t i) { return 2 * static_cast<int>(i); };
   const auto backward = [n](std::size_t k) { return 2 * static_cast<int>(2 * n - k); };
-  // When a layer's output is born: its forward, or the earlier layer's that writes it.
-  const auto own_forward = [&](std::size_t k) {
-    const int by = graph.forward_by.empty() ? -1 : graph.forward_by[k];
-    TESSERA_CHECK(by < static_cast<int>(k), "transient_arena: layer {}'s forward done by layer {}, not an earlier one",
-                  k, by);
-    return forward(by >= 0 ? static_cast<std::size_t>(by) : k);
+  // The layer whose pass does layer k's (`by`: forward_by or backward_by; k itself where none).
+  const auto done_by = [&](const std::vector<int>& by, std::size_t k) {
+    const int other = by.empty() ? -1 : by[k];
+    TESSERA_CHECK(other < static_cast<int>(k), "transient_arena: layer {}'s pass done by layer {}, not an earlier one",
+                  k, other);
+    return other >= 0 ? static_cast<std::size_t>(other) : k;
   };
-  // Outputs never written: the input's (down through layers in place) of a layer whose forward an
-  // earlier one does.
-  std::vector<bool> unwritten_output(n, false);
-  for (std::size_t k = 0; k < n && !graph.forward_by.empty(); ++k) {
-    const int by = graph.forward_by[k];
-    for (int u = by >= 0 ? graph.inputs[k].at(0) : -1; u >= 0;
-         u = graph.in_place[static_cast<std::size_t>(u)] ? graph.inputs[static_cast<std::size_t>(u)][0] : -1) {
-      unwritten_output[static_cast<std::size_t>(u)] = true;
-      if (u == by) break;
+  // When a layer's output is born, and when its own backward work runs.
+  const auto own_forward = [&](std::size_t k) { return forward(done_by(graph.forward_by, k)); };
+  const auto own_backward = [&](std::size_t k) { return backward(done_by(graph.backward_by, k)); };
+  // Per layer: its output (or gradient) is never written, as the input (down through layers in
+  // place) of a layer whose pass an earlier one does.
+  const auto unwritten = [&](const std::vector<int>& by) {
+    std::vector<bool> never(n, false);
+    for (std::size_t k = 0; k < by.size(); ++k) {
+      if (by[k] < 0) continue;
+      for (int u = graph.inputs[k].at(0); u >= 0;
+           u = graph.in_place[static_cast<std::size_t>(u)] ? graph.inputs[static_cast<std::size_t>(u)][0] : -1) {
+        never[static_cast<std::size_t>(u)] = true;
+        if (u == by[k]) break;
+      }
     }
-  }
-  // When a layer's own backward work runs: its backward's, or the earlier layer's that does it.
-  const auto own_backward = [&](std::size_t k) {
-    const int by = graph.backward_by.empty() ? -1 : graph.backward_by[k];
-    TESSERA_CHECK(by < static_cast<int>(k), "transient_arena: layer {}'s backward done by layer {}, not an earlier one",
-                  k, by);
-    return backward(by >= 0 ? static_cast<std::size_t>(by) : k);
+    return never;
   };
+  const std::vector<bool> unwritten_output = unwritten(graph.forward_by);
   // Each layer's last reader (whose backward first writes its gradient).
   std::vector<int> last_reader(n, -1);
   for (std::size_t i = 0; i < n; ++i)
@@ -216,20 +216,11 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
   // whose backward reads it last. Written first by the last reader's backward (the loss for the
   // output).
   arena.output_grad.assign(n, TransientArena::kNone);
-  // No gradient where a layer's backward is done by an earlier one (backward_by): its input's,
-  // down through the layers running in place to that earlier one, is never written.
-  std::vector<bool> unwritten(n, false);
-  for (std::size_t k = 0; k < n && !graph.backward_by.empty(); ++k) {
-    const int by = graph.backward_by[k];
-    for (int u = by >= 0 ? graph.inputs[k].at(0) : -1; u >= 0;
-         u = graph.in_place[static_cast<std::size_t>(u)] ? graph.inputs[static_cast<std::size_t>(u)][0] : -1) {
-      unwritten[static_cast<std::size_t>(u)] = true;
-      if (u == by) break;
-    }
-  }
+  // No gradient where a layer's backward is done by an earlier one (backward_by).
+  const std::vector<bool> unwritten_grad = unwritten(graph.backward_by);
   for (std::size_t i = n; i-- > 0;) {
     std::size_t& b = arena.output_grad[i];
-    if (unwritten[i]) continue;
+    if (unwritten_grad[i]) continue;
     const int written = static_cast<int>(i) == graph.output ? loss
                         : last_reader[i] >= 0           ? backward(static_cast<std::size_t>(last_reader[i]))
                                                         : backward(i);

@@ -89,6 +89,16 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
                 inputs.dim(0), end - begin);
   auto& nodes = model_.nodes();
   std::vector<const Tensor*> in;
+  // Layer i's output into its reader's window where the step plan puts it there (the arena's
+  // view; evaluating a batch larger than training's, a window of its own).
+  const auto into_window = [&](std::size_t i, LayerContext& ctx) {
+    const int reader = ex.step.output_in_window[i];
+    if (reader < 0) return;
+    Tensor& window = windows_[static_cast<std::size_t>(reader)][0];
+    window.resize(Shape(ex.copy_extent[static_cast<std::size_t>(reader)][0]), options_.device);
+    outputs_[i] = window;
+    ctx.output_offset = ex.output_offset[i];
+  };
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     if (training) begin_time(ex, static_cast<int>(i));
     const LayerTimer timer(*this, training ? i : kNotProfiled, /*forward=*/true);
@@ -121,26 +131,14 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
     if (ex.step.forward_by[i] >= 0) continue;  // the convolution it reads wrote its output and maxima
     LayerContext ctx = context(i, batch_size, step, training);
     ctx.leaky_relu_after = ex.step.leaky_relu_after[i];
-    if (const int reader = ex.step.output_in_window[i]; reader >= 0) {
-      // Into its reader's window (the arena's view; evaluating a batch larger than training's, a
-      // window of its own).
-      Tensor& window = windows_[static_cast<std::size_t>(reader)][0];
-      window.resize(Shape(ex.copy_extent[static_cast<std::size_t>(reader)][0]), options_.device);
-      outputs_[i] = window;
-      ctx.output_offset = ex.output_offset[i];
-    }
+    into_window(i, ctx);
     std::optional<PooledOutput> pooled;
     if (const int k = ex.step.gradient_from_pooling[i];
         k >= 0 && ex.step.forward_by[static_cast<std::size_t>(k)] >= 0) {
       // Its reader's max pooling, made as its rows are (it keeps no output of its own).
       const auto u = static_cast<std::size_t>(k);
       LayerContext pool_ctx = context(u, batch_size, step, training);
-      if (const int reader = ex.step.output_in_window[u]; reader >= 0) {
-        Tensor& window = windows_[static_cast<std::size_t>(reader)][0];
-        window.resize(Shape(ex.copy_extent[static_cast<std::size_t>(reader)][0]), options_.device);
-        outputs_[u] = window;
-        pool_ctx.output_offset = ex.output_offset[u];
-      }
+      into_window(u, pool_ctx);
       pooled = nodes[u].layer->pooled_output(Shape(ex.output_extent[i]), options_.device, outputs_[u], pool_ctx);
       if (!pooled) fail("Executor: layer '{}' cannot be pooled by its producer (executor bug)", nodes[u].layer->name());
       ctx.pooled_output = &*pooled;
