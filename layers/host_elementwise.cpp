@@ -59,6 +59,12 @@ void adam_loop(std::int64_t n, float* __restrict p, const float* __restrict g, f
   }
 }
 
+/// The optimizer updates run over the threads in chunks of this many elements.
+constexpr std::int64_t kUpdateChunk = 16384;
+std::int64_t chunks(std::int64_t count) {
+  return (count + kUpdateChunk - 1) / kUpdateChunk;
+}
+
 class HostElementwise final : public ElementwiseKernels {
  public:
   void leaky_relu_forward(const float* x, float* y, std::int64_t count, float slope) override {
@@ -149,79 +155,106 @@ class HostElementwise final : public ElementwiseKernels {
 
   void copy_rows(const float* source, std::int64_t source_stride, float* destination, std::int64_t destination_stride,
                  std::int64_t rows, std::int64_t length) override {
-    host_for("copy rows", rows, [=](std::int64_t r) {
-      std::memcpy(destination + r * destination_stride, source + r * source_stride,
-                  static_cast<std::size_t>(length) * sizeof(float));
-    });
+    host_for(
+        "copy rows", rows,
+        [=](std::int64_t r) {
+          std::memcpy(destination + r * destination_stride, source + r * source_stride,
+                      static_cast<std::size_t>(length) * sizeof(float));
+        },
+        length);
   }
 
   void sgd_update(float* p, const float* g, float* momentum_buffer, std::int64_t count, const SgdStep& step) override {
-    sgd_loop(count, p, g, momentum_buffer, step);
+    host_for(
+        "sgd update", chunks(count),
+        [=](std::int64_t c) {
+          const std::int64_t begin = c * kUpdateChunk, n = std::min(kUpdateChunk, count - begin);
+          sgd_loop(n, p + begin, g + begin, momentum_buffer ? momentum_buffer + begin : nullptr, step);
+        },
+        kUpdateChunk);
   }
 
   void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step) override {
-    adam_loop(count, p, g, m, v, step);
+    host_for(
+        "adam update", chunks(count),
+        [=](std::int64_t c) {
+          const std::int64_t begin = c * kUpdateChunk, n = std::min(kUpdateChunk, count - begin);
+          adam_loop(n, p + begin, g + begin, m + begin, v + begin, step);
+        },
+        kUpdateChunk);
   }
 
   void batch_norm_statistics(const float* x, std::int64_t batch, std::int64_t channels, std::int64_t inner,
                              double* sums) override {
-    host_for("batchnorm statistics", channels, [=](std::int64_t c) {
-      double sum = 0.0, squares = 0.0;
-      for (std::int64_t n = 0; n < batch; ++n) {
-        const float* row = x + (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i) {
-          sum += row[i];
-          squares += static_cast<double>(row[i]) * row[i];
-        }
-      }
-      sums[c] = sum;
-      sums[channels + c] = squares;
-    });
+    host_for(
+        "batchnorm statistics", channels,
+        [=](std::int64_t c) {
+          double sum = 0.0, squares = 0.0;
+          for (std::int64_t n = 0; n < batch; ++n) {
+            const float* row = x + (n * channels + c) * inner;
+            for (std::int64_t i = 0; i < inner; ++i) {
+              sum += row[i];
+              squares += static_cast<double>(row[i]) * row[i];
+            }
+          }
+          sums[c] = sum;
+          sums[channels + c] = squares;
+        },
+        batch * inner);
   }
 
   void batch_norm_normalize(const float* x, float* y, std::int64_t batch, std::int64_t channels, std::int64_t inner,
                             const float* scale, const float* shift) override {
-    host_for("batchnorm normalize", batch * channels, [=](std::int64_t row) {
-      const std::int64_t c = row % channels;
-      const float a = scale[c], b = shift[c];
-      const float* in = x + row * inner;
-      float* out = y + row * inner;
-      for (std::int64_t i = 0; i < inner; ++i) out[i] = a * in[i] + b;
-    });
+    host_for(
+        "batchnorm normalize", batch * channels,
+        [=](std::int64_t row) {
+          const std::int64_t c = row % channels;
+          const float a = scale[c], b = shift[c];
+          const float* in = x + row * inner;
+          float* out = y + row * inner;
+          for (std::int64_t i = 0; i < inner; ++i) out[i] = a * in[i] + b;
+        },
+        inner);
   }
 
   void batch_norm_backward_sums(const float* x, const float* dy, std::int64_t batch, std::int64_t channels,
                                 std::int64_t inner, const double* mean, const double* inverse_std,
                                 double* sums) override {
-    host_for("batchnorm backward sums", channels, [=](std::int64_t c) {
-      double sum_dy = 0.0, sum_dy_xhat = 0.0;
-      for (std::int64_t n = 0; n < batch; ++n) {
-        const std::int64_t offset = (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i) {
-          sum_dy += dy[offset + i];
-          sum_dy_xhat += static_cast<double>(dy[offset + i]) * ((x[offset + i] - mean[c]) * inverse_std[c]);
-        }
-      }
-      sums[c] = sum_dy;
-      sums[channels + c] = sum_dy_xhat;
-    });
+    host_for(
+        "batchnorm backward sums", channels,
+        [=](std::int64_t c) {
+          double sum_dy = 0.0, sum_dy_xhat = 0.0;
+          for (std::int64_t n = 0; n < batch; ++n) {
+            const std::int64_t offset = (n * channels + c) * inner;
+            for (std::int64_t i = 0; i < inner; ++i) {
+              sum_dy += dy[offset + i];
+              sum_dy_xhat += static_cast<double>(dy[offset + i]) * ((x[offset + i] - mean[c]) * inverse_std[c]);
+            }
+          }
+          sums[c] = sum_dy;
+          sums[channels + c] = sum_dy_xhat;
+        },
+        batch * inner);
   }
 
   void batch_norm_backward(const float* x, const float* dy, float* dx, std::int64_t batch, std::int64_t channels,
                            std::int64_t inner, const double* scale, const double* mean, const double* inverse_std,
                            const double* mean_dy, const double* mean_dy_xhat) override {
-    host_for("batchnorm backward", batch * channels, [=](std::int64_t row) {
-      const std::int64_t c = row % channels;
-      const std::int64_t offset = row * inner;
-      if (!mean_dy) {  // statistics were constants (evaluation mode)
-        for (std::int64_t i = 0; i < inner; ++i) dx[offset + i] = static_cast<float>(scale[c] * dy[offset + i]);
-        return;
-      }
-      for (std::int64_t i = 0; i < inner; ++i) {
-        const double xhat = (x[offset + i] - mean[c]) * inverse_std[c];
-        dx[offset + i] = static_cast<float>(scale[c] * (dy[offset + i] - mean_dy[c] - xhat * mean_dy_xhat[c]));
-      }
-    });
+    host_for(
+        "batchnorm backward", batch * channels,
+        [=](std::int64_t row) {
+          const std::int64_t c = row % channels;
+          const std::int64_t offset = row * inner;
+          if (!mean_dy) {  // statistics were constants (evaluation mode)
+            for (std::int64_t i = 0; i < inner; ++i) dx[offset + i] = static_cast<float>(scale[c] * dy[offset + i]);
+            return;
+          }
+          for (std::int64_t i = 0; i < inner; ++i) {
+            const double xhat = (x[offset + i] - mean[c]) * inverse_std[c];
+            dx[offset + i] = static_cast<float>(scale[c] * (dy[offset + i] - mean_dy[c] - xhat * mean_dy_xhat[c]));
+          }
+        },
+        inner);
   }
 };
 

@@ -125,47 +125,53 @@ void max_pool_unclipped(const Box& b, const float* input, float* output, std::in
   const std::int64_t k0 = K0 ? K0 : b.kernel[0], k1 = K1 ? K1 : b.kernel[1], k2 = K2 ? K2 : b.kernel[2];
   std::int64_t first[3];
   for (int d = 0; d < 3; ++d) first[d] = b.out_origin[d] * b.stride[d] - b.padding[d] - b.in_origin[d];
-  host_for("max pool forward", b.planes, [=](std::int64_t p) {
-    const float* x = input + p * in_plane;
-    std::int32_t* where = argmax + p * out_plane;
-    std::int64_t o = 0;
-    for (std::int64_t od = 0; od < b.out[0]; ++od) {
-      const std::int64_t d0 = first[0] + od * b.stride[0];
-      for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
-        const std::int64_t base = d0 * rows + (first[1] + oh * b.stride[1]) * row + first[2];
-        float* y = output + b.out_at(p, od, oh);  // this output row
-        if constexpr ((K0 == 1 || K0 == 2) && K1 == 2 && K2 == 2) {
-          if ((K0 == 1 || b.stride[0] == 2) && b.stride[1] == 2 && b.stride[2] == 2) {
-            const auto at = static_cast<std::int32_t>(base);
-            const auto plane = static_cast<std::int32_t>(rows), width = static_cast<std::int32_t>(row);
-            if (b.out[2] < kWideRow) max_pool_row_2x2<K0 == 2>(x + base, at, plane, width, b.out[2], y, where + o);
-            else if constexpr (K0 == 2) max_pool_row_2x2x2_wide(x + base, at, plane, width, b.out[2], y, where + o);
-            else max_pool_row_2x2_wide(x + base, at, plane, width, b.out[2], y, where + o);
-            o += b.out[2];
-            continue;
+  host_for(
+      "max pool forward", b.planes,
+      [=](std::int64_t p) {
+        const float* x = input + p * in_plane;
+        std::int32_t* where = argmax + p * out_plane;
+        std::int64_t o = 0;
+        for (std::int64_t od = 0; od < b.out[0]; ++od) {
+          const std::int64_t d0 = first[0] + od * b.stride[0];
+          for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
+            const std::int64_t base = d0 * rows + (first[1] + oh * b.stride[1]) * row + first[2];
+            float* y = output + b.out_at(p, od, oh);  // this output row
+            if constexpr ((K0 == 1 || K0 == 2) && K1 == 2 && K2 == 2) {
+              if ((K0 == 1 || b.stride[0] == 2) && b.stride[1] == 2 && b.stride[2] == 2) {
+                const auto at = static_cast<std::int32_t>(base);
+                const auto plane = static_cast<std::int32_t>(rows), width = static_cast<std::int32_t>(row);
+                if (b.out[2] < kWideRow)
+                  max_pool_row_2x2<K0 == 2>(x + base, at, plane, width, b.out[2], y, where + o);
+                else if constexpr (K0 == 2)
+                  max_pool_row_2x2x2_wide(x + base, at, plane, width, b.out[2], y, where + o);
+                else
+                  max_pool_row_2x2_wide(x + base, at, plane, width, b.out[2], y, where + o);
+                o += b.out[2];
+                continue;
+              }
+            }
+            for (std::int64_t ow = 0; ow < b.out[2]; ++ow, ++o) {
+              const std::int64_t start = base + ow * b.stride[2];
+              float best = -std::numeric_limits<float>::infinity();
+              std::int64_t best_at = start;
+              for (std::int64_t i = 0; i < k0; ++i)
+                for (std::int64_t j = 0; j < k1; ++j)
+                  for (std::int64_t k = 0; k < k2; ++k) {
+                    // Selects instead of branches: on real data the larger of two neighbours is a
+                    // coin toss, and mispredicted branches cost more than the loads.
+                    const std::int64_t at = start + i * rows + j * row + k;
+                    const float value = x[at];
+                    const bool larger = value > best;
+                    best = larger ? value : best;
+                    best_at = larger ? at : best_at;
+                  }
+              y[ow] = best;
+              where[o] = static_cast<std::int32_t>(best_at);
+            }
           }
         }
-        for (std::int64_t ow = 0; ow < b.out[2]; ++ow, ++o) {
-          const std::int64_t start = base + ow * b.stride[2];
-          float best = -std::numeric_limits<float>::infinity();
-          std::int64_t best_at = start;
-          for (std::int64_t i = 0; i < k0; ++i)
-            for (std::int64_t j = 0; j < k1; ++j)
-              for (std::int64_t k = 0; k < k2; ++k) {
-                // Selects instead of branches: on real data the larger of two neighbours is a
-                // coin toss, and mispredicted branches cost more than the loads.
-                const std::int64_t at = start + i * rows + j * row + k;
-                const float value = x[at];
-                const bool larger = value > best;
-                best = larger ? value : best;
-                best_at = larger ? at : best_at;
-              }
-          y[ow] = best;
-          where[o] = static_cast<std::int32_t>(best_at);
-        }
-      }
-    }
-  });
+      },
+      in_plane);
 }
 
 /// Whether the windows tile the local input exactly (stride = kernel, the first window at local 0,
@@ -200,33 +206,37 @@ void max_backward_tiled(const char* label, const Box& b, const std::int32_t* arg
   const std::int64_t in_plane = b.in_plane(), out_plane = b.out_plane(), rows = b.in[1] * b.in[2], row = b.in[2];
   // A gradient larger than the caches is written a row at a time in streaming stores.
   const bool stream = host::streams_output(b.planes * in_plane * static_cast<std::int64_t>(sizeof(float)));
-  host_for(label, b.planes, [=](std::int64_t p) {
-    float* dx = grad_input + p * in_plane;
-    const std::int32_t* where = argmax + p * out_plane;
-    std::vector<float> through(output ? static_cast<std::size_t>(b.out[2]) : 0);
-    std::vector<float> line(stream ? static_cast<std::size_t>(row) : 0);
-    for (std::int64_t od = 0; od < b.out[0]; ++od)
-      for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
-        const std::int64_t o = (od * b.out[1] + oh) * b.out[2];
-        const float* g = grad_output + b.out_at(p, od, oh);
-        if (output) {
-          const float* y = output + b.out_at(p, od, oh);
-          for (std::int64_t ow = 0; ow < b.out[2]; ++ow) through[static_cast<std::size_t>(ow)] = g[ow] * (y[ow] > 0 ? 1.0f : slope);
-          g = through.data();
-        }
-        for (std::int64_t i = 0; i < b.kernel[0]; ++i)
-          for (std::int64_t j = 0; j < b.kernel[1]; ++j) {
-            const std::int64_t base = (od * b.kernel[0] + i) * rows + (oh * b.kernel[1] + j) * row;
-            if (!stream) {
-              max_backward_row_2(g, where + o, static_cast<std::int32_t>(base), b.out[2], dx + base);
-              continue;
+  host_for(
+      label, b.planes,
+      [=](std::int64_t p) {
+        float* dx = grad_input + p * in_plane;
+        const std::int32_t* where = argmax + p * out_plane;
+        std::vector<float> through(output ? static_cast<std::size_t>(b.out[2]) : 0);
+        std::vector<float> line(stream ? static_cast<std::size_t>(row) : 0);
+        for (std::int64_t od = 0; od < b.out[0]; ++od)
+          for (std::int64_t oh = 0; oh < b.out[1]; ++oh) {
+            const std::int64_t o = (od * b.out[1] + oh) * b.out[2];
+            const float* g = grad_output + b.out_at(p, od, oh);
+            if (output) {
+              const float* y = output + b.out_at(p, od, oh);
+              for (std::int64_t ow = 0; ow < b.out[2]; ++ow)
+                through[static_cast<std::size_t>(ow)] = g[ow] * (y[ow] > 0 ? 1.0f : slope);
+              g = through.data();
             }
-            max_backward_row_2(g, where + o, static_cast<std::int32_t>(base), b.out[2], line.data());
-            host::stream_copy(dx + base, line.data(), row, true);
+            for (std::int64_t i = 0; i < b.kernel[0]; ++i)
+              for (std::int64_t j = 0; j < b.kernel[1]; ++j) {
+                const std::int64_t base = (od * b.kernel[0] + i) * rows + (oh * b.kernel[1] + j) * row;
+                if (!stream) {
+                  max_backward_row_2(g, where + o, static_cast<std::int32_t>(base), b.out[2], dx + base);
+                  continue;
+                }
+                max_backward_row_2(g, where + o, static_cast<std::int32_t>(base), b.out[2], line.data());
+                host::stream_copy(dx + base, line.data(), row, true);
+              }
           }
-      }
-    if (stream) host::stream_fence();
-  });
+        if (stream) host::stream_fence();
+      },
+      in_plane);
 }
 
 class HostPooling final : public PoolingKernels {
@@ -248,38 +258,44 @@ class HostPooling final : public PoolingKernels {
     } else if (g.mode == PoolingMode::Max) {
       // The position of each maximum (within its plane) is what backward needs.
       auto* argmax = static_cast<std::int32_t*>(workspace);
-      host_for("max pool forward", b.planes, [=](std::int64_t p) {
-        const float* x = input + p * in_plane;
-        float* y = output + p * b.out_planes;
-        std::int32_t* where = argmax + p * out_plane;
-        for_each_window(b, [&](std::int64_t o, std::int64_t at_y, Span d, Span h, Span w) {
-          float best = -std::numeric_limits<float>::infinity();
-          std::int64_t best_at = d.begin * rows + h.begin * row + w.begin;
-          for (std::int64_t i = d.begin; i < d.end; ++i)
-            for (std::int64_t j = h.begin; j < h.end; ++j)
-              for (std::int64_t k = w.begin; k < w.end; ++k) {
-                const std::int64_t at = i * rows + j * row + k;
-                if (x[at] > best) {
-                  best = x[at];
-                  best_at = at;
-                }
-              }
-          y[at_y] = best;
-          where[o] = static_cast<std::int32_t>(best_at);
-        });
-      });
+      host_for(
+          "max pool forward", b.planes,
+          [=](std::int64_t p) {
+            const float* x = input + p * in_plane;
+            float* y = output + p * b.out_planes;
+            std::int32_t* where = argmax + p * out_plane;
+            for_each_window(b, [&](std::int64_t o, std::int64_t at_y, Span d, Span h, Span w) {
+              float best = -std::numeric_limits<float>::infinity();
+              std::int64_t best_at = d.begin * rows + h.begin * row + w.begin;
+              for (std::int64_t i = d.begin; i < d.end; ++i)
+                for (std::int64_t j = h.begin; j < h.end; ++j)
+                  for (std::int64_t k = w.begin; k < w.end; ++k) {
+                    const std::int64_t at = i * rows + j * row + k;
+                    if (x[at] > best) {
+                      best = x[at];
+                      best_at = at;
+                    }
+                  }
+              y[at_y] = best;
+              where[o] = static_cast<std::int32_t>(best_at);
+            });
+          },
+          in_plane);
     } else {
-      host_for("average pool forward", b.planes, [=](std::int64_t p) {
-        const float* x = input + p * in_plane;
-        float* y = output + p * b.out_planes;
-        for_each_window(b, [&](std::int64_t, std::int64_t at_y, Span d, Span h, Span w) {
-          float sum = 0.0f;
-          for (std::int64_t i = d.begin; i < d.end; ++i)
-            for (std::int64_t j = h.begin; j < h.end; ++j)
-              for (std::int64_t k = w.begin; k < w.end; ++k) sum += x[i * rows + j * row + k];
-          y[at_y] = sum / static_cast<float>((d.end - d.begin) * (h.end - h.begin) * (w.end - w.begin));
-        });
-      });
+      host_for(
+          "average pool forward", b.planes,
+          [=](std::int64_t p) {
+            const float* x = input + p * in_plane;
+            float* y = output + p * b.out_planes;
+            for_each_window(b, [&](std::int64_t, std::int64_t at_y, Span d, Span h, Span w) {
+              float sum = 0.0f;
+              for (std::int64_t i = d.begin; i < d.end; ++i)
+                for (std::int64_t j = h.begin; j < h.end; ++j)
+                  for (std::int64_t k = w.begin; k < w.end; ++k) sum += x[i * rows + j * row + k];
+              y[at_y] = sum / static_cast<float>((d.end - d.begin) * (h.end - h.begin) * (w.end - w.begin));
+            });
+          },
+          in_plane);
     }
   }
 
@@ -291,14 +307,18 @@ class HostPooling final : public PoolingKernels {
     if (tiles_input_in_pairs(b))
       return max_backward_tiled("max pool backward through leaky relu", b, argmax, grad_output, output, slope,
                                 grad_input);
-    host_for("max pool backward through leaky relu", b.planes, [=](std::int64_t p) {
-      float* dx = grad_input + p * in_plane;
-      const float* y = output + p * b.out_planes;  // the input at each maximum
-      const float* dy = grad_output + p * b.out_planes;
-      const std::int32_t* where = argmax + p * out_plane;
-      std::fill(dx, dx + in_plane, 0.0f);
-      for_each_output(b, [&](std::int64_t o, std::int64_t at) { dx[where[o]] += dy[at] * (y[at] > 0 ? 1.0f : slope); });
-    });
+    host_for(
+        "max pool backward through leaky relu", b.planes,
+        [=](std::int64_t p) {
+          float* dx = grad_input + p * in_plane;
+          const float* y = output + p * b.out_planes;  // the input at each maximum
+          const float* dy = grad_output + p * b.out_planes;
+          const std::int32_t* where = argmax + p * out_plane;
+          std::fill(dx, dx + in_plane, 0.0f);
+          for_each_output(
+              b, [&](std::int64_t o, std::int64_t at) { dx[where[o]] += dy[at] * (y[at] > 0 ? 1.0f : slope); });
+        },
+        in_plane);
   }
 
   void backward(const PoolingGeometry& g, const float* grad_output, const void* workspace,
@@ -312,25 +332,32 @@ class HostPooling final : public PoolingKernels {
                          0.0f, grad_input);
     } else if (g.mode == PoolingMode::Max) {
       const auto* argmax = static_cast<const std::int32_t*>(workspace);
-      host_for("max pool backward", b.planes, [=](std::int64_t p) {
-        float* dx = grad_input + p * in_plane;
-        const float* dy = grad_output + p * b.out_planes;
-        const std::int32_t* where = argmax + p * out_plane;
-        std::fill(dx, dx + in_plane, 0.0f);
-        for_each_output(b, [&](std::int64_t o, std::int64_t at) { dx[where[o]] += dy[at]; });
-      });
+      host_for(
+          "max pool backward", b.planes,
+          [=](std::int64_t p) {
+            float* dx = grad_input + p * in_plane;
+            const float* dy = grad_output + p * b.out_planes;
+            const std::int32_t* where = argmax + p * out_plane;
+            std::fill(dx, dx + in_plane, 0.0f);
+            for_each_output(b, [&](std::int64_t o, std::int64_t at) { dx[where[o]] += dy[at]; });
+          },
+          in_plane);
     } else {
-      host_for("average pool backward", b.planes, [=](std::int64_t p) {
-        float* dx = grad_input + p * in_plane;
-        const float* dy = grad_output + p * b.out_planes;
-        std::fill(dx, dx + in_plane, 0.0f);
-        for_each_window(b, [&](std::int64_t, std::int64_t at_y, Span d, Span h, Span w) {
-          const float share = dy[at_y] / static_cast<float>((d.end - d.begin) * (h.end - h.begin) * (w.end - w.begin));
-          for (std::int64_t i = d.begin; i < d.end; ++i)
-            for (std::int64_t j = h.begin; j < h.end; ++j)
-              for (std::int64_t k = w.begin; k < w.end; ++k) dx[i * rows + j * row + k] += share;
-        });
-      });
+      host_for(
+          "average pool backward", b.planes,
+          [=](std::int64_t p) {
+            float* dx = grad_input + p * in_plane;
+            const float* dy = grad_output + p * b.out_planes;
+            std::fill(dx, dx + in_plane, 0.0f);
+            for_each_window(b, [&](std::int64_t, std::int64_t at_y, Span d, Span h, Span w) {
+              const float share =
+                  dy[at_y] / static_cast<float>((d.end - d.begin) * (h.end - h.begin) * (w.end - w.begin));
+              for (std::int64_t i = d.begin; i < d.end; ++i)
+                for (std::int64_t j = h.begin; j < h.end; ++j)
+                  for (std::int64_t k = w.begin; k < w.end; ++k) dx[i * rows + j * row + k] += share;
+            });
+          },
+          in_plane);
     }
   }
 };

@@ -666,6 +666,7 @@ void WinogradConvolution::backward_weights(const ConvolutionGeometry& geometry, 
     }
   if (geometry.bias) {
     const std::int64_t ovol = s.out_volume();
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (std::int64_t k = 0; k < K; ++k) {
       double sum = 0;
       for (std::int64_t n = 0; n < s.batch; ++n) {

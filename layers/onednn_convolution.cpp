@@ -749,14 +749,17 @@ class OneDnnConvolution final : public ConvolutionKernels {
     if (dw.bias_by_loop) {
       const std::int64_t n_count = g.batch, f_count = g.out_channels;
       const std::int64_t volume = g.output_size[0] * g.output_size[1] * g.output_size[2];
-      host_for("conv3d backward bias", f_count, [=](std::int64_t f) {
-        double sum = 0.0;
-        for (std::int64_t n = 0; n < n_count; ++n) {
-          const float* dy = grad_output + (n * f_count + f) * volume;
-          for (std::int64_t i = 0; i < volume; ++i) sum += dy[i];
-        }
-        grad_bias[f] = static_cast<float>(sum);
-      });
+      host_for(
+          "conv3d backward bias", f_count,
+          [=](std::int64_t f) {
+            double sum = 0.0;
+            for (std::int64_t n = 0; n < n_count; ++n) {
+              const float* dy = grad_output + (n * f_count + f) * volume;
+              for (std::int64_t i = 0; i < volume; ++i) sum += dy[i];
+            }
+            grad_bias[f] = static_cast<float>(sum);
+          },
+          n_count * volume);
     }
   }
 
