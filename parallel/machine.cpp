@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string_view>
+#include <type_traits>
+#include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/yaml_file.hpp"
@@ -330,6 +333,76 @@ CommLevel Machine::intra_for(int ranks) const {
 double Machine::oversubscription(int ranks) const {
   if (device == "gpu") return 1;
   return std::max(1.0, static_cast<double>(ranks_on_node(ranks)) / cores_per_node);
+}
+
+namespace {
+
+/// The median of `values` (the mean of the middle two for an even count).
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+/// Per key, the median over the maps that have it.
+template <typename Key>
+std::map<Key, double> median_by_key(const std::vector<const std::map<Key, double>*>& maps) {
+  std::map<Key, std::vector<double>> values;
+  for (const auto* m : maps)
+    for (const auto& [key, value] : *m) values[key].push_back(value);
+  std::map<Key, double> result;
+  for (auto& [key, list] : values) result[key] = median_of(std::move(list));
+  return result;
+}
+
+}  // namespace
+
+Machine merge_calibrations(const std::vector<Machine>& machines, const std::vector<std::string>& names) {
+  if (machines.size() < 2 || names.size() != machines.size())
+    fail_input("merging calibrations needs at least two machine files, got {}", machines.size());
+  const Machine& first = machines.front();
+  for (std::size_t i = 1; i < machines.size(); ++i) {
+    const Machine& m = machines[i];
+    if (m.device != first.device || m.nodes != first.nodes || m.cores_per_node != first.cores_per_node ||
+        m.ranks_per_node != first.ranks_per_node)
+      fail_input(
+          "{} and {} describe different nodes ({}, {} nodes of {} cores, {} ranks per node against {}, {} "
+          "nodes of {} cores, {} ranks per node): only calibrations of one machine merge",
+          names[i], names[0], m.device, m.nodes, m.cores_per_node, m.ranks_per_node, first.device, first.nodes,
+          first.cores_per_node, first.ranks_per_node);
+  }
+  Machine merged = first;
+  auto median = [&](auto field) {
+    std::vector<double> values;
+    for (const Machine& m : machines) values.push_back(field(m));
+    return median_of(std::move(values));
+  };
+  merged.flops = median([](const Machine& m) { return m.flops; });
+  merged.bf16_flops = median([](const Machine& m) { return m.bf16_flops; });
+  merged.memory_bandwidth = median([](const Machine& m) { return m.memory_bandwidth; });
+  merged.kernel_overhead = median([](const Machine& m) { return m.kernel_overhead; });
+  merged.copy_bandwidth = median([](const Machine& m) { return m.copy_bandwidth; });
+  merged.copy_run = median([](const Machine& m) { return m.copy_run; });
+  for (auto level : {&Machine::intra, &Machine::inter})
+    for (auto line : {&CommLevel::p2p, &CommLevel::allreduce, &CommLevel::alltoall}) {
+      (merged.*level.*line).alpha = median([&](const Machine& m) { return (m.*level.*line).alpha; });
+      (merged.*level.*line).beta = median([&](const Machine& m) { return (m.*level.*line).beta; });
+    }
+  auto maps = [&](auto member) {
+    std::vector<std::remove_reference_t<decltype(first.*member)> const*> list;
+    for (const Machine& m : machines) list.push_back(&(m.*member));
+    return median_by_key(list);
+  };
+  merged.sync_wait = maps(&Machine::sync_wait);
+  merged.sync_wait_share = maps(&Machine::sync_wait_share);
+  merged.kernels = maps(&Machine::kernels);
+  std::string files;
+  for (const auto& name : names) files += (files.empty() ? "" : ", ") + name;
+  merged.source = fmt::format(
+      "the median of {} calibrations ({}), each measured number over the files that have it; "
+      "the first: {}",
+      machines.size(), files, first.source);
+  return merged;
 }
 
 }  // namespace tessera

@@ -40,6 +40,11 @@
 // GPU (each timed call waited for). The nodes, ranks per node and communication lines stay the
 // base's: NCCL between GPUs is not measured yet.
 //
+//   tessera calibrate --merge a.yaml b.yaml c.yaml -o machines/local.yaml
+//
+// --merge measures nothing: it writes the median of calibrations of this machine taken at
+// different times (a VM's speed drifts over minutes; one calibration is a sample of one moment).
+//
 // The probes are libraries: parallel/calibration.hpp (communication, the fits) and
 // train/kernel_probes.hpp (compute, memory); this file parses the arguments and runs them.
 #include <fmt/format.h>
@@ -80,6 +85,7 @@ namespace {
 
 struct CalibrateArgs {
   std::string output, base, model, ranks, name;
+  std::vector<std::string> merge;
   std::string device = "host";
   std::int64_t batch = 0;
   int repeats = 5;
@@ -465,8 +471,31 @@ void write_machine(Communicator& world, const CalibrateArgs& args, const Machine
   });
 }
 
+/// --merge: several calibrations of this machine as one file (merge_calibrations), measuring nothing.
+void merge_files(Communicator& world, const CalibrateArgs& args) {
+  Machine merged;
+  collectively(world, [&] {
+    if (!args.base.empty() || !args.model.empty() || args.device != "host" || !args.ranks.empty() || args.batch > 0)
+      fail_input(
+          "--merge combines finished calibrations and measures nothing: it takes no --base, --model, --ranks, "
+          "--batch or --device");
+    if (args.output.empty()) fail_input("tessera calibrate: -o/--output FILE (the machine file to write) is required");
+    std::vector<Machine> machines;
+    for (const auto& file : args.merge) machines.push_back(Machine::load(file));
+    merged = merge_calibrations(machines, args.merge);
+    if (!args.name.empty()) merged.name = args.name;
+  });
+  write_machine(world, args, merged);
+  if (world.rank() == 0) {
+    fmt::print("  the median of {} calibrations: flops {:.4g} FLOP/s, memory_bandwidth {:.4g} B/s, {} kernel timings\n",
+               args.merge.size(), merged.flops, merged.memory_bandwidth, merged.kernels.size());
+    std::fflush(stdout);
+  }
+}
+
 /// Checks the arguments, measures (every rank takes part) and writes the machine file on rank 0.
 void run_calibrate(Communicator& world, const CalibrateArgs& args) {
+  if (!args.merge.empty()) return merge_files(world, args);
   const int size = world.size();
   const bool gpu = args.device == "cuda";
   const bool measure = args.base.empty();  // the node (host) from scratch
@@ -526,6 +555,9 @@ std::function<void(Communicator&)> add_calibrate_command(CLI::App& app) {
                   "and the communication")
       ->capture_default_str();
   cmd->add_flag("--quick", args->quick, "Smaller, faster measurements (for tests; less accurate)");
+  cmd->add_option("--merge", args->merge,
+                  "Measure nothing: write the median of these calibrations of this machine (taken at different "
+                  "times) as one machine file, each measured number over the files that have it");
   return [cmd, args](Communicator& world) {
     if (!cmd->parsed()) return;
     run_calibrate(world, *args);

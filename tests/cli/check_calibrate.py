@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`tessera calibrate` end to end: measures this machine (quickly) with kernel timings for a model,
 checks the machine file it writes (every field, a kernel timing for every layer), that
-`tessera plan` reads it and prices every layer of its plans from the calibrated timings, and that
-`--base` at one rank adds kernels to an existing file without measuring the node again.
+`tessera plan` reads it and prices every layer of its plans from the calibrated timings, that
+`--base` at one rank adds kernels to an existing file without measuring the node again, and that
+`--merge` writes the median of calibrations, number by number.
 
 With --gpu-base FILE: `tessera calibrate --device cuda` on top of that GPU machine file instead
 (one rank, this machine's first GPU): the GPU's rates in the written file, the base's nodes and
@@ -167,6 +168,37 @@ for key in ["name", "source", "flops", "memory_bandwidth", "intra", "inter", "co
         problems.append(f"--base changed '{key}': {machine[key]} -> {again[key]}")
 if set(again["kernels"]) != set(kernels):
     problems.append("--base lost or invented kernel keys")
+
+# --merge: the median of three calibrations, each measured number on its own (a third file made
+# from the first with every rate and timing 10x, and one kernel only it has).
+scaled = dict(machine)
+scaled["flops"] = 10 * machine["flops"]
+scaled["kernels"] = {key: 10 * value for key, value in kernels.items()}
+scaled["kernels"]["extra/only|here"] = 0.5
+scaled_file = os.path.join(args.work, "scaled.yaml")
+with open(scaled_file, "w") as f:
+    yaml.safe_dump(scaled, f)
+merged_file = os.path.join(args.work, "merged.yaml")
+run(one_rank() + [args.tessera, "calibrate", "--merge", machine_file, again_file, scaled_file, "-o", merged_file])
+with open(merged_file) as f:
+    merged = yaml.safe_load(f)
+
+
+def close(a, b):
+    return abs(a - b) <= 1e-5 * abs(b)
+
+
+if not close(merged["flops"], sorted([machine["flops"], again["flops"], scaled["flops"]])[1]):
+    problems.append(f"--merge: flops {merged['flops']} is not the median of the three")
+for key, value in kernels.items():
+    expected = sorted([value, again["kernels"][key], 10 * value])[1]
+    if not close(merged["kernels"].get(key, -1), expected):
+        problems.append(f"--merge: kernel {key} is {merged['kernels'].get(key)}, not the median {expected}")
+if merged["kernels"].get("extra/only|here") != 0.5:
+    problems.append("--merge: a timing that one file has was not kept")
+if "median of 3 calibrations" not in merged["source"]:
+    problems.append("--merge: the source does not say that the file is a median of calibrations")
+plan_prices_from_timings(merged_file, [1, 2])
 
 if problems:
     print("\n".join("FAIL: " + p for p in problems))

@@ -355,5 +355,35 @@ TEST(Machine, ShippedFilesLoad) {
   }
 }
 
+TEST(Machine, CalibrationsMergeIntoTheirMedianNumberByNumber) {
+  Machine a = Machine::parse(kFull, "a.yaml"), b = a, c = a;
+  b.flops = 3e13, c.flops = 1e13;  // median 1.5e13 (a's)
+  b.intra.allreduce.beta = 1e-11, c.intra.allreduce.beta = 4e-11;
+  b.sync_wait[3] = 0.001, c.sync_wait[3] = 0.009;
+  c.sync_wait[4] = 0.002;  // one file only
+  b.kernels["m/conv1|n4|c1x28x28|f1c1|t1"] = 0.0100;
+  c.kernels["m/conv1|n4|c1x28x28|f1c1|t1"] = 0.0200;
+  b.kernels.erase("m/fc|n4|f2c1|t1");  // two files have it: the mean of the two
+  c.kernels["m/fc|n4|f2c1|t1"] = 4.5e-5;
+  const Machine m = merge_calibrations({a, b, c}, {"a.yaml", "b.yaml", "c.yaml"});
+  EXPECT_DOUBLE_EQ(m.flops, 1.5e13);
+  EXPECT_DOUBLE_EQ(m.intra.allreduce.beta, 2e-11);
+  EXPECT_DOUBLE_EQ(m.sync_wait.at(3), 0.004);
+  EXPECT_DOUBLE_EQ(m.sync_wait.at(4), 0.002);
+  EXPECT_DOUBLE_EQ(m.kernels.at("m/conv1|n4|c1x28x28|f1c1|t1"), 0.0125);
+  EXPECT_DOUBLE_EQ(m.kernels.at("m/fc|n4|f2c1|t1"), 4.0e-5);
+  EXPECT_EQ(m.name, a.name);
+  EXPECT_NE(m.source.find("median of 3 calibrations (a.yaml, b.yaml, c.yaml)"), std::string::npos) << m.source;
+
+  Machine other = a;
+  other.cores_per_node = 32;
+  expect_input_error(
+      [&] {
+        (void)merge_calibrations({a, other}, {"a.yaml", "other.yaml"});
+      },
+      {"other.yaml and a.yaml describe different nodes", "32 cores"});
+  expect_input_error([&] { (void)merge_calibrations({a}, {"a.yaml"}); }, {"at least two machine files"});
+}
+
 }  // namespace
 }  // namespace tessera

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "tessera/core/precision.hpp"
 
@@ -166,5 +167,13 @@ struct Machine {
   /// for a rank count other than its own job's by it.
   double oversubscription(int ranks) const;
 };
+
+/// Several calibrations of one machine as one file: each measured number (the rates, the
+/// communication lines, copies, waits and every kernel timing) the median over the files that have
+/// it; the rest (name, shape of the node, datasheet values) from the first. One calibration is a
+/// sample of a machine whose speed drifts; calibrations spread over time make a typical one.
+/// `names` name the files in the messages and the source. InputError when they describe different
+/// nodes (device, nodes, cores, ranks per node) or fewer than two are given.
+Machine merge_calibrations(const std::vector<Machine>& machines, const std::vector<std::string>& names);
 
 }  // namespace tessera
