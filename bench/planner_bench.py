@@ -3,7 +3,8 @@ r"""The planner against measured runs on this machine: for the Fashion-MNIST CNN
 CosmoFlow model at 1-4 ranks, the planner's plan, the pure batch / spatial / model plans it
 compares with (`tessera plan --explain`) and forced hybrid plans (sample x spatial, spatial x
 filter, filter x channel; --no-hybrid leaves them out), each priced by the cost model (`tessera plan
---evaluate`) and measured (bench_train, same run, interleaved). Prints a table of predicted
+--evaluate`) and measured (bench_train, same run; each repeat a round over every plan of every
+case, so that a slow minute of the machine costs one run of many plans). Prints a table of predicted
 against measured step time, and whether the planner's choice was as fast as the best of the other
 plans (within the run-to-run spread).
 
@@ -139,6 +140,10 @@ def main():
     rows = []
     verdicts = []
     with tempfile.TemporaryDirectory() as tmp:
+        # Every case's plans, priced; then the repeats, each a round over all cases, so that a slow
+        # minute of the machine costs one run of many plans (which the median discards) rather than
+        # every run of a few.
+        cases = []
         for name, model_file, batch, steps, warmup in MODELS:
             if name not in args.models.split(","):
                 continue
@@ -171,22 +176,28 @@ def main():
                         texts[label] = body
                 prediction = {label: predicted(tessera_plan(args.build, *common, "--evaluate", plans[label]))
                               for label in texts}
-                times = {label: [] for label in texts}
-                for _ in range(args.repeats):
-                    for label in texts:
-                        times[label].append(measure(args.build, model, procs, plans[label], batch, steps, warmup, threads))
-                for label in plans:
-                    key = label if label in texts else plans[label]  # a duplicate names the plan it repeats
-                    t = times[key]
-                    rows.append((name, procs, label + ("" if label in texts else f" (= {key})"), prediction[key],
-                                 statistics.median(t), min(t), max(t)))
-                best_ref = min((statistics.median(times[l]), l) for l in texts if l != "planner") if len(texts) > 1 else None
-                mine = times["planner"]
-                if best_ref:
-                    ref_times = times[best_ref[1]]
-                    spread = max(max(mine) - min(mine), max(ref_times) - min(ref_times))
-                    ok = statistics.median(mine) <= best_ref[0] + spread
-                    verdicts.append((name, procs, statistics.median(mine), best_ref[1], best_ref[0], spread, ok))
+                cases.append(dict(name=name, model=model, procs=procs, batch=batch, steps=steps, warmup=warmup,
+                                  threads=threads, plans=plans, texts=texts, prediction=prediction,
+                                  times={label: [] for label in texts}))
+        for _ in range(args.repeats):
+            for case in cases:
+                for label in case["texts"]:
+                    case["times"][label].append(measure(args.build, case["model"], case["procs"], case["plans"][label],
+                                                        case["batch"], case["steps"], case["warmup"], case["threads"]))
+        for case in cases:
+            name, procs, plans, texts, times = case["name"], case["procs"], case["plans"], case["texts"], case["times"]
+            for label in plans:
+                key = label if label in texts else plans[label]  # a duplicate names the plan it repeats
+                t = times[key]
+                rows.append((name, procs, label + ("" if label in texts else f" (= {key})"), case["prediction"][key],
+                             statistics.median(t), min(t), max(t)))
+            best_ref = min((statistics.median(times[l]), l) for l in texts if l != "planner") if len(texts) > 1 else None
+            mine = times["planner"]
+            if best_ref:
+                ref_times = times[best_ref[1]]
+                spread = max(max(mine) - min(mine), max(ref_times) - min(ref_times))
+                ok = statistics.median(mine) <= best_ref[0] + spread
+                verdicts.append((name, procs, statistics.median(mine), best_ref[1], best_ref[0], spread, ok))
 
     print(f"Planner vs measured on this machine ({args.machine}), {args.repeats} runs each (median, min-max)")
     print(f"{'model':>10} {'ranks':>5} {'plan':<28} {'predicted ms':>12} {'measured ms':>12} {'min-max':>17} {'error':>7}")
