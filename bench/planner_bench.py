@@ -22,6 +22,12 @@ models at the batches used here, each rank count timed with that many ranks runn
           --model models/cosmoflow.yaml --batch 4 --ranks $P -o machines/local.yaml
     done
 
+A VM's speed drifts over minutes, and one calibration is a sample of one moment: run the
+commands above three times, some minutes apart, into three files, and merge them
+(machines/dev_vm_2core_epyc_zen5.yaml was made so):
+
+    build/bin/tessera calibrate --merge a.yaml b.yaml c.yaml -o machines/local.yaml
+
 Runs use the planner's threads per rank (the node's cores over the ranks, at least 1), as
 `tessera train` does.
 """
