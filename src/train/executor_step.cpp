@@ -247,26 +247,17 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
     const LayerTimer timer(*this, k, /*forward=*/false);
     auto& node = nodes[k];
     if (const int by = ex.step.backward_by[k]; by >= 0) {
-      // Where that convolution can read it as its tile is (else the pooling runs its backward).
+      // The step plan hands it over only where the convolution's tile can read it, and the
+      // pooling has no output of its own to run a backward from (StepPlan::forward_by).
       pooled = node.layer->pooled_gradient(outputs_[k], grads_[k], ex.step.leaky_relu_before[k]);
       const auto conv = static_cast<std::size_t>(by);
       const Tensor* conv_in[] = {input_of(conv, 0)};
       LayerContext conv_ctx = context(conv, batch_size, step, /*training=*/true);
-      if (pooled && nodes[conv].layer->reads_pooled_gradient(conv_in, *pooled, conv_ctx)) {
-        has_grad[static_cast<std::size_t>(node.inputs[0])] = true;
-        continue;
-      }
-      pooled.reset();
-      if (ex.step.forward_by[k] >= 0)
+      if (!pooled || !nodes[conv].layer->reads_pooled_gradient(conv_in, *pooled, conv_ctx))
         fail("Executor: layer '{}' made its pooling's forward but cannot read its gradient (executor bug)",
              nodes[conv].layer->name());
-      // Not on this tile: the pooling writes the gradient the arena has no buffer for, one
-      // tensor for the layers in place down to the convolution (outside the arena).
-      const Tensor gradient(Shape(ex.output_extent[conv]), options_.device);
-      for (auto u = static_cast<std::size_t>(node.inputs[0]);; u = static_cast<std::size_t>(nodes[u].inputs[0])) {
-        grads_[u] = gradient;
-        if (u == conv) break;
-      }
+      has_grad[static_cast<std::size_t>(node.inputs[0])] = true;
+      continue;
     }
     in.clear();
     grad_in.clear();
