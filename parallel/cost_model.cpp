@@ -394,7 +394,7 @@ PlanEstimate CostModel::estimate_as_set(const Plan& plan) const {
     LayerEstimate& le = e.layers[i];
     if (!step.fused[i]) le.compute += std::exchange(le.fused_forward, 0.0);
     if (!step.backward_fused[i]) le.compute += std::exchange(le.fused_backward, 0.0);
-    if (step.backward_by[i] < 0) le.compute += std::exchange(le.by_convolution, 0.0);
+    if (step.pooled_by[i] < 0) le.compute += std::exchange(le.by_convolution, 0.0);
   }
   finish(e, &step);
   return e;

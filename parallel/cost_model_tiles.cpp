@@ -420,7 +420,7 @@ double CostModel::activation_bytes(const PlanEstimate& estimate, const StepPlan*
   // As the executor holds them: the step plan of this plan's largest tiles (step_plan.hpp), whose
   // arena holds every output, copy, partial sum and gradient by lifetime; beside it, the layers'
   // own buffers (max pooling's maxima, dropout's scales, a convolution's boundary regions when its
-  // halos overlap its forward, unless it makes its pooling's output: StepPlan::forward_by).
+  // halos overlap its forward, unless it makes its pooling's output: StepPlan::pooled_by).
   StepPlan own;
   const StepPlan& plan = step ? *step : (own = step_plan(estimate));
   double bytes = 0;
@@ -429,7 +429,7 @@ double CostModel::activation_bytes(const PlanEstimate& estimate, const StepPlan*
     const PlannerLayer& layer = graph_.layers[i];
     if (layer.type == "maxpool" || layer.type == "dropout") bytes += e.output_bytes;
     const int pooling = plan.gradient_from_pooling[i];
-    if (layer.inputs.size() == 1 && (pooling < 0 || plan.forward_by[static_cast<std::size_t>(pooling)] < 0)) {
+    if (layer.inputs.size() == 1 && pooling < 0) {
       const int j = layer.inputs[0];
       bytes += overlap_region_bytes(j, j < 0 ? LayerSplit{} : estimate.layers[static_cast<std::size_t>(j)].split,
                                     static_cast<int>(i), e.split);

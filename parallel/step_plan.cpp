@@ -141,8 +141,7 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
   // A max pooling's backward by its convolution: every layer of the chain reads as produced, none
   // is split by channel, and the activation between (if any) is fused into the pooling's backward.
   plan.gradient_from_pooling.assign(n, -1);
-  plan.backward_by.assign(n, -1);
-  plan.forward_by.assign(n, -1);
+  plan.pooled_by.assign(n, -1);
   for (std::size_t k = 0; k < n; ++k) {
     const int j = fusion.pooled_by[k];
     if (j < 0 || !reads_as_produced(k) || graph.layers[k].channel_split ||
@@ -151,8 +150,7 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
     const auto between = static_cast<std::size_t>(inputs[k][0]);
     if (static_cast<int>(between) != j && (!plan.backward_fused[between] || !plan.fused[between])) continue;
     plan.gradient_from_pooling[static_cast<std::size_t>(j)] = static_cast<int>(k);
-    plan.backward_by[k] = j;
-    plan.forward_by[k] = j;
+    plan.pooled_by[k] = j;
   }
 
   // Outputs every reader copies are let go after the last reader's exchange, unless the loss or
@@ -203,8 +201,7 @@ StepPlan plan_step(const StepGraph& graph, const StepOptions& options) {
       tensors.reads_own_output.push_back(plan.leaky_relu_before[i].has_value());
       tensors.backward_reads_fp32.push_back(l.traits.backward_reads_fp32);
       tensors.output_in_copy.push_back(in_window[i]);
-      tensors.backward_by.push_back(plan.backward_by[i]);
-      tensors.forward_by.push_back(plan.forward_by[i]);
+      tensors.pooled_by.push_back(plan.pooled_by[i]);
     }
     return transient_arena(tensors);
   };

@@ -94,38 +94,33 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
                     (graph.reads_own_output.empty() || graph.reads_own_output.size() == n) &&
                     (graph.backward_reads_fp32.empty() || graph.backward_reads_fp32.size() == n) &&
                     (graph.output_in_copy.empty() || graph.output_in_copy.size() == n) &&
-                    (graph.backward_by.empty() || graph.backward_by.size() == n) &&
-                    (graph.forward_by.empty() || graph.forward_by.size() == n),
+                    (graph.pooled_by.empty() || graph.pooled_by.size() == n),
                 "transient_arena: a graph of {} layers with mismatched fields", n);
   // In half-steps (TransientArena): step s is time 2s.
   const int loss = 2 * static_cast<int>(n);
   const auto forward = [](std::size_t i) { return 2 * static_cast<int>(i); };
   const auto backward = [n](std::size_t k) { return 2 * static_cast<int>(2 * n - k); };
-  // The layer whose pass does layer k's (`by`: forward_by or backward_by; k itself where none).
-  const auto done_by = [&](const std::vector<int>& by, std::size_t k) {
-    const int other = by.empty() ? -1 : by[k];
+  // The layer whose passes do layer k's (pooled_by; k itself where none).
+  const auto done_by = [&](std::size_t k) {
+    const int other = graph.pooled_by.empty() ? -1 : graph.pooled_by[k];
     TESSERA_CHECK(other < static_cast<int>(k), "transient_arena: layer {}'s pass done by layer {}, not an earlier one",
                   k, other);
     return other >= 0 ? static_cast<std::size_t>(other) : k;
   };
   // When a layer's output is born, and when its own backward work runs.
-  const auto own_forward = [&](std::size_t k) { return forward(done_by(graph.forward_by, k)); };
-  const auto own_backward = [&](std::size_t k) { return backward(done_by(graph.backward_by, k)); };
-  // Per layer: its output (or gradient) is never written, as the input (down through layers in
-  // place) of a layer whose pass an earlier one does.
-  const auto unwritten = [&](const std::vector<int>& by) {
-    std::vector<bool> never(n, false);
-    for (std::size_t k = 0; k < by.size(); ++k) {
-      if (by[k] < 0) continue;
-      for (int u = graph.inputs[k].at(0); u >= 0;
-           u = graph.in_place[static_cast<std::size_t>(u)] ? graph.inputs[static_cast<std::size_t>(u)][0] : -1) {
-        never[static_cast<std::size_t>(u)] = true;
-        if (u == by[k]) break;
-      }
+  const auto own_forward = [&](std::size_t k) { return forward(done_by(k)); };
+  const auto own_backward = [&](std::size_t k) { return backward(done_by(k)); };
+  // Per layer: neither its output nor its gradient is ever written, as the input (down through
+  // layers in place) of a layer whose passes an earlier one does.
+  std::vector<bool> unwritten(n, false);
+  for (std::size_t k = 0; k < graph.pooled_by.size(); ++k) {
+    if (graph.pooled_by[k] < 0) continue;
+    for (int u = graph.inputs[k].at(0); u >= 0;
+         u = graph.in_place[static_cast<std::size_t>(u)] ? graph.inputs[static_cast<std::size_t>(u)][0] : -1) {
+      unwritten[static_cast<std::size_t>(u)] = true;
+      if (u == graph.pooled_by[k]) break;
     }
-    return never;
-  };
-  const std::vector<bool> unwritten_output = unwritten(graph.forward_by);
+  }
   // Each layer's last reader (whose backward first writes its gradient).
   std::vector<int> last_reader(n, -1);
   for (std::size_t i = 0; i < n; ++i)
@@ -196,7 +191,7 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
   // Outputs, first layer first: a layer running in place takes its input's buffer.
   arena.output.assign(n, TransientArena::kNone);
   for (std::size_t i = 0; i < n; ++i) {
-    if (unwritten_output[i]) continue;
+    if (unwritten[i]) continue;
     const int last = std::max(read[i].forward_last, read[i].backward_last);
     if (graph.in_place[i]) {
       const std::size_t b = arena.output[static_cast<std::size_t>(graph.inputs[i][0])];
@@ -216,11 +211,10 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
   // whose backward reads it last. Written first by the last reader's backward (the loss for the
   // output).
   arena.output_grad.assign(n, TransientArena::kNone);
-  // No gradient where a layer's backward is done by an earlier one (backward_by).
-  const std::vector<bool> unwritten_grad = unwritten(graph.backward_by);
+  // No gradient where a layer's passes are done by an earlier one (pooled_by).
   for (std::size_t i = n; i-- > 0;) {
     std::size_t& b = arena.output_grad[i];
-    if (unwritten_grad[i]) continue;
+    if (unwritten[i]) continue;
     const int written = static_cast<int>(i) == graph.output ? loss
                         : last_reader[i] >= 0           ? backward(static_cast<std::size_t>(last_reader[i]))
                                                         : backward(i);

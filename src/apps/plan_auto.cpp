@@ -79,7 +79,7 @@ bool check_plan_memory(const Model& model, const Plan& job_plan, const PlannerOp
   if (e.fits) return e.outputs_into_windows;
   // The layer holding the most of its own: weights, their gradients and optimizer state, and its
   // output (a layer running in place has none: it is its input's; nor has a convolution that
-  // makes its pooling's output, StepPlan::forward_by).
+  // makes its pooling's output, StepPlan::pooled_by).
   const StepPlan step = cost.step_plan(e);
   const auto own = [&](std::size_t i) {
     const LayerEstimate& l = e.layers[i];

@@ -211,7 +211,7 @@ void Executor::lay_out_transients(Exchanges& ex, std::int64_t batch) const {
   ex.step = plan_step(graph, options);
   // A convolution that makes its pooling's output computes its tile in one pass: no halo overlap.
   for (std::size_t k = 0; k < n; ++k)
-    if (const int j = ex.step.forward_by[k]; j >= 0) ex.overlap[static_cast<std::size_t>(j)] = HaloSplit{};
+    if (const int j = ex.step.pooled_by[k]; j >= 0) ex.overlap[static_cast<std::size_t>(j)] = HaloSplit{};
   // Where each output written into its reader's window lies in it (spatial offsets).
   ex.output_offset.assign(n, {});
   for (std::size_t j = 0; j < n; ++j) {

@@ -128,13 +128,12 @@ void Executor::forward(const Tensor& inputs, Exchanges& ex, std::int64_t batch_s
     // Its output is its input, overwritten (StepPlan::in_place; in the arena, the same view).
     if (ex.step.in_place[i]) outputs_[i] = outputs_[static_cast<std::size_t>(nodes[i].inputs[0])];
     if (ex.step.fused[i]) continue;  // its producer computed its output
-    if (ex.step.forward_by[i] >= 0) continue;  // the convolution it reads wrote its output and maxima
+    if (ex.step.pooled_by[i] >= 0) continue;  // the convolution it reads wrote its output and maxima
     LayerContext ctx = context(i, batch_size, step, training);
     ctx.leaky_relu_after = ex.step.leaky_relu_after[i];
     into_window(i, ctx);
     std::optional<PooledOutput> pooled;
-    if (const int k = ex.step.gradient_from_pooling[i];
-        k >= 0 && ex.step.forward_by[static_cast<std::size_t>(k)] >= 0) {
+    if (const int k = ex.step.gradient_from_pooling[i]; k >= 0) {
       // Its reader's max pooling, made as its rows are (it keeps no output of its own).
       const auto u = static_cast<std::size_t>(k);
       LayerContext pool_ctx = context(u, batch_size, step, training);
@@ -240,15 +239,15 @@ BatchResult Executor::train_step(const Tensor& given_inputs, const Tensor& given
            : j == Model::kModelInput ? &inputs
                                      : &outputs_[static_cast<std::size_t>(j)];
   };
-  // A max pooling's backward handed to the convolution it reads (StepPlan::backward_by).
+  // A max pooling's backward handed to the convolution it reads (StepPlan::pooled_by).
   std::optional<PooledGradient> pooled;
   for (std::size_t k = nodes.size(); k-- > 0;) {
     begin_time(ex, static_cast<int>(2 * nodes.size() - k));
     const LayerTimer timer(*this, k, /*forward=*/false);
     auto& node = nodes[k];
-    if (const int by = ex.step.backward_by[k]; by >= 0) {
-      // The step plan hands it over only where the convolution's tile can read it, and the
-      // pooling has no output of its own to run a backward from (StepPlan::forward_by).
+    if (const int by = ex.step.pooled_by[k]; by >= 0) {
+      // The step plan hands it over only where the convolution's tile can read it; the pooling
+      // has no output of its own to run a backward from.
       pooled = node.layer->pooled_gradient(outputs_[k], grads_[k], ex.step.leaky_relu_before[k]);
       const auto conv = static_cast<std::size_t>(by);
       const Tensor* conv_in[] = {input_of(conv, 0)};

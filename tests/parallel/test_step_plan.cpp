@@ -84,8 +84,7 @@ TEST(StepPlan, TheFirstConvolutionDoesItsPoolingsBackward) {
   g.layers[2].output_row = kPooledRowWindows;
   const StepPlan plan = plan_step(g, StepOptions{});
   EXPECT_EQ(plan.gradient_from_pooling, (std::vector<int>{2, -1, -1, -1}));
-  EXPECT_EQ(plan.backward_by, (std::vector<int>{-1, -1, 0, -1}));
-  EXPECT_EQ(plan.forward_by, (std::vector<int>{-1, -1, 0, -1}));
+  EXPECT_EQ(plan.pooled_by, (std::vector<int>{-1, -1, 0, -1}));
   EXPECT_TRUE(plan.backward_fused[1]);
   // Nothing writes the convolution's output (nor the activation's, in place over it); the
   // pooling's output is born at the convolution's forward.
@@ -110,12 +109,11 @@ TEST(StepPlan, TheFirstConvolutionDoesItsPoolingsBackward) {
   direct.layers[2].inputs = {1};
   direct.output = 2;
   EXPECT_EQ(plan_step(direct, StepOptions{}).gradient_from_pooling, (std::vector<int>{1, -1, -1}));
-  EXPECT_EQ(plan_step(direct, StepOptions{}).forward_by, (std::vector<int>{-1, 0, -1}));
+  EXPECT_EQ(plan_step(direct, StepOptions{}).pooled_by, (std::vector<int>{-1, 0, -1}));
 
   const auto none = [](const StepGraph& graph, StepOptions options = {}) {
     const StepPlan p = plan_step(graph, options);
-    return std::all_of(p.backward_by.begin(), p.backward_by.end(), [](int by) { return by < 0; }) &&
-           std::all_of(p.forward_by.begin(), p.forward_by.end(), [](int by) { return by < 0; }) &&
+    return std::all_of(p.pooled_by.begin(), p.pooled_by.end(), [](int by) { return by < 0; }) &&
            std::all_of(p.gradient_from_pooling.begin(), p.gradient_from_pooling.end(), [](int k) { return k < 0; });
   };
   EXPECT_FALSE(none(g));

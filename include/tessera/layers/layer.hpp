@@ -75,7 +75,7 @@ struct LayerContext {
   /// and maxima (no input gradient), and reads no output gradient of its own.
   const PooledGradient* pooled_gradient = nullptr;
   /// Set for a convolution whose reader's max pooling leaves its forward to it (StepPlan::
-  /// forward_by): forward writes the pooling's output and maxima there, and no output of its own.
+  /// pooled_by): forward writes the pooling's output and maxima there, and no output of its own.
   const PooledOutput* pooled_output = nullptr;
 };
 

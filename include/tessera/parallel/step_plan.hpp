@@ -127,13 +127,11 @@ struct StepPlan {
   /// ReLU between them) output instead of its own output gradient, which nothing then writes;
   /// -1: none. The pooling's backward (and the activation's, fused into it) is skipped.
   std::vector<int> gradient_from_pooling;
-  /// A max pooling's: the convolution that does its backward (gradient_from_pooling); -1: none.
-  std::vector<int> backward_by;
-  /// A max pooling's: the convolution that does its forward too, pooling its output rows as it
-  /// makes them (the same chain as backward_by), so that neither its output nor the activation's
-  /// in place over it is ever written; -1: none. Its forward (and the activation's, fused into the
-  /// convolution) is skipped.
-  std::vector<int> forward_by;
+  /// A max pooling's: the convolution that does both its passes (gradient_from_pooling), pooling
+  /// its output rows as it makes them, so that neither the convolution's output nor the
+  /// activation's in place over it is ever written; -1: none. The pooling's forward and backward
+  /// (and the activation's, fused into the convolution and the pooling) are skipped.
+  std::vector<int> pooled_by;
   /// Where every tensor of the step lives.
   TransientArena arena;
 };
@@ -159,7 +157,7 @@ std::vector<bool> window_writer_candidates(const std::vector<std::vector<int>>& 
 struct FusionCandidates {
   std::vector<bool> forward, backward;
   std::vector<int> reader;
-  /// A max pooling's (StepPlan::backward_by): the convolution that can do its backward
+  /// A max pooling's (StepPlan::pooled_by): the convolution that can do its backward
   /// (LayerTraits::pools_in_pairs, reads_pooled_gradient, StepOptions::pooled_gradients): it reads
   /// only the model's input and is read by the pooling alone, directly or through a leaky ReLU
   /// whose backward the pooling does (`backward`); -1: none.

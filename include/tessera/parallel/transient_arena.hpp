@@ -72,15 +72,12 @@ struct TransientGraph {
   /// output_in_window): output and copy are one buffer, from this layer's forward to the later
   /// of their lives, and so are their gradients. -1: none. Empty: none has one.
   std::vector<int> output_in_copy;
-  /// Per layer: the earlier layer whose backward does this one's (StepPlan::backward_by): this
-  /// layer's output gradient, and its output where it reads its own, are read then, and its
-  /// input's gradient (down through layers in place to that earlier one) is never written: no
-  /// buffer (kNone). -1: none. Empty: none.
-  std::vector<int> backward_by;
-  /// Per layer: the earlier layer whose forward writes this one's output (StepPlan::forward_by):
-  /// the output is born then, and its input's output (down through layers in place to that
-  /// earlier one) is never written: no buffer (kNone). -1: none. Empty: none.
-  std::vector<int> forward_by;
+  /// Per layer: the earlier layer whose passes do this one's (StepPlan::pooled_by): its forward
+  /// writes this layer's output, which is born then; its backward reads this layer's output
+  /// gradient (and its output where it reads its own). Its input's output and gradient (down
+  /// through layers in place to that earlier one) are never written: no buffers (kNone). -1: none.
+  /// Empty: none.
+  std::vector<int> pooled_by;
   /// Keep what backward reads in bf16 between its last forward read and its first backward read
   /// (Model::activation_precision; ArenaStash), where that makes the arena smaller (where the
   /// peak is a layer's backward with its fp32 input and gradients, the copies only add buffers).

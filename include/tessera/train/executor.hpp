@@ -198,7 +198,7 @@ class Executor {
   /// output_in_window) for a batch of `batch_size` (empty before its first step).
   std::vector<std::string> window_output_layers(std::int64_t batch_size) const;
   /// The convolutions that do the forward and backward of the max pooling reading them (StepPlan::
-  /// gradient_from_pooling, forward_by) for a batch of `batch_size` (empty before its first step).
+  /// gradient_from_pooling, pooled_by) for a batch of `batch_size` (empty before its first step).
   std::vector<std::string> pooled_gradient_layers(std::int64_t batch_size) const;
   /// The layers whose output, or a copy of whose inputs, a training step keeps in bf16 between
   /// forward and backward (Model::activation_precision, ArenaStash) for a batch of `batch_size`
