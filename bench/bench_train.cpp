@@ -89,8 +89,8 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"fp32", "bf16"}));
     bool profile = false;
     app.add_flag("--profile", profile,
-                 "Also print, per layer, forward, backward and exposed exchange ms per step (the most of any rank) "
-                 "to stderr");
+                 "Also print, per layer, forward, backward and exposed exchange ms per step and the CPU ms of the "
+                 "rank's threads in both (the most of any rank) to stderr");
     // Switches of what a step shares or fuses, on by default as in tessera train (off: to measure
     // what each saves).
     const auto on_off = [&app](const char* name, bool& value, const char* help) {
@@ -225,14 +225,16 @@ int main(int argc, char** argv) {
       // Per layer, the most of any rank (the ranks of a split layer share its work).
       std::vector<double> times;
       for (const auto& t : executor.layer_profile())
-        times.insert(times.end(), {t.forward_seconds, t.backward_seconds, t.exchange_seconds});
+        times.insert(times.end(), {t.forward_seconds, t.backward_seconds, t.exchange_seconds, t.cpu_seconds});
       world->allreduce(times.data(), times.size(), tessera::DType::F64, tessera::ReduceOp::Max);
       if (world->rank() == 0) {
-        std::fprintf(stderr, "%-16s %12s %12s %12s\n", "layer", "forward ms", "backward ms", "exchange ms");
+        std::fprintf(stderr, "%-16s %12s %12s %12s %12s\n", "layer", "forward ms", "backward ms", "exchange ms",
+                     "cpu ms");
         const auto& layers = executor.layer_profile();
         for (std::size_t i = 0; i < layers.size(); ++i)
-          std::fprintf(stderr, "%-16s %12.2f %12.2f %12.2f\n", layers[i].name.c_str(), 1e3 * times[3 * i] / steps,
-                       1e3 * times[3 * i + 1] / steps, 1e3 * times[3 * i + 2] / steps);
+          std::fprintf(stderr, "%-16s %12.2f %12.2f %12.2f %12.2f\n", layers[i].name.c_str(),
+                       1e3 * times[4 * i] / steps, 1e3 * times[4 * i + 1] / steps, 1e3 * times[4 * i + 2] / steps,
+                       1e3 * times[4 * i + 3] / steps);
       }
     }
     if (world->rank() == 0)

@@ -222,6 +222,14 @@ def main():
     if hybrid:
         print(f"forced hybrid plans: {sum(1 for e in hybrid if e <= 0.20)} of {len(hybrid)} within +-20% "
               f"(median |error| {100 * statistics.median(hybrid):.1f}%, largest {100 * max(hybrid):.1f}%)")
+    # The 1-rank plans exchange nothing and wait for nobody: their error is the machine's speed now
+    # against its speed when calibrated.
+    solo = [(pred - med) / med for _, procs, label, pred, med, _, _ in rows if procs == 1 and "(=" not in label]
+    if solo:
+        drift = any(abs(e) > 0.10 for e in solo)
+        print(f"1-rank plans (no exchanges): {', '.join(f'{100 * e:+.1f}%' for e in solo)}"
+              + ("; more than 10% off: the machine runs at another speed than when it was calibrated (calibrate again)"
+                 if drift else ""))
     print(f"\n{'model':>10} {'ranks':>5} {'planner ms':>11} {'best other plan':>16} {'its ms':>8} {'spread':>7}  verdict")
     for name, procs, mine, ref, ref_ms, spread, ok in verdicts:
         print(f"{name:>10} {procs:>5} {mine:>11.2f} {ref:>16} {ref_ms:>8.2f} {spread:>7.2f}  "

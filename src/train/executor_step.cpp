@@ -59,7 +59,9 @@ class Executor::LayerTimer {
     if (node >= executor.profile_.size()) return;  // not profiling, or kNotProfiled
     LayerTiming& timing = executor.profile_[node];
     seconds_ = forward ? &timing.forward_seconds : &timing.backward_seconds;
+    cpu_seconds_ = &timing.cpu_seconds;
     executor.profiled_ = &timing;
+    cpu_start_ = process_cpu_seconds();
     start_ = Clock::now();
   }
   ~LayerTimer() {
@@ -71,6 +73,7 @@ class Executor::LayerTimer {
       }
     }
     *seconds_ += seconds_since(start_);
+    *cpu_seconds_ += process_cpu_seconds() - cpu_start_;
     executor_.profiled_ = nullptr;
   }
   LayerTimer(const LayerTimer&) = delete;
@@ -79,6 +82,8 @@ class Executor::LayerTimer {
  private:
   Executor& executor_;
   double* seconds_ = nullptr;
+  double* cpu_seconds_ = nullptr;
+  double cpu_start_ = 0;
   Clock::time_point start_;
 };
 
