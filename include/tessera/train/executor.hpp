@@ -119,8 +119,7 @@ struct LayerTiming {
   double forward_seconds = 0;   ///< the layer's forward, its input exchanges included
   double backward_seconds = 0;  ///< its backward, the exchanges of its input gradients included
   double exchange_seconds = 0;  ///< of both: halo exchanges, redistributions, partial sums (exposed)
-  double cpu_seconds =
-      0;  ///< the CPU time of both, the rank's threads together (below their wall time where ranks share cores)
+  double cpu_seconds = 0;       ///< the CPU time of both, all the rank's threads (less where ranks share cores)
 };
 
 class Executor {
