@@ -23,11 +23,6 @@ inline constexpr double kFusedForwardShare = 2.0 / 5.0;
 /// forward and 5.8 ms backward; the convolution's forward pooling its rows 2.7 ms longer, its
 /// backward-weights no longer).
 inline constexpr double kPooledByConvolutionShare = 0.8;
-/// Box copies per element an exchange moves between ranks, per direction on average (TileExchange):
-/// forward, its sender packs it, its landing place in the window is zeroed and it is unpacked
-/// there; back, its gradient is packed and added into its owner's. Elements a rank holds itself
-/// are copied once each way (none where the producer wrote them into the window).
-inline constexpr double kCopiesPerMovedElement = 2.5;
 /// Up to this many source tiles per rank an exchange is priced message by message (each on or
 /// off the node); above, in aggregate.
 inline constexpr double kListSources = 64;

@@ -130,21 +130,18 @@ double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_sp
     for (const auto& n : need) needed *= static_cast<double>(n.size());
     if (needed == 0) continue;
     // The window is assembled in a buffer of its own (and its gradient taken back, for the
-    // reverse): box copies, a run per row of its last dimension, of what this rank holds (none
-    // where the producer wrote its tile into the window) and, kCopiesPerMovedElement times, of
-    // what others send it (what it sends them, as much again in all, taken as the same).
+    // reverse): a box copy of it, a run per row of its last dimension; of what others hold only
+    // where the producer wrote its tile into the window (and its gradient is summed there).
     const double rows = needed / static_cast<double>(need.back().size());
     const auto copy_of = [&](double elements) { return machine_.box_copy_seconds(P, kBytes * elements, rows * elements / needed); };
-    const auto copies = [&](double own_elems) {
-      return (in_window ? 0.0 : copy_of(own_elems)) + kCopiesPerMovedElement * copy_of(needed - own_elems);
-    };
+    const double copy = copy_of(needed);
     if (!point_to_point) {
       // A redistribution (one alltoallv): what this rank does not hold itself, from anywhere.
       const double own_elems = own_overlap(r, need);
       const double moved = kBytes * (needed - own_elems);
       if (moved == 0) continue;
       const AlphaBeta& ab = P > rpn ? machine_.inter.alltoall : intra_.alltoall;
-      worst = std::max(worst, (P - 1) * ab.alpha + moved * ab.beta + copies(own_elems) + machine_.kernel_overhead);
+      worst = std::max(worst, (P - 1) * ab.alpha + moved * ab.beta + copy + machine_.kernel_overhead);
       continue;
     }
     // Intersections per dimension with the held parts.
@@ -199,8 +196,8 @@ double CostModel::exchange_cost_uncached(int producer, const LayerSplit& held_sp
     if (bytes_intra + bytes_inter == 0 && own == needed) continue;  // nothing moves for this rank
     double t = msgs_intra * intra_.p2p.alpha + bytes_intra * intra_.p2p.beta +
                msgs_inter * machine_.inter.p2p.alpha + bytes_inter * machine_.inter.p2p.beta;
-    // The window's copies; and the exchange is one more call to dispatch.
-    t += copies(own) + machine_.kernel_overhead;
+    // The window's copy; and the exchange is one more call to dispatch.
+    t += (in_window ? copy_of(needed - own) : copy) + machine_.kernel_overhead;
     worst = std::max(worst, t);
   }
   // Forward, and its reverse in backward; each waits for its peers.

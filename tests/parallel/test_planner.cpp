@@ -530,14 +530,13 @@ TEST(CostModel, TransfersOnAnOversubscribedCpuNodeStretchAsComputeDoes) {
 TEST(CostModel, ExchangesCopyTheirWindowAtTheMeasuredBoxCopyRate) {
   // conv c2 of the chain at 2 ranks, split along W: each rank's window holds 4 samples x 4
   // channels x 8 rows x 5 columns inside the tensor (4 of its own, 1 of halo): 640 elements in
-  // 128 runs. Each direction copies its own 512 once and the 128 of halo 2.5 times (forward
-  // packed by the neighbour, zeroed, unpacked; back packed and added).
+  // 128 runs, copied forward and back.
   Machine m = two_core_node();
   const PlannerGraph g = small_chain(4);
   LayerSplit t;
   t.sample = 1;
   t.spatial = {1, 2};
-  const double elements = 512 + 2.5 * 128, runs = 128 * elements / 640;
+  const double elements = 640, runs = 128;
   const double triad = CostModel(g, m, {.ranks = 2}).exchange_cost(1, t, 2, t);
   m.copy_bandwidth = 1e9;
   const double measured = CostModel(g, m, {.ranks = 2}).exchange_cost(1, t, 2, t);
@@ -725,27 +724,25 @@ TEST(CostModel, HaloExchangeByHand) {
   // c2 (3x3, padding 1) on 8x8, split [2, 1] over H at 2 ranks, batch 2, 4 channels, after r1
   // with the same split: each rank receives one row of 8 from the other for each sample and
   // channel: 2 x 4 x 8 = 64 floats in one message; its window is 2 x 4 x 5 x 8 = 320 floats,
-  // assembled in a buffer (copies at 1 GB/s): its own 256 once, the 64 received 2.5 times a
-  // direction (forward packed, zeroed, unpacked; back packed, added). Forward and backward alike.
+  // assembled in a buffer (a copy at 1 GB/s). Forward and backward alike.
   const PlannerGraph g = small_chain(2);
   const Machine m = round_machine();
   CostModel model(g, m, {.ranks = 2});
   LayerSplit s;
   s.spatial = {2, 1};
-  const double one_way = 1e-6 + 64 * 4 * 1e-9 + 2.0 * 4 * (256 + 2.5 * 64) / 1e9;
+  const double one_way = 1e-6 + 64 * 4 * 1e-9 + 2.0 * 4 * 320 / 1e9;
   EXPECT_NEAR(model.exchange_cost(1, s, 2, s), 2 * one_way, 1e-15);
   // The same split on both sides of a point-wise layer moves nothing.
   EXPECT_EQ(model.exchange_cost(0, s, 1, s), 0.0);
   // From the data: the first layer reads its own tile, and its halo row by exchange (1 channel).
-  const double from_data = 1e-6 + 2 * 1 * 8 * 4 * 1e-9 + 2.0 * 4 * (2 * 1 * 4 * 8 + 2.5 * 2 * 1 * 8) / 1e9;
+  const double from_data = 1e-6 + 2 * 1 * 8 * 4 * 1e-9 + 2.0 * 4 * (2 * 1 * 5 * 8) / 1e9;
   EXPECT_NEAR(model.exchange_cost(-1, LayerSplit{}, 0, s), 2 * from_data, 1e-15);
 }
 
 TEST(CostModel, RedistributionByHand) {
   // r1 split by sample over 2 ranks, c2 split [2, 1] spatially: rank 0 needs rows 0..4 of both
   // samples; it holds sample 0, so it receives sample 1's rows 0..4: 4 x 5 x 8 = 160 floats, by
-  // alltoallv (1 peer: alpha); window 2 x 4 x 5 x 8 = 320 floats: its own 160 copied once, the
-  // 160 received 2.5 times a direction.
+  // alltoallv (1 peer: alpha); window 2 x 4 x 5 x 8 = 320 floats copied.
   const PlannerGraph g = small_chain(2);
   const Machine m = round_machine();
   CostModel model(g, m, {.ranks = 2});
@@ -753,7 +750,7 @@ TEST(CostModel, RedistributionByHand) {
   held.sample = 2;
   LayerSplit s;
   s.spatial = {2, 1};
-  const double one_way = 1e-6 + 160 * 4 * 1e-9 + 2.0 * 4 * (160 + 2.5 * 160) / 1e9;
+  const double one_way = 1e-6 + 160 * 4 * 1e-9 + 2.0 * 4 * 320 / 1e9;
   EXPECT_NEAR(model.exchange_cost(1, held, 2, s), 2 * one_way, 1e-15);
 }
 
@@ -920,9 +917,9 @@ TEST_P(BruteForce, DagSearchFindsTheFastestThatFits) {
   // A plan's memory is the most its step holds at once (the arena of its tensors' lifetimes),
   // which the search's one price per byte of each layer follows loosely: at 4 ranks, where the
   // fastest plan that fits moves three layers at once as the limit tightens, the search's plan
-  // is measured 1.00-1.213 times as slow as the fastest that fits, at 3 ranks within 0.1 % (exact
+  // is measured 1.00-1.21 times as slow as the fastest that fits, at 3 ranks within 0.1 % (exact
   // at 1-2 ranks and on the chain).
-  const double gap = GetParam() == 4 ? 0.22 : GetParam() == 3 ? 0.001 : 0.0;
+  const double gap = GetParam() == 4 ? 0.21 : GetParam() == 3 ? 0.001 : 0.0;
   const int bound = expect_search_finds_the_fastest_that_fits(small_dag(2), GetParam(), gap);
   if (GetParam() == 4) {
     EXPECT_EQ(bound, 5);  // memory is traded for time there: every limit binds
