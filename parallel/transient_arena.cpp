@@ -103,8 +103,8 @@ TransientArena build_arena(const TransientGraph& graph, bool stash) {
   // The layer whose passes do layer k's (pooled_by; k itself where none).
   const auto done_by = [&](std::size_t k) {
     const int other = graph.pooled_by.empty() ? -1 : graph.pooled_by[k];
-    TESSERA_CHECK(other < static_cast<int>(k), "transient_arena: layer {}'s pass done by layer {}, not an earlier one",
-                  k, other);
+    TESSERA_CHECK(other < static_cast<int>(k),
+                  "transient_arena: layer {}'s passes done by layer {}, not an earlier one", k, other);
     return other >= 0 ? static_cast<std::size_t>(other) : k;
   };
   // When a layer's output is born, and when its own backward work runs.

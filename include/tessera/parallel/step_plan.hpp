@@ -157,7 +157,7 @@ std::vector<bool> window_writer_candidates(const std::vector<std::vector<int>>& 
 struct FusionCandidates {
   std::vector<bool> forward, backward;
   std::vector<int> reader;
-  /// A max pooling's (StepPlan::pooled_by): the convolution that can do its backward
+  /// A max pooling's (StepPlan::pooled_by): the convolution that can do both its passes
   /// (LayerTraits::pools_in_pairs, reads_pooled_gradient, StepOptions::pooled_gradients): it reads
   /// only the model's input and is read by the pooling alone, directly or through a leaky ReLU
   /// whose backward the pooling does (`backward`); -1: none.
