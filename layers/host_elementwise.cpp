@@ -61,8 +61,17 @@ void adam_loop(std::int64_t n, float* __restrict p, const float* __restrict g, f
 
 /// The optimizer updates run over the threads in chunks of this many elements.
 constexpr std::int64_t kUpdateChunk = 16384;
-std::int64_t chunks(std::int64_t count) {
-  return (count + kUpdateChunk - 1) / kUpdateChunk;
+
+/// update(begin, n) over [0, count) in chunks of kUpdateChunk, spread over the rank's threads.
+template <typename Update>
+void update_in_chunks(const char* label, std::int64_t count, const Update& update) {
+  host_for(
+      label, (count + kUpdateChunk - 1) / kUpdateChunk,
+      [=](std::int64_t c) {
+        const std::int64_t begin = c * kUpdateChunk;
+        update(begin, std::min(kUpdateChunk, count - begin));
+      },
+      kUpdateChunk);
 }
 
 class HostElementwise final : public ElementwiseKernels {
@@ -165,23 +174,15 @@ class HostElementwise final : public ElementwiseKernels {
   }
 
   void sgd_update(float* p, const float* g, float* momentum_buffer, std::int64_t count, const SgdStep& step) override {
-    host_for(
-        "sgd update", chunks(count),
-        [=](std::int64_t c) {
-          const std::int64_t begin = c * kUpdateChunk, n = std::min(kUpdateChunk, count - begin);
-          sgd_loop(n, p + begin, g + begin, momentum_buffer ? momentum_buffer + begin : nullptr, step);
-        },
-        kUpdateChunk);
+    update_in_chunks("sgd update", count, [=](std::int64_t begin, std::int64_t n) {
+      sgd_loop(n, p + begin, g + begin, momentum_buffer ? momentum_buffer + begin : nullptr, step);
+    });
   }
 
   void adam_update(float* p, const float* g, float* m, float* v, std::int64_t count, const AdamStep& step) override {
-    host_for(
-        "adam update", chunks(count),
-        [=](std::int64_t c) {
-          const std::int64_t begin = c * kUpdateChunk, n = std::min(kUpdateChunk, count - begin);
-          adam_loop(n, p + begin, g + begin, m + begin, v + begin, step);
-        },
-        kUpdateChunk);
+    update_in_chunks("adam update", count, [=](std::int64_t begin, std::int64_t n) {
+      adam_loop(n, p + begin, g + begin, m + begin, v + begin, step);
+    });
   }
 
   void batch_norm_statistics(const float* x, std::int64_t batch, std::int64_t channels, std::int64_t inner,

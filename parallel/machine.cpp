@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/parallel/calibration.hpp"
 #include "tessera/parallel/yaml_file.hpp"
 
 namespace tessera {
@@ -337,13 +338,6 @@ double Machine::oversubscription(int ranks) const {
 
 namespace {
 
-/// The median of `values` (the mean of the middle two for an even count).
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 /// Per key, the median over the maps that have it.
 template <typename Key>
 std::map<Key, double> median_by_key(const std::vector<const std::map<Key, double>*>& maps) {
@@ -351,7 +345,7 @@ std::map<Key, double> median_by_key(const std::vector<const std::map<Key, double
   for (const auto* m : maps)
     for (const auto& [key, value] : *m) values[key].push_back(value);
   std::map<Key, double> result;
-  for (auto& [key, list] : values) result[key] = median_of(std::move(list));
+  for (auto& [key, list] : values) result[key] = median(std::move(list));
   return result;
 }
 
@@ -372,21 +366,21 @@ Machine merge_calibrations(const std::vector<Machine>& machines, const std::vect
           first.cores_per_node, first.ranks_per_node);
   }
   Machine merged = first;
-  auto median = [&](auto field) {
+  auto median_over = [&](auto field) {
     std::vector<double> values;
     for (const Machine& m : machines) values.push_back(field(m));
-    return median_of(std::move(values));
+    return median(std::move(values));
   };
-  merged.flops = median([](const Machine& m) { return m.flops; });
-  merged.bf16_flops = median([](const Machine& m) { return m.bf16_flops; });
-  merged.memory_bandwidth = median([](const Machine& m) { return m.memory_bandwidth; });
-  merged.kernel_overhead = median([](const Machine& m) { return m.kernel_overhead; });
-  merged.copy_bandwidth = median([](const Machine& m) { return m.copy_bandwidth; });
-  merged.copy_run = median([](const Machine& m) { return m.copy_run; });
+  merged.flops = median_over([](const Machine& m) { return m.flops; });
+  merged.bf16_flops = median_over([](const Machine& m) { return m.bf16_flops; });
+  merged.memory_bandwidth = median_over([](const Machine& m) { return m.memory_bandwidth; });
+  merged.kernel_overhead = median_over([](const Machine& m) { return m.kernel_overhead; });
+  merged.copy_bandwidth = median_over([](const Machine& m) { return m.copy_bandwidth; });
+  merged.copy_run = median_over([](const Machine& m) { return m.copy_run; });
   for (auto level : {&Machine::intra, &Machine::inter})
     for (auto line : {&CommLevel::p2p, &CommLevel::allreduce, &CommLevel::alltoall}) {
-      (merged.*level.*line).alpha = median([&](const Machine& m) { return (m.*level.*line).alpha; });
-      (merged.*level.*line).beta = median([&](const Machine& m) { return (m.*level.*line).beta; });
+      (merged.*level.*line).alpha = median_over([&](const Machine& m) { return (m.*level.*line).alpha; });
+      (merged.*level.*line).beta = median_over([&](const Machine& m) { return (m.*level.*line).beta; });
     }
   auto maps = [&](auto member) {
     std::vector<std::remove_reference_t<decltype(first.*member)> const*> list;
